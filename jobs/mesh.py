@@ -1,0 +1,83 @@
+"""The one owner of mesh axes and the logical -> physical sharding map."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jobs import cp_rules
+from jobs.spec import MESH_AXES, MeshSpec, ModelSpec
+
+BATCH_AXES = ("data", "fsdp")
+# Parameters are sharded FSDP-style over every axis but tensor (MaxText also folds context into FSDP).
+FSDP_AXES = ("data", "fsdp", "context", "context_ulysses")
+
+
+def make_mesh(shape: MeshSpec, devices: list | None = None) -> Mesh:
+    devices = list(jax.devices()) if devices is None else list(devices)
+    if shape.size != len(devices):
+        raise ValueError(
+            f"mesh {shape.label()} has {shape.size} devices but {len(devices)} are available; "
+            f"make data*fsdp*context*context_ulysses*tensor = {len(devices)}"
+        )
+    sizes = [getattr(shape, a) for a in MESH_AXES]
+    try:
+        return jax.make_mesh(sizes, MESH_AXES, (AxisType.Auto,) * len(MESH_AXES), devices=devices)
+    except (ValueError, NotImplementedError, AssertionError):
+        # Device sets that make_mesh cannot lay out topologically (e.g. multi-process CPU) keep their order.
+        return Mesh(np.array(devices).reshape(sizes), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
+
+
+def _fit(mesh: Mesh, dim: int, axes: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The largest prefix-free subset of `axes` (in order) whose product divides `dim`; None if none."""
+    keep = []
+    prod = 1
+    for a in axes:
+        n = mesh.shape[a]
+        if n > 1 and dim % (prod * n) == 0:
+            keep.append(a)
+            prod *= n
+    return tuple(keep) or None
+
+
+def param_specs(model: ModelSpec, mesh: Mesh) -> dict:
+    """PartitionSpecs of the parameter tree of jobs.model (stacked layers lead with the layer dim)."""
+    E, M, V = model.embed, model.mlp, model.vocab
+    fsdp_E = _fit(mesh, E, FSDP_AXES)
+    tq = "tensor" if model.q_heads % mesh.shape["tensor"] == 0 and mesh.shape["tensor"] > 1 else None
+    tkv = "tensor" if model.kv_heads % mesh.shape["tensor"] == 0 and mesh.shape["tensor"] > 1 else None
+    tm = "tensor" if M % mesh.shape["tensor"] == 0 and mesh.shape["tensor"] > 1 else None
+    tv = "tensor" if V % mesh.shape["tensor"] == 0 and mesh.shape["tensor"] > 1 else None
+    return {
+        "embed": P(_fit(mesh, V, FSDP_AXES), None),
+        "layers": {
+            "attn_norm": P(None, None),
+            "wq": P(None, fsdp_E, tq, None),
+            "wk": P(None, fsdp_E, tkv, None),
+            "wv": P(None, fsdp_E, tkv, None),
+            "wo": P(None, tq, None, fsdp_E),
+            "mlp_norm": P(None, None),
+            "w_gate": P(None, fsdp_E, tm),
+            "w_up": P(None, fsdp_E, tm),
+            "w_down": P(None, tm, fsdp_E),
+        },
+        "final_norm": P(None),
+        "unembed": P(fsdp_E, tv),
+    }
+
+
+def activation_spec(strategy: str) -> P:
+    """[B, L, E] activations: batch over data/fsdp, sequence over the strategy's context axes."""
+    seq = cp_rules.sequence_axes(strategy) or None
+    return P(BATCH_AXES, seq, None)
+
+
+def token_spec(strategy: str) -> P:
+    seq = cp_rules.sequence_axes(strategy) or None
+    return P(BATCH_AXES, seq)
+
+
+def named(mesh: Mesh, tree):
+    return jax.tree.map(lambda s: NamedSharding(mesh, s), tree, is_leaf=lambda x: isinstance(x, P))

@@ -1,0 +1,180 @@
+"""The seam: a frozen, JSON-serialisable TrialSpec in; metric records (plain dicts) out.
+
+Pure Python (no jax, ray or mlflow) so both planes import it. The trial id hashes only the
+identity block (what changes the result); the execution block (cluster, paths) never enters it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+STRATEGIES = ("none", "all_gather", "ulysses", "ring", "usp")
+MESH_AXES = ("data", "fsdp", "context", "context_ulysses", "tensor")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A Llama-family dense decoder (RMSNorm, RoPE, GQA, SwiGLU)."""
+
+    name: str
+    vocab: int
+    embed: int
+    layers: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    mlp: int
+    rope_theta: float = 500_000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = False
+
+    def n_params(self) -> int:
+        attn = self.embed * self.head_dim * (2 * self.q_heads + 2 * self.kv_heads)
+        ffn = 3 * self.embed * self.mlp
+        per_layer = attn + ffn + 2 * self.embed
+        emb = self.vocab * self.embed * (1 if self.tie_embeddings else 2)
+        return self.layers * per_layer + emb + self.embed
+
+
+@dataclass(frozen=True)
+class MeshSpec:
+    """Sizes of the fixed mesh axes. USP uses context_ulysses (inner) x context (ring, outer)."""
+
+    data: int = 1
+    fsdp: int = 1
+    context: int = 1
+    context_ulysses: int = 1
+    tensor: int = 1
+
+    @property
+    def size(self) -> int:
+        return self.data * self.fsdp * self.context * self.context_ulysses * self.tensor
+
+    @property
+    def cp(self) -> int:
+        return self.context * self.context_ulysses
+
+    def shape(self) -> dict[str, int]:
+        return {a: getattr(self, a) for a in MESH_AXES}
+
+    def label(self) -> str:
+        return "x".join(f"{a}{getattr(self, a)}" for a in MESH_AXES if getattr(self, a) > 1) or "single"
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    """Which context-parallel attention, its layout and its local kernel."""
+
+    name: str = "ring"
+    layout: str = "zigzag"  # zigzag | contiguous (ring and usp only)
+    kernel: str = "xla"  # xla (every backend) | splash (TPU) | flash (GPU)
+    block_q: int = 512
+    block_kv: int = 512
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    kind: str = "recall"  # recall (synthetic key->value recall) | tokens (flat uint16/uint32 file)
+    path: str = ""
+    dtype: str = "uint16"
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    steps: int = 10
+    batch: int = 1  # global batch, in sequences
+    dtype: str = "bfloat16"  # compute dtype; parameters stay fp32
+    remat: str = "full"  # none | full | save_attn
+    lr: float = 3e-3
+    warmup: int = 5
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    grad_accum: int = 1
+    seed: int = 0
+    data: DataSpec = field(default_factory=DataSpec)
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """Where a trial runs; execution only, never part of the trial id."""
+
+    name: str = "local"
+    kind: str = "local"  # local | local_multihost | fake_tpu | tpu | address
+    platform: str = "cpu"  # cpu | gpu | tpu
+    accelerator: str = "cpu"
+    hosts: int = 1
+    devices_per_host: int = 8
+    slices: int = 1
+    topology: str = ""
+    peak_tflops_per_device: float = 0.0  # 0: measure on the spot (CPU)
+    hbm_bytes_per_device: int = 0
+    ici_bytes_per_s: float = 0.0
+    max_step_seconds: float = 0.0  # planner: predicted-slower points are infeasible here (0: no budget)
+    concurrency: int = 0  # trials at once (0: one per slice)
+    address: str = ""  # Ray address: "" starts a local Ray, "auto" or ray://... connects
+
+    @property
+    def devices(self) -> int:
+        return self.hosts * self.devices_per_host
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Execution details of one trial: where to checkpoint, how often to report."""
+
+    checkpoint_dir: str = ""
+    checkpoint_every: int = 0
+    report_every: int = 1
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    model: ModelSpec
+    mesh: MeshSpec
+    strategy: StrategySpec
+    context_length: int
+    train: TrainSpec = field(default_factory=TrainSpec)
+    cluster: ClusterSpec = field(default_factory=ClusterSpec)
+    run: RunSpec = field(default_factory=RunSpec)
+    axes: tuple[tuple[str, Any], ...] = ()  # the grid point's own axis values, for display and params
+
+    def identity(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        return {k: d[k] for k in ("model", "mesh", "strategy", "context_length", "train")}
+
+    @property
+    def trial_id(self) -> str:
+        canon = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canon.encode()).hexdigest()[:16]
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.train.batch * self.context_length
+
+    def to_json(self) -> str:
+        d = dataclasses.asdict(self)
+        d["axes"] = [list(a) for a in self.axes]
+        return json.dumps(d, sort_keys=True, indent=1)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrialSpec:
+        train = dict(d.get("train", {}))
+        train["data"] = DataSpec(**train.get("data", {}))
+        return cls(
+            model=ModelSpec(**d["model"]),
+            mesh=MeshSpec(**d.get("mesh", {})),
+            strategy=StrategySpec(**d.get("strategy", {})),
+            context_length=int(d["context_length"]),
+            train=TrainSpec(**train),
+            cluster=ClusterSpec(**d.get("cluster", {})),
+            run=RunSpec(**d.get("run", {})),
+            axes=tuple((str(k), v) for k, v in d.get("axes", ())),
+        )
+
+    @classmethod
+    def from_json(cls, s: str) -> TrialSpec:
+        return cls.from_dict(json.loads(s))

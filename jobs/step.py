@@ -1,0 +1,119 @@
+"""The jitted train step: forward, backward, clipping and AdamW on FSDP-sharded fp32 parameters."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jobs import mesh as meshlib
+from jobs.model import init_params, loss_fn
+from jobs.spec import TrialSpec
+
+DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
+
+
+def optimizer(spec: TrialSpec) -> optax.GradientTransformation:
+    t = spec.train
+    sched = optax.warmup_cosine_decay_schedule(
+        0.0, t.lr, warmup_steps=max(t.warmup, 1), decay_steps=max(t.steps, t.warmup + 1), end_value=t.lr * 0.1
+    )
+    return optax.chain(optax.clip_by_global_norm(t.grad_clip), optax.adamw(sched, weight_decay=t.weight_decay))
+
+
+def state_shardings(spec: TrialSpec, mesh: Mesh):
+    """Shardings of (params, opt_state) derived from the parameter specs (optimizer moments mirror params)."""
+    pspecs = meshlib.named(mesh, meshlib.param_specs(spec.model, mesh))
+    abstract = jax.eval_shape(lambda: init_params(spec.model, jax.random.key(0)))
+    opt_abs = jax.eval_shape(optimizer(spec).init, abstract)
+    # optax states hold param-shaped moments (mu, nu), sharded like params, and replicated scalars
+    opt_sh = jax.tree.map(lambda _: NamedSharding(mesh, P()), opt_abs)
+    for name in ("mu", "nu"):
+        opt_sh = _replace_moments(opt_sh, opt_abs, pspecs, name)
+    return pspecs, opt_sh, abstract, opt_abs
+
+
+def _replace_moments(opt_sh, opt_abs, pspecs, name):
+    def walk(sh, ab):
+        if hasattr(ab, "_fields"):  # NamedTuple optax state
+            kw = {}
+            for f in ab._fields:
+                kw[f] = pspecs if f == name else walk(getattr(sh, f), getattr(ab, f))
+            return type(ab)(**kw)
+        if isinstance(ab, tuple):
+            return tuple(walk(s, a) for s, a in zip(sh, ab, strict=True))
+        return sh
+
+    return walk(opt_sh, opt_abs)
+
+
+def batch_shardings(spec: TrialSpec, mesh: Mesh) -> dict:
+    tok = NamedSharding(mesh, meshlib.token_spec(spec.strategy.name))
+    return {k: tok for k in ("tokens", "targets", "positions", "mask")}
+
+
+def make_train_step(spec: TrialSpec, mesh: Mesh):
+    """(init_fn, step_fn): jitted with explicit shardings; step donates the state."""
+    pspecs, opt_sh, _, _ = state_shardings(spec, mesh)
+    bsh = batch_shardings(spec, mesh)
+    opt = optimizer(spec)
+    kw = dict(
+        model=spec.model, strategy=spec.strategy, mesh=mesh, dtype=DTYPES[spec.train.dtype], remat=spec.train.remat
+    )
+    accum = spec.train.grad_accum
+
+    def init(key):
+        params = init_params(spec.model, key)
+        return params, opt.init(params)
+
+    def grads_of(params, batch):
+        if accum == 1:
+            (loss, _), g = jax.value_and_grad(functools.partial(loss_fn, **kw), has_aux=True)(params, batch)
+            return loss, g
+        micro = jax.tree.map(lambda x: x.reshape(accum, x.shape[0] // accum, *x.shape[1:]), batch)
+
+        def body(carry, mb):
+            (loss, n), g = jax.value_and_grad(functools.partial(loss_fn, **kw), has_aux=True)(params, mb)
+            acc_g, acc_l, acc_n = carry
+            return (jax.tree.map(lambda a, b: a + b * n, acc_g, g), acc_l + loss * n, acc_n + n), None
+
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        (g, tot, n), _ = jax.lax.scan(body, (zeros, 0.0, 0.0), micro)
+        return tot / n, jax.tree.map(lambda x: x / n, g)
+
+    def step(state, batch):
+        params, opt_state = state
+        loss, g = grads_of(params, batch)
+        updates, opt_state = opt.update(g, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        return (params, opt_state), {"loss": loss, "grad_norm": optax.global_norm(g)}
+
+    state_sh = (pspecs, opt_sh)
+    init_fn = jax.jit(init, out_shardings=state_sh)
+    step_fn = jax.jit(step, in_shardings=(state_sh, bsh), out_shardings=(state_sh, None), donate_argnums=0)
+    return init_fn, step_fn
+
+
+def abstract_args(spec: TrialSpec, mesh: Mesh):
+    """ShapeDtypeStructs with shardings for (state, batch): enough to lower the step without any data."""
+    pspecs, opt_sh, p_abs, o_abs = state_shardings(spec, mesh)
+
+    def sds(a, s):
+        return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)
+
+    state = (jax.tree.map(sds, p_abs, pspecs), jax.tree.map(sds, o_abs, opt_sh))
+    bsh = batch_shardings(spec, mesh)
+    shape = (spec.train.batch, spec.context_length)
+    dt = {"tokens": jnp.int32, "targets": jnp.int32, "positions": jnp.int32, "mask": jnp.float32}
+    batch = {k: jax.ShapeDtypeStruct(shape, dt[k], sharding=bsh[k]) for k in dt}
+    return state, batch
+
+
+def lower_train_step(spec: TrialSpec, mesh: Mesh) -> jax.stages.Lowered:
+    """The real train step lowered on abstract sharded arguments (AOT compile for any topology)."""
+    _, step_fn = make_train_step(spec, mesh)
+    return step_fn.lower(*abstract_args(spec, mesh))

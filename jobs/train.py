@@ -1,0 +1,178 @@
+"""One trial on one host: spec in, a stream of metric records out (`python -m jobs.train spec.json`).
+
+The host loop reports step n-1 after dispatching step n, so the device never waits on Python or logging.
+Only process 0 yields records.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import numpy as np
+
+from jobs import flops
+from jobs.data import Batches
+from jobs.mesh import make_mesh
+from jobs.spec import TrialSpec
+from jobs.step import abstract_args, batch_shardings, make_train_step
+
+Record = dict[str, Any]
+
+
+def init_distributed(coordinator: str, num_processes: int, process_id: int) -> None:
+    """Join the trial's processes into one JAX runtime (before any device is touched)."""
+    if num_processes > 1:
+        jax.distributed.initialize(coordinator, num_processes=num_processes, process_id=process_id)
+
+
+def configure_host(spec: TrialSpec) -> None:
+    """Standalone runs on CPU: simulate the spec's devices (read at backend start, so before jax.devices())."""
+    if spec.cluster.platform == "cpu":
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+        flag = f"--xla_force_host_platform_device_count={spec.cluster.devices_per_host}"
+        if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+            os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
+
+
+def measure_cpu_peak(dtype: str = "float32", n: int = 1024, reps: int = 5) -> float:
+    """TFLOP/s per local device from a matmul running on every local device at once (CPU has no spec sheet)."""
+    devs = jax.local_devices()
+    mesh = jax.sharding.Mesh(np.array(devs), ("d",))
+    sh = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("d"))
+    x = jax.device_put(np.ones((len(devs), n, n), dtype=dtype), sh)
+    f = jax.jit(lambda a: a @ a)
+    f(x).block_until_ready()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        f(x).block_until_ready()
+    dt = (time.perf_counter() - t0) / reps
+    return 2 * n**3 / dt / 1e12
+
+
+def peak_tflops(spec: TrialSpec) -> tuple[float, str]:
+    c = spec.cluster
+    if c.peak_tflops_per_device > 0:
+        return c.peak_tflops_per_device, c.accelerator
+    if c.platform == "cpu":
+        return measure_cpu_peak(spec.train.dtype), f"cpu_measured_{spec.train.dtype}"
+    return flops.PEAK_TFLOPS_PER_DEVICE.get(c.accelerator, 0.0) or float("nan"), c.accelerator
+
+
+def memory_record(compiled) -> Record:
+    ma = compiled.memory_analysis()
+    if ma is None:
+        return {}
+    out = {
+        "argument_bytes": ma.argument_size_in_bytes,
+        "output_bytes": ma.output_size_in_bytes,
+        "alias_bytes": ma.alias_size_in_bytes,
+        "temp_bytes": ma.temp_size_in_bytes,
+    }
+    out["compiled_bytes_per_device"] = out["argument_bytes"] + out["output_bytes"] - out["alias_bytes"] + out["temp_bytes"]
+    return out
+
+
+def runtime_peak_bytes() -> int | None:
+    stats = [d.memory_stats() for d in jax.local_devices()]
+    peaks = [s.get("peak_bytes_in_use") for s in stats if s]
+    return max(peaks) if peaks else None
+
+
+def _put(batch: dict[str, np.ndarray], shardings: dict) -> dict[str, jax.Array]:
+    """Each process supplies only the shards its devices own (works single- and multi-host)."""
+    return {
+        k: jax.make_array_from_callback(v.shape, shardings[k], lambda idx, v=v: v[idx]) for k, v in batch.items()
+    }
+
+
+def train(spec: TrialSpec) -> Iterator[Record]:
+    """Run the trial; yield a `start` record, one `step` record per step, then a `summary`."""
+    lead = jax.process_index() == 0
+    mesh = make_mesh(spec.mesh)
+    init_fn, step_fn = make_train_step(spec, mesh)
+    t0 = time.perf_counter()
+    compiled = step_fn.lower(*abstract_args(spec, mesh)).compile()
+    compile_s = time.perf_counter() - t0
+    peak, peak_source = peak_tflops(spec)
+    tflops_step = flops.train_tflops_per_device(spec.model, spec.context_length, spec.train.batch, spec.mesh.size)
+    mem = memory_record(compiled)
+    if lead:
+        yield {
+            "kind": "start",
+            "trial_id": spec.trial_id,
+            "devices": spec.mesh.size,
+            "processes": jax.process_count(),
+            "platform": jax.devices()[0].platform,
+            "compile_s": compile_s,
+            "peak_tflops_per_device": peak,
+            "peak_source": peak_source,
+            "tflops_per_device_per_step": tflops_step,
+            **mem,
+        }
+
+    state = init_fn(jax.random.key(spec.train.seed))
+    batches, bsh = Batches(spec), batch_shardings(spec, mesh)
+    tokens = spec.tokens_per_step
+    losses, times = [], []
+    prev = None  # (step, metrics) dispatched but not yet reported
+    last = time.perf_counter()
+    for step in range(spec.train.steps + 1):
+        if step < spec.train.steps:
+            state, metrics = compiled(state, _put(batches(step), bsh))
+        if prev is not None:
+            pstep, pm = prev
+            loss = float(pm["loss"])  # blocks until step pstep is done; step `step` is already queued
+            now = time.perf_counter()
+            dt, last = now - last, now
+            losses.append(loss)
+            times.append(dt)
+            if lead:
+                tf = tflops_step / dt
+                yield {
+                    "kind": "step",
+                    "step": pstep,
+                    "loss": loss,
+                    "grad_norm": float(pm["grad_norm"]),
+                    "step_time_s": dt,
+                    "tokens_per_s": tokens / dt,
+                    "tflops_per_s_per_device": tf,
+                    "mfu": tf / peak if peak == peak and peak > 0 else float("nan"),
+                    "peak_bytes_in_use": runtime_peak_bytes(),
+                }
+        prev = (step, metrics) if step < spec.train.steps else None
+    if lead:
+        # the first step includes warm-up (allocation, first transfer); the median is the step time
+        med = float(np.median(times[1:] if len(times) > 1 else times))
+        yield {
+            "kind": "summary",
+            "steps": spec.train.steps,
+            "final_loss": losses[-1],
+            "step_time_median_s": med,
+            "tokens_per_s": tokens / med,
+            "tflops_per_s_per_device": tflops_step / med,
+            "mfu": tflops_step / med / peak if peak == peak and peak > 0 else float("nan"),
+            "peak_bytes_in_use": runtime_peak_bytes(),
+            **mem,
+        }
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m jobs.train SPEC.json", file=sys.stderr)
+        return 2
+    with open(argv[0]) as f:
+        spec = TrialSpec.from_json(f.read())
+    configure_host(spec)
+    for rec in train(spec):
+        print(json.dumps(rec), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

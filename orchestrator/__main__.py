@@ -1,0 +1,39 @@
+"""`python -m orchestrator [+sweep=NAME] [group=option ...] [key=value ...]`: compose, plan, run."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from orchestrator.config import ConfigError, load
+from orchestrator.grid import expand
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = load(argv)
+        specs = expand(cfg)
+        from orchestrator.plan import plan, render_table, to_json
+
+        rows = plan(specs)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    invalid = [r for r in rows if r.verdict == "invalid"]
+    if cfg.dry_run:
+        print(to_json(rows)) if cfg.output == "json" else render_table(rows)
+        return 2 if invalid and not cfg.skip_invalid else 0
+    if invalid and not cfg.skip_invalid:
+        for r in invalid:
+            print(f"error: {r.reason}", file=sys.stderr)
+        print(f"error: {len(invalid)} of {len(rows)} grid points are invalid; nothing launched "
+              "(fix them, or pass skip_invalid=true to run the valid ones)", file=sys.stderr)  # fmt: skip
+        return 2
+    from orchestrator.run import run
+
+    return run(cfg, specs, rows)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

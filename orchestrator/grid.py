@@ -1,0 +1,129 @@
+"""Expand a sweep into frozen TrialSpecs: one compose, each axis option loaded once, points built in memory."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from jobs.spec import ClusterSpec, MeshSpec, TrialSpec
+from orchestrator.config import CONF_DIR, ConfigError, group_option
+
+GROUP_AXES = ("model", "strategy", "mesh", "cluster")  # axis values name a config group option
+
+
+def _set(d: dict, dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    for p in parents:
+        if not isinstance(d.get(p), dict):
+            raise ConfigError(f"sweep key {dotted!r} is not a config key — check the name against conf/config.yaml")
+        d = d[p]
+    if leaf not in d:
+        raise ConfigError(f"sweep key {dotted!r} is not a config key — check the name against conf/config.yaml")
+    d[leaf] = value
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict[str, list]:
+    """Axes may nest (`train: {steps: [..]}`, as `+sweep.axes.train.steps=[..]` writes them) or be dotted."""
+    out: dict[str, list] = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out |= _flatten(v, f"{prefix}{k}.")
+        elif isinstance(v, list | tuple):
+            out[f"{prefix}{k}"] = list(v)
+        else:
+            raise ConfigError(f"sweep axis {prefix}{k!r} must be a list of values, got {v!r}")
+    return out
+
+
+def points(sweep: dict | None) -> list[tuple[tuple[str, Any], ...]]:
+    """The grid's points as ((axis, value), ...): zipped groups move together, the rest are crossed."""
+    if not sweep:
+        return [()]
+    axes = _flatten(sweep.get("axes") or {})
+    for name, values in axes.items():
+        if not values:
+            raise ConfigError(f"sweep {sweep.get('name')!r}: axis {name!r} has no values — the grid is empty")
+    zipped = [list(z) for z in (sweep.get("zip") or [])]
+    for z in zipped:
+        missing = [a for a in z if a not in axes]
+        if missing:
+            raise ConfigError(f"sweep zip names unknown axes {missing}; axes are {list(axes)}")
+        lens = {a: len(axes[a]) for a in z}
+        if len(set(lens.values())) != 1:
+            raise ConfigError(f"sweep zip {z} needs equal-length axes, got {lens}")
+    in_zip = {a for z in zipped for a in z}
+    factors = [[tuple((a, axes[a][i]) for a in z) for i in range(len(axes[z[0]]))] for z in zipped]
+    factors += [[((a, v),) for v in axes[a]] for a in axes if a not in in_zip]
+    return [tuple(kv for f in combo for kv in f) for combo in itertools.product(*factors)]
+
+
+def resolve_mesh(mesh: dict, strategy: str, model: dict, devices: int) -> MeshSpec:
+    """Fill "auto" axes: every device not on data/fsdp/tensor goes to the context axes; USP takes the
+    largest Ulysses degree the KV heads allow (keeping a ring of at least 2)."""
+    m = dict(mesh)
+    fixed = m["data"] * m["fsdp"] * m["tensor"]
+    free = max(devices // fixed, 1)
+    u, c = m.get("context_ulysses", "auto"), m.get("context", "auto")
+    if strategy != "usp":
+        u = 1 if u == "auto" else u
+    elif u == "auto":
+        hq, hkv = model["q_heads"] // m["tensor"], max(model["kv_heads"] // m["tensor"], 1)
+        base = free // c if c != "auto" else free
+        cands = [d for d in range(1, base + 1) if base % d == 0 and hq % d == 0 and d <= hkv]
+        cands = [d for d in cands if base // d >= 2] or cands or [1]
+        u = max(cands)
+    if c == "auto":
+        c = 1 if strategy == "none" else max(free // u, 1)
+    return MeshSpec(data=m["data"], fsdp=m["fsdp"], context=int(c), context_ulysses=int(u), tensor=m["tensor"])
+
+
+def _fields(cls, d: dict) -> dict:
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in d.items() if k in names}
+
+
+def expand(cfg: DictConfig, conf_dir=CONF_DIR) -> list[TrialSpec]:
+    """Every point of the sweep (or the single base point) as a TrialSpec, in grid order."""
+    base = OmegaConf.to_container(cfg, resolve=True)
+    sweep = base.pop("sweep", None)
+    for dotted, value in ((sweep or {}).get("set") or {}).items():
+        _set(base, dotted, value)
+    grid = points(sweep)
+    options: dict[tuple[str, str], dict] = {}  # each group option read once
+    specs = []
+    for point in grid:
+        d = copy.deepcopy(base)
+        for axis, value in point:
+            if axis in GROUP_AXES:
+                key = (axis, str(value))
+                if key not in options:
+                    options[key] = group_option(axis, str(value), conf_dir)
+                d[axis] = copy.deepcopy(options[key])
+            else:
+                _set(d, axis, value)
+        specs.append(build(d, point))
+    return specs
+
+
+def build(d: dict, point: tuple = ()) -> TrialSpec:
+    """One TrialSpec from a resolved config dict."""
+    if not isinstance(d.get("context_length"), int) or d["context_length"] <= 0:
+        raise ConfigError(f"context_length must be a positive integer, got {d.get('context_length')!r}")
+    cluster = ClusterSpec(**_fields(ClusterSpec, d["cluster"]))
+    mesh = resolve_mesh(d["mesh"], d["strategy"]["name"], d["model"], cluster.devices)
+    return TrialSpec.from_dict(
+        {
+            "model": d["model"],
+            "mesh": dataclasses.asdict(mesh),
+            "strategy": d["strategy"],
+            "context_length": d["context_length"],
+            "train": d["train"],
+            "cluster": dataclasses.asdict(cluster),
+            "run": d["run"],
+            "axes": [list(kv) for kv in point],
+        }
+    )

@@ -1,0 +1,32 @@
+"""Shared test setup: 8 simulated CPU devices for in-process JAX, a fresh MLflow store per test."""
+
+import os
+import sys
+from pathlib import Path
+
+# Before any jax backend starts (conftest is imported before test modules).
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+
+import pytest  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_cli(args: list[str], cwd: Path, timeout: float = 600, env: dict | None = None):
+    """The real CLI in a subprocess, as a user runs it."""
+    import subprocess
+
+    full_env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    full_env |= {"PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+        env=full_env,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def store(tmp_path):
+    """A fresh sqlite MLflow store URI in a temporary directory."""
+    return f"sqlite:///{tmp_path / 'mlflow.db'}"
