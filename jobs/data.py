@@ -7,40 +7,57 @@ its own shard, so the loader is multi-host safe without coordination.
 from __future__ import annotations
 
 import math
+import os
+import tempfile
 
 import numpy as np
 
-from jobs import cp_rules
+from jobs import cp_rules, storage
 from jobs.spec import TrialSpec
 
 
+RECALL_KEYS, RECALL_VALUES = 8, 8
+
+
+def recall_vocab(vocab: int) -> tuple[int, int, int, int]:
+    """Token ranges of the recall task: (pair base, query base, answer base, filler count)."""
+    pairs = RECALL_KEYS * RECALL_VALUES
+    filler = vocab - 1 - pairs - RECALL_KEYS - RECALL_VALUES
+    if filler < 1:
+        raise ValueError(f"recall task needs vocab > {vocab - filler + 1}, model has {vocab}")
+    p0 = 1 + filler
+    return p0, p0 + pairs, p0 + pairs + RECALL_KEYS, filler
+
+
 def recall_batch(seed: int, step: int, batch: int, length: int, vocab: int) -> dict[str, np.ndarray]:
-    """Pairs (key, value) with one random key->value map per sequence. The second half repeats keys from
-    the first half; its values are only predictable by attending back across the whole sequence.
-    The loss counts those recalled values only, so chance level is ln(vocab/2)."""
+    """Key->value recall across the whole sequence. The first half is filler with each of 16 keys placed
+    once, fused with its value (one token per (key, value)); the second half asks (query key, answer
+    value) pairs. Every answer lies on average L/2 tokens back, on another device under CP, so the loss
+    (counted on answers only) falls below chance ln(8) only if attention across devices is right."""
     rng = np.random.default_rng([seed, step])
-    n_keys = vocab // 2 - 1
-    keys = np.arange(1, vocab // 2)
+    p0, q0, a0, filler = recall_vocab(vocab)
     half = length // 2
-    tokens = np.zeros((batch, length), np.int32)
+    if half < RECALL_KEYS:
+        raise ValueError(f"recall task needs context_length >= {2 * RECALL_KEYS}, got {length}")
+    tokens = rng.integers(1, 1 + filler, size=(batch, length), dtype=np.int32)
     mask = np.zeros((batch, length), np.float32)
+    n_q = (length - half) // 2
     for b in range(batch):
-        value_of = rng.integers(vocab // 2, vocab, size=n_keys)
-        first = rng.choice(keys, size=half // 2)
-        seen = np.unique(first)
-        second = rng.choice(seen, size=(length - half) // 2)
-        ks = np.concatenate([first, second])
-        tokens[b, 0 : 2 * len(ks) : 2] = ks
-        tokens[b, 1 : 2 * len(ks) : 2] = value_of[ks - 1]
-        # position t predicts t+1: count key positions of the second half (their target is a recalled value)
-        mask[b, half : 2 * len(ks) : 2] = 1.0
+        value_of = rng.integers(0, RECALL_VALUES, size=RECALL_KEYS)
+        where = rng.choice(half, size=RECALL_KEYS, replace=False)
+        tokens[b, where] = p0 + np.arange(RECALL_KEYS) * RECALL_VALUES + value_of
+        asked = rng.integers(0, RECALL_KEYS, size=n_q)
+        tokens[b, half : half + 2 * n_q : 2] = q0 + asked
+        tokens[b, half + 1 : half + 2 * n_q : 2] = a0 + value_of[asked]
+        mask[b, half : half + 2 * n_q : 2] = 1.0  # a query position predicts its answer
     targets = np.concatenate([tokens[:, 1:], np.zeros((batch, 1), np.int32)], axis=1)
     positions = np.broadcast_to(np.arange(length, dtype=np.int32), (batch, length)).copy()
     return {"tokens": tokens, "targets": targets, "positions": positions, "mask": mask}
 
 
 def chance_loss(vocab: int) -> float:
-    return math.log(vocab // 2)
+    """Recall loss of a model that knows the answer range but not the answer."""
+    return math.log(RECALL_VALUES)
 
 
 def token_file_batch(
@@ -75,17 +92,23 @@ def layout(spec: TrialSpec, batch: dict[str, np.ndarray]) -> dict[str, np.ndarra
 class Batches:
     """Step-indexed global batches for a trial (deterministic; resume just asks for step k)."""
 
-    def __init__(self, spec: TrialSpec, tokens: np.ndarray | None = None):
+    def __init__(self, spec: TrialSpec, cache_dir: str | None = None):
         self.spec = spec
-        self.tokens = tokens  # a flat token array already read (e.g. from gs://), else the path is memmapped
+        self.tokens = None
+        d = spec.train.data
+        if d.kind == "tokens":
+            if not d.path:
+                raise ValueError("train.data.kind=tokens needs train.data.path (a local file or gs:// object)")
+            cache = cache_dir or os.path.join(tempfile.gettempdir(), "cp-orchestrator-data")
+            # memory-mapped: each host reads only the windows it touches
+            self.tokens = np.memmap(storage.fetch(d.path, cache), dtype=np.dtype(d.dtype), mode="r")
 
     def __call__(self, step: int) -> dict[str, np.ndarray]:
         s, t = self.spec, self.spec.train
         if t.data.kind == "recall":
             b = recall_batch(t.seed, step, t.batch, s.context_length, s.model.vocab)
         elif t.data.kind == "tokens":
-            src = self.tokens if self.tokens is not None else t.data.path
-            b = token_file_batch(src, t.seed, step, t.batch, s.context_length, t.data.dtype)
+            b = token_file_batch(self.tokens, t.seed, step, t.batch, s.context_length, t.data.dtype)
         else:
             raise ValueError(f"unknown data kind {t.data.kind!r}; use recall or tokens")
         return layout(s, b)

@@ -16,6 +16,7 @@ FSDP_AXES = ("data", "fsdp", "context", "context_ulysses")
 
 
 def make_mesh(shape: MeshSpec, devices: list | None = None) -> Mesh:
+    """A mesh with the fixed axis names over `devices` (default: all devices of the runtime)."""
     devices = list(jax.devices()) if devices is None else list(devices)
     if shape.size != len(devices):
         raise ValueError(

@@ -6,8 +6,11 @@ context-parallel library, so the same model runs with every strategy.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -15,10 +18,19 @@ from jobs.attention import attention
 from jobs.mesh import BATCH_AXES, activation_spec
 from jobs.spec import ModelSpec, StrategySpec
 
+LOSS_CHUNK = 8192  # tokens per device per unembedding chunk (orchestrator.plan.memory mirrors it)
+
 REMAT_POLICIES = {
     "none": None,
     "full": jax.checkpoint_policies.nothing_saveable,
     "save_attn": jax.checkpoint_policies.save_only_these_names("attn_out"),
+    # TPU/GPU: each layer's input goes to pinned host memory between forward and backward (long context)
+    "offload": jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=[],
+        names_which_can_be_offloaded=["layer_input"],
+        offload_src="device",
+        offload_dst="pinned_host",
+    ),
 }
 
 
@@ -78,7 +90,7 @@ def forward(
     dtype: jnp.dtype,
     remat: str,
 ) -> jax.Array:
-    """Logits [B, L, V] in fp32, sequence-sharded like the input."""
+    """Final normed hidden states [B, L, E], sequence-sharded like the input (the loss unembeds in chunks)."""
     act = NamedSharding(mesh, activation_spec(strategy.name))
     seq = activation_spec(strategy.name)[1]
     heads = NamedSharding(mesh, P(BATCH_AXES, seq, "tensor" if mesh.shape["tensor"] > 1 else None, None))
@@ -87,6 +99,7 @@ def forward(
     x = constrain(params["embed"].astype(dtype)[tokens_BxL], act)
 
     def layer(x_BxLxE, p):
+        x_BxLxE = checkpoint_name(x_BxLxE, "layer_input")
         h = rms_norm(x_BxLxE, p["attn_norm"], model.norm_eps)
         q = constrain(jnp.einsum("ble,ehd->blhd", h, p["wq"].astype(dtype)), heads)
         k = constrain(jnp.einsum("ble,ehd->blhd", h, p["wk"].astype(dtype)), heads)
@@ -97,7 +110,7 @@ def forward(
             strategy=strategy.name, mesh=mesh, causal=True, layout=strategy.layout,
             kernel=strategy.kernel, block_q=strategy.block_q, block_kv=strategy.block_kv,
         )  # fmt: skip
-        o = jax.ad_checkpoint.checkpoint_name(o, "attn_out")
+        o = checkpoint_name(o, "attn_out")
         x_BxLxE = constrain(x_BxLxE + jnp.einsum("blhd,hde->ble", o, p["wo"].astype(dtype)), act)
         h = rms_norm(x_BxLxE, p["mlp_norm"], model.norm_eps)
         g = jnp.einsum("ble,em->blm", h, p["w_gate"].astype(dtype))
@@ -108,15 +121,40 @@ def forward(
     if remat != "none":
         layer = jax.checkpoint(layer, policy=REMAT_POLICIES[remat], prevent_cse=False)
     x, _ = jax.lax.scan(layer, x, params["layers"])
-    x = rms_norm(x, params["final_norm"], model.norm_eps)
-    return jnp.einsum("ble,ev->blv", x, params["unembed"].astype(dtype)).astype(jnp.float32)
+    return rms_norm(x, params["final_norm"], model.norm_eps)
 
 
 def loss_fn(params: dict, batch: dict, **kw) -> tuple[jax.Array, jax.Array]:
-    """Mean masked next-token cross-entropy and the number of counted tokens."""
-    logits = forward(params, batch["tokens"], batch["positions"], **kw)
-    logz = jax.nn.logsumexp(logits, axis=-1)
-    gold = jnp.take_along_axis(logits, batch["targets"][..., None].astype(jnp.int32), axis=-1)[..., 0]
-    mask = batch["mask"].astype(jnp.float32)
-    n = jnp.maximum(mask.sum(), 1.0)
-    return ((logz - gold) * mask).sum() / n, n
+    """Mean masked next-token cross-entropy and the number of counted tokens.
+
+    The [B, L/P, V] logits never exist whole: each device unembeds its local sequence in chunks of
+    LOSS_CHUNK tokens under remat (at 14M tokens over 64 devices they would be ~270 GiB per device)."""
+    x_BxLxE = forward(params, batch["tokens"], batch["positions"], **kw)
+    B, L, E = x_BxLxE.shape
+    cp = kw["mesh"].shape["context"] * kw["mesh"].shape["context_ulysses"]
+    P = cp if kw["strategy"].name != "none" else 1
+    Ll = L // P
+    c = min(Ll, LOSS_CHUNK)
+    while Ll % c:
+        c -= 1
+    k = Ll // c
+
+    def local_chunks(a):  # [B, L, ...] -> [k, B, P, c, ...]: chunk i of every device's local shard
+        a = a.reshape(B, P, k, c, *a.shape[2:])
+        return jnp.moveaxis(a, 2, 0)
+
+    w = params["unembed"].astype(kw["dtype"])
+
+    @functools.partial(jax.checkpoint, prevent_cse=False)
+    def chunk_loss(carry, xs):
+        x, tgt, mask = xs
+        logits = jnp.einsum("bpce,ev->bpcv", x, w).astype(jnp.float32)
+        logz = jax.nn.logsumexp(logits, axis=-1)
+        gold = jnp.take_along_axis(logits, tgt[..., None].astype(jnp.int32), axis=-1)[..., 0]
+        m = mask.astype(jnp.float32)
+        return (carry[0] + ((logz - gold) * m).sum(), carry[1] + m.sum()), None
+
+    xs = (local_chunks(x_BxLxE), local_chunks(batch["targets"]), local_chunks(batch["mask"]))
+    (tot, n), _ = jax.lax.scan(chunk_loss, (jnp.float32(0), jnp.float32(0)), xs)
+    n = jnp.maximum(n, 1.0)
+    return tot / n, n

@@ -22,7 +22,9 @@ def optimizer(spec: TrialSpec) -> optax.GradientTransformation:
     sched = optax.warmup_cosine_decay_schedule(
         0.0, t.lr, warmup_steps=max(t.warmup, 1), decay_steps=max(t.steps, t.warmup + 1), end_value=t.lr * 0.1
     )
-    return optax.chain(optax.clip_by_global_norm(t.grad_clip), optax.adamw(sched, weight_decay=t.weight_decay))
+    return optax.chain(
+        optax.clip_by_global_norm(t.grad_clip), optax.adamw(sched, weight_decay=t.weight_decay)
+    )
 
 
 def state_shardings(spec: TrialSpec, mesh: Mesh):
@@ -62,7 +64,11 @@ def make_train_step(spec: TrialSpec, mesh: Mesh):
     bsh = batch_shardings(spec, mesh)
     opt = optimizer(spec)
     kw = dict(
-        model=spec.model, strategy=spec.strategy, mesh=mesh, dtype=DTYPES[spec.train.dtype], remat=spec.train.remat
+        model=spec.model,
+        strategy=spec.strategy,
+        mesh=mesh,
+        dtype=DTYPES[spec.train.dtype],
+        remat=spec.train.remat,
     )
     accum = spec.train.grad_accum
 

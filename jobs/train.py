@@ -17,6 +17,7 @@ import jax
 import numpy as np
 
 from jobs import flops
+from jobs.checkpoint import Checkpointer
 from jobs.data import Batches
 from jobs.mesh import make_mesh
 from jobs.spec import TrialSpec
@@ -74,7 +75,9 @@ def memory_record(compiled) -> Record:
         "alias_bytes": ma.alias_size_in_bytes,
         "temp_bytes": ma.temp_size_in_bytes,
     }
-    out["compiled_bytes_per_device"] = out["argument_bytes"] + out["output_bytes"] - out["alias_bytes"] + out["temp_bytes"]
+    out["compiled_bytes_per_device"] = (
+        out["argument_bytes"] + out["output_bytes"] - out["alias_bytes"] + out["temp_bytes"]
+    )
     return out
 
 
@@ -87,21 +90,48 @@ def runtime_peak_bytes() -> int | None:
 def _put(batch: dict[str, np.ndarray], shardings: dict) -> dict[str, jax.Array]:
     """Each process supplies only the shards its devices own (works single- and multi-host)."""
     return {
-        k: jax.make_array_from_callback(v.shape, shardings[k], lambda idx, v=v: v[idx]) for k, v in batch.items()
+        k: jax.make_array_from_callback(v.shape, shardings[k], lambda idx, v=v: v[idx])
+        for k, v in batch.items()
     }
 
 
+def check(spec: TrialSpec) -> None:
+    """The job's own guard (the planner checks the same before launch): one clear ValueError."""
+    m, t = spec.model, spec.mesh.tensor
+    if m.q_heads % t or m.kv_heads % t:
+        raise ValueError(
+            f"heads not divisible by the tensor axis: q_heads {m.q_heads}, kv_heads {m.kv_heads}, tensor {t}; "
+            f"use a tensor size dividing {m.kv_heads}"
+        )
+    if spec.train.batch % (spec.mesh.data * spec.mesh.fsdp * spec.train.grad_accum):
+        raise ValueError(
+            f"batch {spec.train.batch} is not divisible by data*fsdp*grad_accum = "
+            f"{spec.mesh.data * spec.mesh.fsdp * spec.train.grad_accum}; raise the batch or shrink those"
+        )
+
+
 def train(spec: TrialSpec) -> Iterator[Record]:
-    """Run the trial; yield a `start` record, one `step` record per step, then a `summary`."""
+    """Run the trial; yield a `start` record, one `step` record per step, then a `summary`.
+    With run.checkpoint_dir set, resume from its latest checkpoint and save every run.checkpoint_every steps."""
+    check(spec)
     lead = jax.process_index() == 0
-    mesh = make_mesh(spec.mesh)
+    devices = jax.devices()
+    if spec.cluster.devices < len(devices):  # e.g. a 1-device reference run inside an 8-device process
+        devices = devices[: spec.cluster.devices]
+    mesh = make_mesh(spec.mesh, devices)
+    batches = Batches(spec)  # fails early on a missing data file
     init_fn, step_fn = make_train_step(spec, mesh)
     t0 = time.perf_counter()
     compiled = step_fn.lower(*abstract_args(spec, mesh)).compile()
     compile_s = time.perf_counter() - t0
     peak, peak_source = peak_tflops(spec)
-    tflops_step = flops.train_tflops_per_device(spec.model, spec.context_length, spec.train.batch, spec.mesh.size)
+    tflops_step = flops.train_tflops_per_device(
+        spec.model, spec.context_length, spec.train.batch, spec.mesh.size
+    )
     mem = memory_record(compiled)
+    ckpt = Checkpointer(spec.run.checkpoint_dir, spec.run.checkpoint_every) if spec.run.checkpoint_dir else None
+    restored = ckpt.restore(abstract_args(spec, mesh)[0]) if ckpt else None
+    state, first = restored if restored else (init_fn(jax.random.key(spec.train.seed)), 0)
     if lead:
         yield {
             "kind": "start",
@@ -113,18 +143,20 @@ def train(spec: TrialSpec) -> Iterator[Record]:
             "peak_tflops_per_device": peak,
             "peak_source": peak_source,
             "tflops_per_device_per_step": tflops_step,
+            "resumed_from_step": first,
             **mem,
         }
 
-    state = init_fn(jax.random.key(spec.train.seed))
-    batches, bsh = Batches(spec), batch_shardings(spec, mesh)
+    bsh = batch_shardings(spec, mesh)
     tokens = spec.tokens_per_step
     losses, times = [], []
     prev = None  # (step, metrics) dispatched but not yet reported
     last = time.perf_counter()
-    for step in range(spec.train.steps + 1):
+    for step in range(first, spec.train.steps + 1):
         if step < spec.train.steps:
             state, metrics = compiled(state, _put(batches(step), bsh))
+            if ckpt:
+                ckpt.maybe_save(step, state)
         if prev is not None:
             pstep, pm = prev
             loss = float(pm["loss"])  # blocks until step pstep is done; step `step` is already queued
@@ -146,13 +178,16 @@ def train(spec: TrialSpec) -> Iterator[Record]:
                     "peak_bytes_in_use": runtime_peak_bytes(),
                 }
         prev = (step, metrics) if step < spec.train.steps else None
-    if lead:
+    if ckpt:
+        ckpt.close()
+    if lead and times:
         # the first step includes warm-up (allocation, first transfer); the median is the step time
         med = float(np.median(times[1:] if len(times) > 1 else times))
         yield {
             "kind": "summary",
             "steps": spec.train.steps,
             "final_loss": losses[-1],
+            "steps_run": len(losses),
             "step_time_median_s": med,
             "tokens_per_s": tokens / med,
             "tflops_per_s_per_device": tflops_step / med,

@@ -25,13 +25,23 @@ from mlflow.entities import Metric, Param, RunTag  # noqa: E402
 from jobs.spec import TrialSpec  # noqa: E402
 
 log = logging.getLogger(__name__)
-STEP_METRICS = ("loss", "grad_norm", "step_time_s", "tokens_per_s", "tflops_per_s_per_device", "mfu", "peak_bytes_in_use")
+STEP_METRICS = (
+    "loss",
+    "grad_norm",
+    "step_time_s",
+    "tokens_per_s",
+    "tflops_per_s_per_device",
+    "mfu",
+    "peak_bytes_in_use",
+)
 BATCH = 1000  # MLflow's per-request metric limit
 
 
 def code_revision() -> str:
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5)
+        here = os.path.dirname(os.path.abspath(__file__))
+        cmd = ["git", "rev-parse", "--short", "HEAD"]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=5, cwd=here)
         return out.stdout.strip() or "unknown"
     except OSError:
         return "unknown"
@@ -93,7 +103,11 @@ class Tracker:
             except Exception as e:  # connection refused, 5xx, sqlite locked: all transient for us
                 if self.down_since is None:
                     self.down_since = time.monotonic()
-                    log.warning("tracking store unavailable (%s); buffering %d writes", type(e).__name__, len(self.ops))
+                    log.warning(
+                        "tracking store unavailable (%s); buffering %d writes",
+                        type(e).__name__,
+                        len(self.ops),
+                    )
                 self.next_try = time.monotonic() + 1.0
                 if time.monotonic() >= deadline:
                     return False
@@ -103,7 +117,9 @@ class Tracker:
         if self.exp_id is None:
             exp = self.client.get_experiment_by_name(self.experiment)
             self.exp_id = (
-                exp.experiment_id if exp else self.client.create_experiment(self.experiment, self.artifact_location)
+                exp.experiment_id
+                if exp
+                else self.client.create_experiment(self.experiment, self.artifact_location)
             )
         return self.exp_id
 
@@ -128,7 +144,9 @@ class Tracker:
         all_tags |= {"code_revision": code_revision(), **(tags or {})}
 
         def create():
-            self.run_ids["sweep"] = self.client.create_run(self._exp(), tags=all_tags, run_name=sweep_id).info.run_id
+            self.run_ids["sweep"] = self.client.create_run(
+                self._exp(), tags=all_tags, run_name=sweep_id
+            ).info.run_id
 
         self._enqueue(create)
 
@@ -172,10 +190,17 @@ class Tracker:
                     if isinstance(v, int | float) and v == v:
                         metrics.append(Metric(m, float(v), now, int(r["step"])))
             elif r.get("kind") in ("start", "summary"):
-                prefix = "final_" if r["kind"] == "summary" else ""
+                summary = r["kind"] == "summary"
                 for m, v in r.items():
-                    if isinstance(v, int | float) and not isinstance(v, bool) and v == v:
-                        name = m if m.endswith("_bytes") or m.endswith("_per_device") else prefix + m
+                    if isinstance(v, int | float) and not isinstance(v, bool) and v == v and m != "steps":
+                        # memory and per-step constants keep their names; end-of-trial figures get final_
+                        plain = (
+                            not summary
+                            or m.startswith("final_")
+                            or m.endswith("_bytes")
+                            or m == "peak_bytes_in_use"
+                        )
+                        name = m if plain else "final_" + m
                         metrics.append(Metric(name, float(v), now, 0))
         for i in range(0, len(metrics), BATCH):
             chunk = metrics[i : i + BATCH]
@@ -193,7 +218,9 @@ class Tracker:
         self._enqueue(lambda: self.client.log_figure(self.run_ids[key], fig, path))
 
     def set_tags(self, key: str, tags: dict[str, str]) -> None:
-        self._enqueue(lambda: self.client.log_batch(self.run_ids[key], tags=[RunTag(k, v) for k, v in tags.items()]))
+        self._enqueue(
+            lambda: self.client.log_batch(self.run_ids[key], tags=[RunTag(k, v) for k, v in tags.items()])
+        )
 
     def end(self, key: str, status: str = "FINISHED") -> None:
         self._enqueue(lambda: self.client.set_terminated(self.run_ids[key], status))

@@ -1,0 +1,55 @@
+"""Save and restore the train state with orbax, to a local directory or gs:// (so a preempted trial resumes).
+
+For gs:// the state is written by orbax to a local staging directory and mirrored by every host (each
+host uploads the shards it wrote, so the union is the whole checkpoint); restore mirrors it back first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+
+import orbax.checkpoint as ocp
+
+from jobs import storage
+
+
+class Checkpointer:
+    def __init__(self, uri: str, every: int, keep: int = 2):
+        self.uri, self.every = uri, every
+        if storage.is_gcs(uri):
+            tag = hashlib.sha256(uri.encode()).hexdigest()[:16]
+            self.local = os.path.join(tempfile.gettempdir(), "cp-orchestrator-ckpt", tag)
+            os.makedirs(self.local, exist_ok=True)
+            if storage.exists(uri):
+                storage.download_dir(uri, self.local)
+        else:
+            self.local = os.path.abspath(uri)
+        opts = ocp.CheckpointManagerOptions(max_to_keep=keep, save_interval_steps=max(every, 1))
+        self.mgr = ocp.CheckpointManager(self.local, options=opts)
+
+    def latest_step(self) -> int | None:
+        return self.mgr.latest_step()
+
+    def restore(self, abstract_state):
+        """(state, next step) from the latest checkpoint, or None when there is none."""
+        step = self.mgr.latest_step()
+        if step is None:
+            return None
+        state = self.mgr.restore(step, args=ocp.args.StandardRestore(abstract_state))
+        return state, step + 1
+
+    def maybe_save(self, step: int, state, force: bool = False) -> bool:
+        """Save after `step` when due; the step number stored is the last completed step."""
+        if not force and (self.every <= 0 or (step + 1) % self.every):
+            return False
+        self.mgr.save(step, args=ocp.args.StandardSave(state), force=True)
+        self.mgr.wait_until_finished()
+        if storage.is_gcs(self.uri):
+            storage.upload_dir(self.local, self.uri)
+            storage.delete_prefix(self.uri, keep={str(s) for s in self.mgr.all_steps()})
+        return True
+
+    def close(self) -> None:
+        self.mgr.close()

@@ -1,0 +1,116 @@
+"""Local directories or `gs://bucket/prefix` behind one small interface (google-cloud-storage client).
+
+Pure Python (no jax, ray or mlflow): both planes use it. STORAGE_EMULATOR_HOST is honoured by the
+client, so tests run against a local GCS emulator with the real library.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from functools import lru_cache
+from pathlib import Path
+
+
+def is_gcs(uri: str) -> bool:
+    return uri.startswith("gs://")
+
+
+def split(uri: str) -> tuple[str, str]:
+    """gs://bucket/a/b -> ("bucket", "a/b")."""
+    bucket, _, prefix = uri[len("gs://") :].partition("/")
+    return bucket, prefix.strip("/")
+
+
+@lru_cache(maxsize=1)
+def client():
+    from google.cloud import storage
+
+    if os.environ.get("STORAGE_EMULATOR_HOST"):
+        from google.auth.credentials import AnonymousCredentials
+
+        return storage.Client(project=os.environ.get("GOOGLE_CLOUD_PROJECT", "test"), credentials=AnonymousCredentials())
+    return storage.Client()
+
+
+def exists(uri: str) -> bool:
+    if not is_gcs(uri):
+        return os.path.exists(uri)
+    bucket, name = split(uri)
+    b = client().bucket(bucket)
+    return b.blob(name).exists() or any(True for _ in client().list_blobs(bucket, prefix=name + "/", max_results=1))
+
+
+def read_bytes(uri: str) -> bytes:
+    if not is_gcs(uri):
+        return Path(uri).read_bytes()
+    bucket, name = split(uri)
+    return client().bucket(bucket).blob(name).download_as_bytes()
+
+
+def write_bytes(uri: str, data: bytes) -> None:
+    if not is_gcs(uri):
+        Path(uri).parent.mkdir(parents=True, exist_ok=True)
+        Path(uri).write_bytes(data)
+        return
+    bucket, name = split(uri)
+    client().bucket(bucket).blob(name).upload_from_string(data)
+
+
+def fetch(uri: str, cache_dir: str) -> str:
+    """A local path for `uri`: the path itself, or a cached download of the gs:// object."""
+    if not is_gcs(uri):
+        if not os.path.exists(uri):
+            raise FileNotFoundError(f"data file {uri} does not exist; check train.data.path")
+        return uri
+    bucket, name = split(uri)
+    local = Path(cache_dir) / bucket / name
+    if not local.exists():
+        blob = client().bucket(bucket).blob(name)
+        if not blob.exists():
+            raise FileNotFoundError(f"data file {uri} does not exist; check train.data.path")
+        local.parent.mkdir(parents=True, exist_ok=True)
+        blob.download_to_filename(str(local) + ".part")
+        os.replace(str(local) + ".part", local)
+    return str(local)
+
+
+def upload_dir(local_dir: str, uri: str) -> int:
+    """Mirror a local directory tree under gs://bucket/prefix (or another local dir); returns files copied."""
+    n = 0
+    for path in Path(local_dir).rglob("*"):
+        if path.is_file():
+            rel = path.relative_to(local_dir).as_posix()
+            if is_gcs(uri):
+                bucket, prefix = split(uri)
+                client().bucket(bucket).blob(f"{prefix}/{rel}".lstrip("/")).upload_from_filename(str(path))
+            else:
+                dst = Path(uri) / rel
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, dst)
+            n += 1
+    return n
+
+
+def download_dir(uri: str, local_dir: str) -> int:
+    """Fetch every object under gs://bucket/prefix into local_dir; returns files fetched."""
+    bucket, prefix = split(uri)
+    n = 0
+    for blob in client().list_blobs(bucket, prefix=prefix + "/" if prefix else None):
+        rel = blob.name[len(prefix) :].lstrip("/")
+        if not rel:
+            continue
+        dst = Path(local_dir) / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        blob.download_to_filename(str(dst))
+        n += 1
+    return n
+
+
+def delete_prefix(uri: str, keep: set[str] | None = None) -> None:
+    """Remove step directories (numeric first path component) under a gs:// prefix that are not in `keep`."""
+    bucket, prefix = split(uri)
+    for blob in client().list_blobs(bucket, prefix=prefix + "/" if prefix else None):
+        top = blob.name[len(prefix) :].lstrip("/").split("/", 1)[0]
+        if top.isdigit() and (keep is None or top not in keep):
+            blob.delete()

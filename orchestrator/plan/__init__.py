@@ -1,0 +1,151 @@
+"""The planner: for each grid point, is it valid, does it fit, how fast would it run (no device needed)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from jobs.spec import TrialSpec
+from orchestrator.plan import memory, roofline, validate
+from orchestrator.plan.validate import Problem, point_label, trial_id
+
+VERDICTS = ("run", "infeasible", "invalid")
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    """One grid point's verdict and the predictions behind it (per device, per step)."""
+
+    trial_id: str
+    model: str
+    strategy: str
+    mesh: str
+    context_length: int
+    cluster: str
+    verdict: str  # run | infeasible | invalid
+    reason: str
+    tflops_per_device_per_step: float
+    predicted_hbm_bytes_per_device: int | None = None
+    predicted_step_s: float | None = None
+    predicted_mfu: float | None = None
+    memory: dict[str, int] = field(default_factory=dict)
+    comm_bytes_per_layer: int | None = None
+    point: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _accel(spec: TrialSpec) -> str:
+    return spec.cluster.accelerator or spec.cluster.name
+
+
+def plan_one(spec: TrialSpec, problems: list[Problem] | None = None) -> PlanRow:
+    problems = validate.problems(spec) if problems is None else problems
+    base = dict(
+        trial_id=trial_id(spec), model=spec.model.name, strategy=spec.strategy.name, mesh=spec.mesh.label(),
+        context_length=spec.context_length, cluster=spec.cluster.name, point=point_label(spec),
+    )  # fmt: skip
+    roof = None if problems else roofline.roofline(spec)
+    tflops = roof.tflops_per_device if roof else _tflops(spec)
+    if problems:
+        reason = "; ".join(f"{p.rule}: {p.message}" for p in problems)
+        return PlanRow(**base, verdict="invalid", reason=reason, tflops_per_device_per_step=tflops)
+    mem = memory.breakdown(spec)
+    hbm = memory.peak(mem)
+    c = spec.cluster
+    budget = float(c.max_step_seconds)
+    limit = int(c.hbm_bytes_per_device)
+    why = []
+    if limit and hbm > limit:
+        top = max(mem, key=mem.get)
+        why.append(
+            f"needs {memory.gib(hbm)}/device, {_accel(spec)} has {memory.gib(limit)} "
+            f"(largest term: {top.replace('_', ' ')} {memory.gib(mem[top])})"
+        )
+        if spec.strategy.name == "all_gather":
+            kv = memory.full_kv_bytes(spec)
+            why[-1] += (
+                f"; all_gather holds the full K,V of {spec.context_length:,} tokens: {memory.gib(kv)}/layer"
+            )
+    if budget > 0 and roof.step_s > budget:
+        why.append(f"predicted step {roof.step_s:,.3g} s > this cluster's {budget:g} s budget")
+    verdict = "infeasible" if why else "run"
+    if not why:
+        cap = f" of {memory.gib(limit)}" if limit else ""
+        why.append(
+            f"fits: {memory.gib(hbm)}{cap}; step {roof.step_s:,.3g} s, MFU {roof.mfu:.2f}; {roof.note}"
+        )
+    return PlanRow(
+        **base, verdict=verdict, reason="; ".join(why), tflops_per_device_per_step=tflops,
+        predicted_hbm_bytes_per_device=hbm, predicted_step_s=roof.step_s, predicted_mfu=roof.mfu,
+        memory=mem, comm_bytes_per_layer=roof.attention_comm_bytes_per_layer,
+    )  # fmt: skip
+
+
+def _tflops(spec: TrialSpec) -> float:
+    from jobs.flops import train_tflops_per_device
+
+    return train_tflops_per_device(spec.model, spec.context_length, spec.train.batch, max(spec.mesh.size, 1))
+
+
+def plan(specs: list[TrialSpec]) -> list[PlanRow]:
+    """A row per point, in grid order; the cluster of each point is its spec.cluster."""
+    return [plan_one(s) for s in specs]
+
+
+def to_json(rows: list[PlanRow]) -> str:
+    return json.dumps([r.as_dict() for r in rows], indent=1)
+
+
+def _cells(r: PlanRow) -> list[str]:
+    hbm = (
+        memory.gib(r.predicted_hbm_bytes_per_device) if r.predicted_hbm_bytes_per_device is not None else "-"
+    )
+    step = f"{r.predicted_step_s:,.3g}" if r.predicted_step_s is not None else "-"
+    mfu = f"{r.predicted_mfu:.2f}" if r.predicted_mfu is not None else "-"
+    return [r.cluster, r.strategy, r.mesh, f"{r.context_length:,}", r.verdict, hbm, step, mfu,
+            f"{r.tflops_per_device_per_step:,.4g}", r.reason]  # fmt: skip
+
+
+HEADER = [
+    "cluster",
+    "strategy",
+    "mesh",
+    "context",
+    "verdict",
+    "HBM/device",
+    "step s",
+    "MFU",
+    "TFLOP/dev",
+    "reason",
+]
+
+
+def render_table(rows: list[PlanRow], console=None, title: str = "plan") -> None:
+    """Print the plan as a rich table (verdicts coloured)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    table = Table(title=title, show_lines=False)
+    for h in HEADER:
+        table.add_column(h, overflow="fold", justify="right" if h in ("context", "step s", "MFU") else "left")
+    colour = {"run": "green", "infeasible": "yellow", "invalid": "red"}
+    for r in rows:
+        cells = _cells(r)
+        cells[4] = f"[{colour[r.verdict]}]{r.verdict}[/]"
+        table.add_row(*cells)
+    console.print(table)
+    counts = {v: sum(r.verdict == v for r in rows) for v in VERDICTS}
+    console.print(", ".join(f"{n} {v}" for v, n in counts.items()))
+
+
+def to_markdown(rows: list[PlanRow]) -> str:
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(c.replace("|", "/") for c in _cells(r)) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+__all__ = ["PlanRow", "plan", "plan_one", "render_table", "to_json", "to_markdown", "validate", "VERDICTS"]

@@ -1,0 +1,104 @@
+"""For a model, cluster and context length: the strategy and mesh expected fastest among those that fit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
+from orchestrator.plan import PlanRow, memory, plan
+
+CP_STRATEGIES = ("all_gather", "ulysses", "ring", "usp")
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    spec: TrialSpec | None  # None: nothing fits
+    row: PlanRow | None
+    reason: str
+    candidates: tuple[PlanRow, ...]
+
+
+def _pow2_divisors(n: int) -> list[int]:
+    return [d for d in (2**i for i in range(n.bit_length())) if n % d == 0]
+
+
+def candidate_meshes(strategy: str, devices: int, batch: int, max_tensor: int = 8) -> list[MeshSpec]:
+    """Every power-of-two split of the devices into fsdp (dividing the batch), tensor and the context axes."""
+    out = []
+    for fsdp in _pow2_divisors(min(devices, batch) if batch > 0 else 1):
+        if batch % fsdp:
+            continue
+        for tensor in _pow2_divisors(devices // fsdp):
+            if tensor > max_tensor:
+                continue
+            cp = devices // (fsdp * tensor)
+            if cp < 2:
+                continue
+            if strategy == "usp":
+                out += [
+                    MeshSpec(fsdp=fsdp, tensor=tensor, context_ulysses=u, context=cp // u)
+                    for u in _pow2_divisors(cp)
+                    if 1 < u < cp
+                ]
+            else:
+                out.append(MeshSpec(fsdp=fsdp, tensor=tensor, context=cp))
+    return out
+
+
+def candidates(
+    model: ModelSpec, cluster: ClusterSpec, context_length: int, train: TrainSpec | None = None
+) -> list[TrialSpec]:
+    train = train or TrainSpec()
+    out = []
+    for name in CP_STRATEGIES:
+        # Zigzag balances causal work for the strategies that ring; the others shard contiguously.
+        strat = StrategySpec(name=name, layout="zigzag" if name in ("ring", "usp") else "contiguous")
+        for mesh in candidate_meshes(name, cluster.devices, train.batch):
+            out.append(TrialSpec(model, mesh, strat, context_length, train=train, cluster=cluster))
+    return out
+
+
+def recommend(
+    model: ModelSpec, cluster: ClusterSpec, context_length: int, train: TrainSpec | None = None
+) -> Recommendation:
+    """Plan every candidate; pick the fastest predicted step among the `run` verdicts, and say why."""
+    specs = candidates(model, cluster, context_length, train)
+    rows = plan(specs)
+    ok = [(r, s) for r, s in zip(rows, specs, strict=True) if r.verdict == "run"]
+    if not ok:
+        fitting = [r for r in rows if r.predicted_hbm_bytes_per_device is not None]
+        least = min(fitting, key=lambda r: r.predicted_hbm_bytes_per_device, default=None)
+        why = f"nothing fits {model.name} at {context_length:,} tokens on {cluster.name}"
+        if least is not None:
+            why += f"; the leanest is {least.strategy} on {least.mesh}: {least.reason}"
+        return Recommendation(None, None, why, tuple(rows))
+    ok.sort(key=lambda rs: rs[0].predicted_step_s)
+    best, spec = ok[0]
+    hbm = memory.gib(best.predicted_hbm_bytes_per_device)
+    why = (
+        f"{best.strategy} on {best.mesh}: fastest of {len(ok)} feasible layouts, predicted {best.predicted_step_s:,.3g} s"
+        f"/step at MFU {best.predicted_mfu:.2f} using {hbm}/device"
+    )
+    others = {}
+    for r, _ in ok[1:]:
+        others.setdefault(r.strategy, r)  # each other strategy's own best
+    if others:
+        why += "; next: " + ", ".join(
+            f"{r.strategy} {r.mesh} {r.predicted_step_s / best.predicted_step_s:.2f}x slower"
+            for r in others.values()
+        )
+    missing = [n for n in CP_STRATEGIES if n != best.strategy and n not in others]
+    for name in missing:
+        mine = [r for r in rows if r.strategy == name]
+        top = min(
+            mine,
+            key=lambda r: (r.verdict != "infeasible", r.predicted_hbm_bytes_per_device or 0),
+            default=None,
+        )
+        if top is not None:
+            why += f"; {name} never {'fits' if top.verdict == 'infeasible' else 'is valid'}: {top.reason}"
+    return Recommendation(spec, best, why, tuple(rows))
+
+
+def with_cluster(spec: TrialSpec, cluster: ClusterSpec) -> TrialSpec:
+    return replace(spec, cluster=cluster)

@@ -1,0 +1,99 @@
+"""Step time from compute at peak and ICI traffic per layer (DESIGN section 3), and the MFU it implies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jobs.flops import layer_flops, train_tflops_per_device
+from jobs.spec import TrialSpec
+from orchestrator.plan.memory import BF16, FP32, Local, layer_params, local_sizes
+
+# cluster=local has no spec sheet (peak 0 = measured at run time). Planning needs a number before any
+# device exists: a bf16 matmul on this 2-core host measures ~0.06 TFLOP/s in all, ~0.0075 per simulated
+# device of 8. So the tiny cp_scaling points up to 8K tokens fit the local 3 s budget and 16K do not.
+NOMINAL_CPU_TFLOPS = 0.01
+# Training traffic per forward pass's worth: forward once, backward twice (dK, dV travel or are reduced)...
+TRAIN_PASSES = 3
+# ...and once more when full remat recomputes the forward (collectives included).
+RECOMPUTE = {"full": 1, "save_attn": 0, "none": 0}
+
+
+@dataclass(frozen=True)
+class Roofline:
+    tflops_per_device: float  # model FLOPs (MaxText's count; remat recompute not included)
+    compute_s: float  # hardware FLOPs at peak, recompute included
+    attention_comm_bytes_per_layer: int  # forward, per device
+    comm_s: float  # all ICI traffic of the step
+    exposed_comm_s: float  # what compute does not hide
+    step_s: float
+    mfu: float
+    note: str
+
+
+def peak_tflops(spec: TrialSpec) -> float:
+    c = spec.cluster
+    peak = float(c.peak_tflops_per_device)
+    return peak if peak > 0 else NOMINAL_CPU_TFLOPS
+
+
+def attention_comm_bytes(spec: TrialSpec, x: Local | None = None) -> tuple[int, int]:
+    """Forward bytes one device sends per layer: (not overlappable, overlappable by the ring)."""
+    x = x or local_sizes(spec)
+    D, name = spec.model.head_dim, spec.strategy.name
+    B, L, P = x.B, x.L, x.P
+    if name == "all_gather":
+        return int(2 * (P - 1) / P * L * x.hkv * D * B * BF16), 0
+    if name == "ring":
+        return 0, int(2 * (P - 1) / P * L * x.hkv * D * B * BF16)
+    if name in ("ulysses", "usp"):
+        U, R = x.U, x.R
+        hkv = max(x.hkv, U)  # kv heads replicated up to U before the all-to-all when Hkv < U
+        a2a = int((U - 1) / U**2 * (L / R) * D * (2 * x.hq + 2 * hkv) * B * BF16)
+        ring = int(2 * (R - 1) / R * L * max(x.hkv // U, 1) * D * B * BF16) if R > 1 else 0
+        return a2a, ring
+    return 0, 0
+
+
+def roofline(spec: TrialSpec) -> Roofline:
+    m, t, c, x = spec.model, spec.train, spec.cluster, local_sizes(spec)
+    peak, bw = peak_tflops(spec), float(c.ici_bytes_per_s) or 1e11
+    devices = spec.mesh.size
+    model_tf = train_tflops_per_device(m, spec.context_length, t.batch, devices)
+    weights, attn = layer_flops(m, spec.context_length)
+    per_dev = t.batch / devices / 1e12
+    # Hardware FLOPs: full remat replays the whole forward, save_attn all but the attention.
+    redo = {"full": (1, 1), "save_attn": (1, 0)}.get(t.remat, (0, 0))
+    weights_s = (3 + redo[0]) * weights * per_dev / peak
+    attn_s = (3 + redo[1]) * attn * per_dev / peak
+    passes = TRAIN_PASSES + RECOMPUTE.get(t.remat, 0)
+    blocking, ring = attention_comm_bytes(spec, x)
+    N = m.layers
+    attn_blocking_s = N * passes * blocking / bw
+    # The ring hides a hop's transfer behind the previous hop's attention: exposed only where a hop's
+    # transfer outlasts its compute (small blocks, few heads or a slow link).
+    attn_ring_s = N * passes * ring / bw
+    ring_exposed = max(0.0, attn_ring_s - attn_s)
+    # FSDP: gather each layer (bf16) per pass over the non-tensor devices, reduce-scatter fp32 grads;
+    # XLA overlaps this with the previous layer's matmuls.
+    f = devices // x.T
+    fsdp_bytes = N * layer_params(m) / x.T * (f - 1) / f * (passes * BF16 + FP32) if f > 1 else 0.0
+    fsdp_s = fsdp_bytes / bw
+    fsdp_exposed = max(0.0, fsdp_s - weights_s)
+    # Tensor parallelism: two all-reduces of [tokens, E] per layer and pass, on the critical path.
+    tp_s = N * passes * 2 * 2 * (x.T - 1) / x.T * x.tokens * m.embed * BF16 / bw if x.T > 1 else 0.0
+    compute_s = weights_s + attn_s
+    exposed = attn_blocking_s + ring_exposed + fsdp_exposed + tp_s
+    step = compute_s + exposed
+    if ring and attn_ring_s > attn_s:
+        note = f"ring transfer {attn_ring_s:.3g} s outlasts attention compute {attn_s:.3g} s"
+    elif ring:
+        note = f"ring transfer {attn_ring_s:.3g} s hidden behind attention compute {attn_s:.3g} s"
+    elif blocking:
+        note = f"{spec.strategy.name} collectives {attn_blocking_s:.3g} s not overlapped"
+    else:
+        note = "no attention traffic"
+    return Roofline(
+        tflops_per_device=model_tf, compute_s=compute_s, attention_comm_bytes_per_layer=blocking + ring,
+        comm_s=attn_blocking_s + attn_ring_s + fsdp_s + tp_s, exposed_comm_s=exposed, step_s=step,
+        mfu=model_tf / (step * peak) if step > 0 else 0.0, note=note,
+    )  # fmt: skip
