@@ -7,6 +7,7 @@ identity block (what changes the result); the execution block (cluster, paths) n
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -146,8 +147,9 @@ class TrialSpec:
         d = dataclasses.asdict(self)
         return {k: d[k] for k in ("model", "mesh", "strategy", "context_length", "train")}
 
-    @property
+    @functools.cached_property
     def trial_id(self) -> str:
+        """Stable across sweeps and clusters; cached (frozen dataclasses allow cached_property)."""
         canon = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canon.encode()).hexdigest()[:16]
 

@@ -96,7 +96,7 @@ def make_train_step(spec: TrialSpec, mesh: Mesh):
         loss, g = grads_of(params, batch)
         updates, opt_state = opt.update(g, opt_state, params)
         params = optax.apply_updates(params, updates)
-        return (params, opt_state), {"loss": loss, "grad_norm": optax.global_norm(g)}
+        return (params, opt_state), {"loss": loss, "grad_norm": optax.tree.norm(g)}
 
     state_sh = (pspecs, opt_sh)
     init_fn = jax.jit(init, out_shardings=state_sh)

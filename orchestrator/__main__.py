@@ -22,7 +22,12 @@ def main(argv: list[str]) -> int:
         return 2
     invalid = [r for r in rows if r.verdict == "invalid"]
     if cfg.dry_run:
-        print(to_json(rows)) if cfg.output == "json" else render_table(rows)
+        if cfg.output == "json":
+            print(to_json(rows))
+        else:
+            from rich.console import Console
+
+            render_table(rows, Console(width=max(Console().width, 180)))
         return 2 if invalid and not cfg.skip_invalid else 0
     if invalid and not cfg.skip_invalid:
         for r in invalid:

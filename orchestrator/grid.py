@@ -19,10 +19,14 @@ def _set(d: dict, dotted: str, value: Any) -> None:
     *parents, leaf = dotted.split(".")
     for p in parents:
         if not isinstance(d.get(p), dict):
-            raise ConfigError(f"sweep key {dotted!r} is not a config key — check the name against conf/config.yaml")
+            raise ConfigError(
+                f"sweep key {dotted!r} is not a config key — check the name against conf/config.yaml"
+            )
         d = d[p]
     if leaf not in d:
-        raise ConfigError(f"sweep key {dotted!r} is not a config key — check the name against conf/config.yaml")
+        raise ConfigError(
+            f"sweep key {dotted!r} is not a config key — check the name against conf/config.yaml"
+        )
     d[leaf] = value
 
 
@@ -78,7 +82,9 @@ def resolve_mesh(mesh: dict, strategy: str, model: dict, devices: int) -> MeshSp
         u = max(cands)
     if c == "auto":
         c = 1 if strategy == "none" else max(free // u, 1)
-    return MeshSpec(data=m["data"], fsdp=m["fsdp"], context=int(c), context_ulysses=int(u), tensor=m["tensor"])
+    return MeshSpec(
+        data=m["data"], fsdp=m["fsdp"], context=int(c), context_ulysses=int(u), tensor=m["tensor"]
+    )
 
 
 def _fields(cls, d: dict) -> dict:

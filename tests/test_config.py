@@ -29,7 +29,9 @@ def test_grid_is_deterministic_and_ids_stable():
 
 def test_trial_id_ignores_cluster_and_paths():
     base = expand(load(["context_length=4096"]))[0]
-    moved = expand(load(["context_length=4096", "cluster.name=elsewhere", "run.checkpoint_dir=/x", "cluster.hosts=1"]))[0]
+    moved = expand(
+        load(["context_length=4096", "cluster.name=elsewhere", "run.checkpoint_dir=/x", "cluster.hosts=1"])
+    )[0]
     assert base.trial_id == moved.trial_id
     changed = expand(load(["context_length=4096", "train.seed=1"]))[0]
     assert changed.trial_id != base.trial_id
@@ -47,7 +49,10 @@ def test_mesh_auto_resolution():
     assert specs["ring"].mesh.context == 8 and specs["ring"].mesh.context_ulysses == 1
     usp = specs["usp"].mesh
     assert usp.context_ulysses * usp.context == 8 and usp.context >= 2 and usp.context_ulysses > 1
-    big = {s.strategy.name: s for s in expand(load(["+sweep=cp_scaling", "cluster=v5p_128", "model=llama3_1_8b"]))}
+    big = {
+        s.strategy.name: s
+        for s in expand(load(["+sweep=cp_scaling", "cluster=v5p_128", "model=llama3_1_8b"]))
+    }
     assert big["ring"].mesh.cp == 64 and big["usp"].mesh.context_ulysses == 8
 
 

@@ -1,0 +1,191 @@
+"""Ring CP: rotate K/V around the context axis with ppermute and merge partial results by log-sum-exp.
+
+Zigzag layout (device r holds chunks r and 2R-1-r) balances causal work: after step 0 a hop from source j<r
+uses all queries against the first KV chunk, a hop from j>r only the second query chunk against all KV, so no
+masks are needed and every device does the same work. The backward is a custom VJP that saves only
+(q, k, v, out, lse) and rotates K/V again with dK/dV travelling along, then one last hop home: O(L/P) memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+
+from jobs.attention.core import empty_like, match_varying, merge
+from jobs.attention.kernel import get_kernel
+from jobs.attention.layout import block_positions
+from jobs.attention.sharding import axis_size, qkv_spec
+
+AXIS = "context"
+
+
+@dataclass(frozen=True)
+class RingConfig:
+    axis: str
+    size: int
+    causal: bool
+    layout: str
+    kernel: str
+    block_q: int
+    block_kv: int
+
+
+def _shift(cfg: RingConfig, tree):
+    """Send to the next device of the ring (r -> r+1); issued before the compute it overlaps with."""
+    return jax.lax.ppermute(tree, cfg.axis, [(i, (i + 1) % cfg.size) for i in range(cfg.size)])
+
+
+def _index(cfg: RingConfig) -> jax.Array:
+    return jax.lax.axis_index(cfg.axis) if cfg.size > 1 else jnp.int32(0)
+
+
+def _hop_fwd(cfg: RingConfig, s, r, q, k, v, pos):
+    """(out, lse) of local queries against the K/V block that started on device (r - s) mod R."""
+    kern = get_kernel(cfg.kernel)
+    fwd = partial(kern.fwd, block_q=cfg.block_q, block_kv=cfg.block_kv)
+    if isinstance(s, int) and s == 0:  # own block: the only one that needs a causal mask
+        return fwd(q, k, v, pos, pos, causal=cfg.causal)
+    if not cfg.causal:
+        return fwd(q, k, v, pos, pos, causal=False)
+    j = (r - s) % cfg.size
+    refs = (q, k, v, pos, r)
+    Ll = q.shape[1]
+    shape = ((q.shape[0], Ll, q.shape[2], q.shape[3]), (q.shape[0], Ll, q.shape[2]))
+    if cfg.layout == "zigzag":
+        c = Ll // 2
+
+        def early():  # j < r: both query chunks see all of KV chunk j, none of chunk 2R-1-j
+            return fwd(q, k[:, :c], v[:, :c], pos, pos[:c], causal=False)
+
+        def late():  # j > r: only query chunk 2R-1-r sees KV, and sees both of its chunks
+            o1, lse1 = fwd(q[:, c:], k, v, pos[c:], pos, causal=False)
+            o0, lse0 = empty_like(o1, lse1)
+            return jnp.concatenate([o0, o1], 1), jnp.concatenate([lse0, lse1], 1)
+
+        return jax.lax.cond(j < r, early, late)
+
+    def full():
+        return fwd(q, k, v, pos, pos, causal=False)
+
+    def skip():  # contiguous: a block from a later device is entirely in the future
+        o = match_varying(jnp.zeros(shape[0], jnp.float32), *refs)
+        return empty_like(o, match_varying(jnp.zeros(shape[1], jnp.float32), *refs))
+
+    return jax.lax.cond(j < r, full, skip)
+
+
+def _hop_bwd(cfg: RingConfig, s, r, q, k, v, o, lse, do, pos):
+    """(dq, dk, dv) fp32 of one hop, recomputed from the saved global out and lse."""
+    kern = get_kernel(cfg.kernel)
+    bwd = partial(kern.bwd, block_q=cfg.block_q, block_kv=cfg.block_kv)
+    if isinstance(s, int) and s == 0:
+        return bwd(q, k, v, o, lse, do, pos, pos, causal=cfg.causal)
+    if not cfg.causal:
+        return bwd(q, k, v, o, lse, do, pos, pos, causal=False)
+    j = (r - s) % cfg.size
+    refs = (q, k, v, o, lse, do, pos, r)
+
+    def zeros(x):
+        return match_varying(jnp.zeros(x.shape, jnp.float32), *refs)
+
+    if cfg.layout == "zigzag":
+        c = q.shape[1] // 2
+
+        def early():
+            dq, dk0, dv0 = bwd(q, k[:, :c], v[:, :c], o, lse, do, pos, pos[:c], causal=False)
+            return dq, jnp.concatenate([dk0, zeros(dk0)], 1), jnp.concatenate([dv0, zeros(dv0)], 1)
+
+        def late():
+            dq1, dk, dv = bwd(q[:, c:], k, v, o[:, c:], lse[:, c:], do[:, c:], pos[c:], pos, causal=False)
+            return jnp.concatenate([zeros(dq1), dq1], 1), dk, dv
+
+        return jax.lax.cond(j < r, early, late)
+
+    def full():
+        return bwd(q, k, v, o, lse, do, pos, pos, causal=False)
+
+    return jax.lax.cond(j < r, full, lambda: (zeros(q), zeros(k), zeros(v)))
+
+
+def _ring_fwd(cfg: RingConfig, q, k, v):
+    r = _index(cfg)
+    pos = block_positions(q.shape[1] * cfg.size, cfg.layout, cfg.size, r)
+    if cfg.size == 1:
+        return _hop_fwd(cfg, 0, r, q, k, v, pos)
+    kv = _shift(cfg, (k, v))
+    o, lse = _hop_fwd(cfg, 0, r, q, k, v, pos)
+
+    def step(carry, s):
+        o, lse, k, v = carry
+        kv = _shift(cfg, (k, v))
+        o, lse = merge(o, lse, *_hop_fwd(cfg, s, r, q, k, v, pos))
+        return (o, lse, *kv), None
+
+    (o, lse, k, v), _ = jax.lax.scan(step, (o, lse, *kv), jnp.arange(1, cfg.size - 1))
+    return merge(o, lse, *_hop_fwd(cfg, cfg.size - 1, r, q, k, v, pos))
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def ring_core(
+    cfg: RingConfig, q_BxLlxHxD: jax.Array, k_BxLlxKxD: jax.Array, v_BxLlxKxD: jax.Array
+) -> jax.Array:
+    """Ring attention of local blocks (call inside shard_map over cfg.axis); out like q."""
+    o, _ = _ring_fwd(cfg, q_BxLlxHxD, k_BxLlxKxD, v_BxLlxKxD)
+    return o.astype(q_BxLlxHxD.dtype)
+
+
+def _ring_core_fwd(cfg, q, k, v):
+    o, lse = _ring_fwd(cfg, q, k, v)
+    o = o.astype(q.dtype)
+    return o, (q, k, v, o, lse)
+
+
+def _ring_core_bwd(cfg, res, do):
+    q, k, v, o, lse = res
+    r = _index(cfg)
+    pos = block_positions(q.shape[1] * cfg.size, cfg.layout, cfg.size, r)
+    if cfg.size == 1:
+        dq, dk, dv = _hop_bwd(cfg, 0, r, q, k, v, o, lse, do, pos)
+        return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
+    kv = _shift(cfg, (k, v))
+    dq, dk, dv = _hop_bwd(cfg, 0, r, q, k, v, o, lse, do, pos)
+    dkv = _shift(cfg, (dk, dv))  # our block's gradient travels with our K/V
+
+    def step(carry, s):
+        dq, k, v, dk, dv = carry
+        kv = _shift(cfg, (k, v))
+        dq_s, dk_s, dv_s = _hop_bwd(cfg, s, r, q, k, v, o, lse, do, pos)
+        dkv = _shift(cfg, (dk + dk_s, dv + dv_s))
+        return (dq + dq_s, *kv, *dkv), None
+
+    (dq, k, v, dk, dv), _ = jax.lax.scan(step, (dq, *kv, *dkv), jnp.arange(1, cfg.size - 1))
+    dq_s, dk_s, dv_s = _hop_bwd(cfg, cfg.size - 1, r, q, k, v, o, lse, do, pos)
+    dk, dv = _shift(cfg, (dk + dk_s, dv + dv_s))  # final hop home: we held block r+1's gradient
+    return (dq + dq_s).astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
+
+
+ring_core.defvjp(_ring_core_fwd, _ring_core_bwd)
+
+
+def ring_attention(
+    q_BxLxHxD: jax.Array,
+    k_BxLxKxD: jax.Array,
+    v_BxLxKxD: jax.Array,
+    *,
+    mesh: Mesh,
+    causal: bool,
+    layout: str,
+    kernel: str,
+    block_q: int,
+    block_kv: int,
+) -> jax.Array:
+    """Inputs A[B, L_context, H, D] in `layout` order (zigzag: already permuted); out in the same order."""
+    cfg = RingConfig(AXIS, axis_size(mesh, AXIS), causal, layout, kernel, block_q, block_kv)
+    spec = qkv_spec(mesh, "ring")
+    return jax.shard_map(partial(ring_core, cfg), mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec)(
+        q_BxLxHxD, k_BxLxKxD, v_BxLxKxD
+    )

@@ -1,0 +1,28 @@
+"""How the global q/k/v are laid out on the mesh: batch over (data, fsdp), sequence over the CP axes, heads
+over tensor. Axes a mesh lacks are simply left out, so small test meshes work."""
+
+from __future__ import annotations
+
+from jax.sharding import Mesh, PartitionSpec
+
+from jobs.cp_rules import sequence_axes
+
+BATCH_AXES = ("data", "fsdp")
+HEAD_AXIS = "tensor"
+
+
+def mesh_shape(mesh: Mesh | None) -> dict[str, int]:
+    return {} if mesh is None else {str(a): int(s) for a, s in mesh.shape.items()}
+
+
+def axis_size(mesh: Mesh, axis: str) -> int:
+    return int(mesh.shape[axis]) if axis in mesh.axis_names else 1
+
+
+def qkv_spec(mesh: Mesh, strategy: str) -> PartitionSpec:
+    """PartitionSpec of q, k, v and out: A[B_(data,fsdp), L_(cp axes), H_tensor, D]."""
+    names = set(mesh.axis_names)
+    batch = tuple(a for a in BATCH_AXES if a in names) or None
+    seq = tuple(a for a in sequence_axes(strategy) if a in names) or None
+    heads = HEAD_AXIS if HEAD_AXIS in names else None
+    return PartitionSpec(batch, seq, heads, None)

@@ -1,0 +1,77 @@
+"""Ulysses CP: all-to-all sequence->heads, full-sequence attention on H/U heads, all-to-all back.
+
+GQA-aware: with fewer KV heads than the Ulysses size U (U a multiple of Hkv) each KV head is replicated
+U/Hkv times before the exchange; autodiff of the repeat sums the replicas' gradients.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+
+from jobs.attention.kernel import attend
+from jobs.attention.layout import global_positions
+from jobs.attention.sharding import axis_size, qkv_spec
+
+AXIS = "context"
+
+
+def seq_to_heads(x_BxLlxHxD: jax.Array, axis: str) -> jax.Array:
+    """A[B, L_axis, H, D] -> A[B, L, H_axis, D]."""
+    return jax.lax.all_to_all(x_BxLlxHxD, axis, split_axis=2, concat_axis=1, tiled=True)
+
+
+def heads_to_seq(x_BxLxHuxD: jax.Array, axis: str) -> jax.Array:
+    """A[B, L, H_axis, D] -> A[B, L_axis, H, D]."""
+    return jax.lax.all_to_all(x_BxLxHuxD, axis, split_axis=1, concat_axis=2, tiled=True)
+
+
+def ulysses_exchange(
+    q_BxLlxHxD: jax.Array,
+    k_BxLlxKxD: jax.Array,
+    v_BxLlxKxD: jax.Array,
+    *,
+    axis: str,
+    size: int,
+    inner: Callable[[jax.Array, jax.Array, jax.Array], jax.Array],
+) -> jax.Array:
+    """Trade sequence for heads over `axis`, run inner(q, k, v) on the longer sequence, trade back."""
+    if size == 1:
+        return inner(q_BxLlxHxD, k_BxLlxKxD, v_BxLlxKxD)
+    K = k_BxLlxKxD.shape[2]
+    if K < size:  # cp_rules guarantees size % K == 0: device u then gets (a copy of) KV head u // (size/K)
+        k_BxLlxKxD = jnp.repeat(k_BxLlxKxD, size // K, axis=2)
+        v_BxLlxKxD = jnp.repeat(v_BxLlxKxD, size // K, axis=2)
+    q, k, v = (seq_to_heads(x, axis) for x in (q_BxLlxHxD, k_BxLlxKxD, v_BxLlxKxD))
+    return heads_to_seq(inner(q, k, v), axis)
+
+
+def ulysses_attention(
+    q_BxLxHxD: jax.Array,
+    k_BxLxKxD: jax.Array,
+    v_BxLxKxD: jax.Array,
+    *,
+    mesh: Mesh,
+    causal: bool,
+    layout: str,
+    kernel: str,
+    block_q: int,
+    block_kv: int,
+) -> jax.Array:
+    """Inputs A[B, L_context, H, D] (natural or zigzag order); out like q."""
+    P, L = axis_size(mesh, AXIS), q_BxLxHxD.shape[1]
+    spec = qkv_spec(mesh, "ulysses")
+
+    def full_sequence(q_BxLxHuxD, k_BxLxKuxD, v_BxLxKuxD):
+        pos_L = global_positions(L, layout, P)  # after the exchange every device holds all tokens
+        return attend(q_BxLxHuxD, k_BxLxKuxD, v_BxLxKuxD, pos_L, pos_L, causal, kernel, block_q, block_kv)
+
+    def local(q, k, v):
+        return ulysses_exchange(q, k, v, axis=AXIS, size=P, inner=full_sequence)
+
+    return jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec)(
+        q_BxLxHxD, k_BxLxKxD, v_BxLxKxD
+    )

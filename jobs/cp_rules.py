@@ -1,0 +1,148 @@
+"""Context-parallel constraints, in pure Python so the planner and the attention code raise the same errors.
+
+No jax import (not even indirectly): the control plane validates a trial before asking for any device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from jobs.spec import MESH_AXES, STRATEGIES
+
+# "reference" is the dense fp32 check used by tests and benchmarks; it is not a sweep strategy.
+ATTENTION_STRATEGIES = (*STRATEGIES, "reference")
+LAYOUTS = ("contiguous", "zigzag")
+
+_SEQUENCE_AXES: dict[str, tuple[str, ...]] = {
+    "none": (),
+    "reference": (),
+    "all_gather": ("context",),
+    "ulysses": ("context",),
+    "ring": ("context",),
+    "usp": ("context", "context_ulysses"),  # ring (outer, major) x Ulysses (inner, minor)
+}
+
+
+def _check_strategy(strategy: str) -> None:
+    if strategy not in _SEQUENCE_AXES:
+        raise ValueError(
+            f"unknown attention strategy {strategy!r}; use one of {', '.join(ATTENTION_STRATEGIES)}"
+        )
+
+
+def sequence_axes(strategy: str) -> tuple[str, ...]:
+    """Mesh axes the sequence dimension is sharded over, major first."""
+    _check_strategy(strategy)
+    return _SEQUENCE_AXES[strategy]
+
+
+def ulysses_axis(strategy: str) -> str | None:
+    """The mesh axis whose all-to-all trades sequence for heads (None when the strategy has none)."""
+    return {"ulysses": "context", "usp": "context_ulysses"}.get(strategy)
+
+
+def ring_size(mesh: Mapping[str, int]) -> int:
+    """Size of the ring that zigzag is defined by: the `context` axis for every strategy."""
+    return int(mesh.get("context", 1))
+
+
+def validate(
+    strategy: str,
+    *,
+    context_length: int,
+    q_heads: int,
+    kv_heads: int,
+    mesh: Mapping[str, int],
+    layout: str = "contiguous",
+    batch: int | None = None,
+) -> None:
+    """Raise ValueError (one line: the numbers and the fix) if the attention cannot run as configured."""
+    _check_strategy(strategy)
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
+    unknown = sorted(set(mesh) - set(MESH_AXES))
+    if unknown:
+        raise ValueError(f"unknown mesh axes {unknown}; mesh axes are {', '.join(MESH_AXES)}")
+    size = {a: int(mesh.get(a, 1)) for a in MESH_AXES}
+    bad = {a: s for a, s in size.items() if s < 1}
+    if bad:
+        raise ValueError(f"mesh axis sizes must be >= 1, got {bad}")
+    L, hq, hkv = int(context_length), int(q_heads), int(kv_heads)
+    if L < 1 or hq < 1 or hkv < 1:
+        raise ValueError(f"need positive sizes, got context_length={L}, q_heads={hq}, kv_heads={kv_heads}")
+    if hq % hkv:
+        raise ValueError(
+            f"GQA needs q_heads % kv_heads == 0: {hq} % {hkv} = {hq % hkv}; use kv_heads dividing {hq}"
+        )
+    t = size["tensor"]
+    if hq % t or hkv % t:
+        raise ValueError(
+            f"tensor={t} shards heads, so it must divide q_heads={hq} and kv_heads={hkv}; "
+            f"use a tensor size dividing {np.gcd(hq, hkv)}"
+        )
+    if batch is not None:
+        b = size["data"] * size["fsdp"]
+        if batch % b:
+            raise ValueError(
+                f"batch is sharded over data x fsdp = {b}: batch {batch} % {b} = {batch % b}; "
+                f"use a batch that is a multiple of {b}"
+            )
+    seq = sequence_axes(strategy)
+    if strategy != "usp" and size["context_ulysses"] > 1:
+        raise ValueError(
+            f"{strategy} does not shard over context_ulysses={size['context_ulysses']} (work would be "
+            f"replicated); set context_ulysses=1 or use strategy=usp"
+        )
+    cp = int(np.prod([size[a] for a in seq])) if seq else 1
+    if L % cp:
+        axes = "x".join(f"{a}" for a in seq)
+        raise ValueError(
+            f"{strategy} shards the sequence over {axes} = {cp}: context_length % {cp} = {L % cp} "
+            f"({L}); use a multiple of {cp}"
+        )
+    r = size["context"]
+    if layout == "zigzag" and L % (2 * r):
+        raise ValueError(
+            f"{strategy} zigzag needs context_length % (2*context) == 0: {L} % {2 * r} = {L % (2 * r)}; "
+            f"use a multiple of {2 * r} or layout=contiguous"
+        )
+    u_axis = ulysses_axis(strategy)
+    if u_axis is not None:
+        u, hq_loc, hkv_loc = size[u_axis], hq // t, hkv // t
+        if hq_loc % u:
+            raise ValueError(
+                f"{strategy} splits q heads over {u_axis}={u}: q_heads/tensor = {hq_loc} % {u} = {hq_loc % u}; "
+                f"use {u_axis} dividing {hq_loc}"
+            )
+        if hkv_loc % u and u % hkv_loc:
+            raise ValueError(
+                f"{strategy} splits kv heads over {u_axis}={u}: kv_heads/tensor = {hkv_loc} neither divides "
+                f"nor is a multiple of {u}; use {u_axis} dividing or a multiple of {hkv_loc}"
+            )
+
+
+def zigzag_permutation(length: int, ring_size: int) -> np.ndarray:
+    """Natural token index at each position of the zigzag layout (apply as x[:, perm]).
+
+    The sequence is cut into 2R chunks; ring device r holds chunks r and 2R-1-r, so causal work is equal on
+    every device. R=1 is the identity.
+    """
+    if length % (2 * ring_size):
+        raise ValueError(
+            f"zigzag needs length % (2*ring_size) == 0: {length} % {2 * ring_size} = {length % (2 * ring_size)}; "
+            f"use a multiple of {2 * ring_size}"
+        )
+    c = length // (2 * ring_size)
+    chunks_C = np.arange(2 * ring_size * c, dtype=np.int64).reshape(2 * ring_size, c)
+    order = [i for r in range(ring_size) for i in (r, 2 * ring_size - 1 - r)]
+    return chunks_C[order].reshape(-1)
+
+
+def inverse_permutation(perm: np.ndarray) -> np.ndarray:
+    """inv with inv[perm[i]] = i, to bring zigzag outputs back to natural order (x[:, inv])."""
+    perm = np.asarray(perm)
+    inv = np.empty_like(perm)
+    inv[perm] = np.arange(perm.size, dtype=perm.dtype)
+    return inv
