@@ -115,8 +115,9 @@ def execute(
                     progress.event(ev.trial_id, f"attempt {ev.attempt} on {placement_note(att['hosts'])}")
                 continue
             if ev.kind == "records":
-                if "first_record" not in att:
-                    att["first_record"] = time.time()
+                att.setdefault("first_record", time.time())
+                if "first_step" not in att and any(r["kind"] == "step" for r in ev.records):
+                    att["first_step"] = time.time()
                 tracker.log_records(ev.trial_id, ev.records)
                 for r in ev.records:
                     if r["kind"] == "step":
@@ -147,14 +148,15 @@ def execute(
             tracker.set_tags(
                 ev.trial_id, {"attempts": str(attempts[ev.trial_id]), "slices": ",".join(slices)}
             )
-            final = {"finished": "done"}.get(ev.outcome, ev.outcome)
-            progress.update(ev.trial_id, state=final, note=ev.error[-120:] if ev.error else "")
+            # the store hears first: a driver killed right after this line must not rerun a finished trial
             tracker.set_status(
                 ev.trial_id,
                 ev.outcome,
                 ev.error,
                 terminal="FINISHED" if ev.outcome == "finished" else "FAILED",
             )
+            final = {"finished": "done"}.get(ev.outcome, ev.outcome)
+            progress.update(ev.trial_id, state=final, note=ev.error[-120:] if ev.error else "")
             if ev.outcome == "finished" and ev.trial_id in summaries:
                 for k, v in summary_metrics(summaries[ev.trial_id]).items():
                     tracker.log_metrics("sweep", {f"{k}/{spec.strategy.name}": v}, step=spec.context_length)
@@ -175,4 +177,6 @@ def execute(
                     spec.trial_id, "cancelled", "interrupted before it started", terminal="KILLED"
                 )
                 progress.update(spec.trial_id, state="cancelled")
+            print(f"interrupted: {len(running)} running and {len(pending)} queued trials cancelled; "
+                  f"placement groups still reserved: {sched.live_placement_groups()}", flush=True)  # fmt: skip
     return outcomes

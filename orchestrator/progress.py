@@ -10,6 +10,16 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+TERMINAL = ("done", "failed", "infeasible", "invalid", "skipped", "cancelled")
+COLORS = {"running": "cyan", "starting": "cyan", "done": "green", "failed": "red", "invalid": "red",
+          "infeasible": "yellow", "cancelled": "magenta", "skipped": "dim"}  # fmt: skip
+PLAIN_STEP_EVERY_S = 30.0  # plain mode: a step line per trial at most this often (cron logs stay short)
+
+
+def _clock(s: float) -> str:
+    s = int(s)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60:02d}:{s % 60:02d}"
+
 
 @dataclass
 class Row:
@@ -21,6 +31,9 @@ class Row:
     tokens_per_s: float = 0.0
     retries: int = 0
     note: str = ""
+    started: float | None = None  # monotonic time the current attempt started running
+    ended: float | None = None
+    last_print: float = 0.0
 
 
 class Progress:
@@ -47,41 +60,76 @@ class Progress:
 
     def update(self, key: str, **kw) -> None:
         row = self.rows[key]
-        old = row.state
+        old, old_step = row.state, row.step
         for k, v in kw.items():
             setattr(row, k, v)
+        now = time.monotonic()
+        if row.state in ("starting", "queued") and old != row.state:
+            row.started, row.ended, row.step = None, None, 0
+        if row.state == "running" and row.started is None:
+            row.started = now
+        if row.state in TERMINAL and row.ended is None:
+            row.ended = now
         if self.live:
             self.live.update(self._table())
-        elif row.state != old or row.state in ("done", "failed", "infeasible"):
-            extra = f" loss={row.loss:.4f}" if row.loss == row.loss else ""
-            note = f" ({row.note})" if row.note else ""
-            print(f"[{self._elapsed()}] {row.label}: {row.state}{extra}{note}", flush=True)
+        elif row.state != old or row.state in TERMINAL[:3]:
+            self._print(row, f"{row.state}{self._figures(row)}{f' ({row.note})' if row.note else ''}")
+        elif row.step != old_step and now - row.last_print >= PLAIN_STEP_EVERY_S:
+            self._print(row, f"step {row.step}/{row.steps}{self._figures(row)}")
 
-    def _elapsed(self) -> str:
-        s = int(time.monotonic() - self.t0)
-        return f"{s // 60:02d}:{s % 60:02d}"
+    def event(self, key: str, text: str) -> None:
+        """Something worth a line of its own (where a trial landed, a retry): the note in the table."""
+        row = self.rows[key]
+        row.note = text
+        if self.live:
+            self.live.update(self._table())
+        else:
+            self._print(row, text)
+
+    def _print(self, row: Row, text: str) -> None:
+        row.last_print = time.monotonic()
+        print(f"[{_clock(time.monotonic() - self.t0)}] {row.label}: {text}", flush=True)
+
+    @staticmethod
+    def _figures(row: Row) -> str:
+        out = f" loss={row.loss:.4f}" if row.loss == row.loss else ""
+        return out + (
+            f" {row.tokens_per_s:,.0f} tok/s" if row.tokens_per_s and row.state == "running" else ""
+        )
 
     def _eta(self) -> str:
-        done = sum(r.state in ("done", "failed", "infeasible", "invalid", "skipped") for r in self.rows.values())
-        total = len(self.rows)
-        if not done or done == total:
+        """Remaining time from the sweep's progress so far: finished trials plus running trials' step fraction."""
+        todo = [
+            r for r in self.rows.values() if r.state not in ("invalid", "skipped", "infeasible") or r.started
+        ]
+        if not todo:
             return "-"
-        s = int((time.monotonic() - self.t0) / done * (total - done))
-        return f"{s // 60:02d}:{s % 60:02d}"
+        frac = sum(1.0 if r.state in TERMINAL else r.step / r.steps if r.steps else 0.0 for r in todo) / len(
+            todo
+        )
+        if frac <= 0 or frac >= 1:
+            return "-"
+        return _clock((time.monotonic() - self.t0) * (1 - frac) / frac)
 
     def _table(self) -> Table:
-        t = Table(title=f"sweep  elapsed {self._elapsed()}  eta {self._eta()}", expand=False)
-        for c in ("trial", "state", "step", "loss", "tokens/s", "retries", "note"):
+        counts: dict[str, int] = {}
+        for r in self.rows.values():
+            counts[r.state] = counts.get(r.state, 0) + 1
+        summary = "  ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+        title = f"sweep  elapsed {_clock(time.monotonic() - self.t0)}  eta {self._eta()}  |  {summary}"
+        t = Table(title=title, expand=False)
+        for c in ("trial", "state", "step", "loss", "tokens/s", "elapsed", "retries", "note"):
             t.add_column(c)
-        colors = {"running": "cyan", "done": "green", "failed": "red", "infeasible": "yellow", "invalid": "red"}
+        now = time.monotonic()
         for r in self.rows.values():
             t.add_row(
                 r.label,
-                f"[{colors.get(r.state, 'white')}]{r.state}[/]",
+                f"[{COLORS.get(r.state, 'white')}]{r.state}[/]",
                 f"{r.step}/{r.steps}" if r.state == "running" else "",
                 f"{r.loss:.4f}" if r.loss == r.loss else "",
                 f"{r.tokens_per_s:,.0f}" if r.tokens_per_s else "",
+                _clock((r.ended or now) - r.started) if r.started else "",
                 str(r.retries or ""),
-                r.note[:60],
+                r.note[:70],
             )
         return t

@@ -10,6 +10,7 @@ from omegaconf import DictConfig
 
 from jobs.spec import TrialSpec
 from orchestrator import cluster as clusters
+from orchestrator import regress, report
 from orchestrator.executor import Budgets, execute
 from orchestrator.progress import Progress
 from orchestrator.tracking import Tracker
@@ -47,11 +48,13 @@ def run(cfg: DictConfig, specs: list[TrialSpec], rows: list) -> int:
                 progress.add(tid, label, spec.train.steps, "skipped", "finished earlier in this sweep")
             elif row.verdict != "run":
                 progress.add(tid, label, spec.train.steps, row.verdict, row.reason)
-                tracker.start_trial(spec, sweep_id, row.verdict, row.reason)
+                tracker.start_trial(
+                    spec, sweep_id, row.verdict, row.reason, row.predicted_hbm_bytes_per_device
+                )
                 tracker.end(tid, "FINISHED")
             else:
                 progress.add(tid, label, spec.train.steps)
-                tracker.start_trial(spec, sweep_id)
+                tracker.start_trial(spec, sweep_id, predicted_bytes=row.predicted_hbm_bytes_per_device)
                 todo.append(spec)
         tracker.flush(timeout=30)
         outcomes: dict[str, str] = {}
@@ -62,6 +65,11 @@ def run(cfg: DictConfig, specs: list[TrialSpec], rows: list) -> int:
             outcomes = execute(
                 todo, tracker, progress, conc, Budgets(b.get("preemption", 3), b.get("failure", 1)), sweep_id
             )
+    predicted = {s.trial_id: r.predicted_hbm_bytes_per_device for s, r in zip(specs, rows, strict=True)}
+    try:  # a plot must never cost a sweep its exit code
+        report.publish(tracker, [s for s in todo if outcomes.get(s.trial_id) == "finished"], predicted)
+    except Exception:
+        log.exception("sweep report failed")
     failed = [t for t, o in outcomes.items() if o not in ("finished", "infeasible")]
     tracker.set_tags(
         "sweep", {"status": "failed" if failed else "finished", "trials_failed": str(len(failed))}
@@ -73,4 +81,19 @@ def run(cfg: DictConfig, specs: list[TrialSpec], rows: list) -> int:
     print(f"sweep {sweep_id}: {sum(o == 'finished' for o in outcomes.values())} finished, "
           f"{len(failed)} failed, {len(done)} skipped (already finished)")  # fmt: skip
     print(f"dashboard: {tracker.dashboard_hint()}")
-    return 1 if failed else 0
+    return _gate(cfg, sweep_id, failed=bool(failed))
+
+
+def _gate(cfg: DictConfig, sweep_id: str, failed: bool) -> int:
+    """Exit code: 1 when a trial failed, else 3 (regress.EXIT_REGRESSION) when the regression gate trips."""
+    g = cfg.get("gate") or {}
+    code = 0
+    if g.get("enabled", False):
+        try:
+            code = regress.gate(
+                cfg.tracking.uri, cfg.tracking.experiment, sweep_id, float(g.get("max_drop", 0.10))
+            )
+        except Exception:
+            log.exception("regression gate could not read the tracking store")
+            code = 1
+    return 1 if failed else code

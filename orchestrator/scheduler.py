@@ -10,6 +10,7 @@ import logging
 import os
 import queue
 import socket
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -20,15 +21,44 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from jobs.spec import ClusterSpec, TrialSpec
+from orchestrator import cluster as clusters
 
 log = logging.getLogger(__name__)
-FINISHED, PREEMPTED, FAILED, INFEASIBLE, CANCELLED = "finished", "preempted", "failed", "infeasible", "cancelled"
+FINISHED, PREEMPTED, FAILED, INFEASIBLE, CANCELLED = (
+    "finished",
+    "preempted",
+    "failed",
+    "infeasible",
+    "cancelled",
+)
 INFEASIBLE_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory")
+# A job exception caused by a lost peer (gloo / coordination service) is the peer's preemption, not a bug.
+PEER_LOST_MARKERS = ("Connection closed by peer", "Connection reset by peer", "stopped sending heartbeats")
+GRACE_S = 2.0  # after a host's error, how long the others get to report their own cause before we cancel
+SLICE_WAIT_S = 60.0  # a reserved slice head whose workers stay busy this long is released and re-chosen
 
 
-@ray.remote(num_returns="streaming", max_calls=1)
+def host_info(process_id: int) -> dict[str, Any]:
+    """Who and where this host process is: the placement record, and the pid a fault test kills."""
+    labels = ray.get_runtime_context().get_node_labels() or {}
+    return {
+        "kind": "host",
+        "process_id": process_id,
+        "pid": os.getpid(),
+        "t": time.time(),  # when the host process started running the task (scheduling overhead)
+        "node_ip": ray.util.get_node_ip_address(),
+        "node_id": ray.get_runtime_context().get_node_id(),
+        "slice": labels.get(clusters.SLICE_LABEL) or os.environ.get("TPU_NAME", ""),
+        "worker_id": labels.get(clusters.WORKER_LABEL) or os.environ.get("TPU_WORKER_ID", ""),
+    }
+
+
+# max_calls=1: every trial gets fresh processes (libtpu's lockfile, a clean jax.distributed).
+# max_retries=0: a lone host retried by Ray could never rejoin its gang; the executor retries the whole trial.
+@ray.remote(num_returns="streaming", max_calls=1, max_retries=0)
 def host_task(spec_json: str, process_id: int, num_processes: int, coordinator: str, batch_s: float = 0.5):
-    """One JAX process of a trial (fresh worker: max_calls=1). Only process 0 yields record batches."""
+    """One JAX process of a trial. Every host first yields its host record; only process 0 yields metrics."""
+    yield [host_info(process_id)]
     from jobs.spec import TrialSpec as _Spec
     from jobs.train import init_distributed, train
 
@@ -43,120 +73,258 @@ def host_task(spec_json: str, process_id: int, num_processes: int, coordinator: 
         yield buf
 
 
-@ray.remote(num_cpus=0)
-def _host_address() -> str:
-    """Runs on host 0's node: a free port there for the jax.distributed coordinator."""
+@ray.remote(num_cpus=0, max_retries=0)
+def _probe() -> dict[str, str]:
+    """Runs in one bundle of the slice: the node's TPU worker id and a free port for the coordinator."""
     with socket.socket() as s:
         s.bind(("", 0))
         port = s.getsockname()[1]
-    return f"{ray.util.get_node_ip_address()}:{port}"
+    info = host_info(-1)
+    return {"address": f"{info['node_ip']}:{port}", "worker_id": info["worker_id"], "slice": info["slice"]}
 
 
 def worker_env(cluster: ClusterSpec) -> dict[str, str]:
-    env = {"PYTHONUNBUFFERED": "1"}
+    # A persistent compilation cache: retries, resumed sweeps and nightly re-runs skip identical compiles.
+    cache = os.environ.get("JAX_COMPILATION_CACHE_DIR") or os.path.join(
+        tempfile.gettempdir(), "cp-orchestrator-jax-cache"
+    )
+    env = {"PYTHONUNBUFFERED": "1", "JAX_COMPILATION_CACHE_DIR": cache}
     if cluster.platform == "cpu":
-        env |= {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": f"--xla_force_host_platform_device_count={cluster.devices_per_host}"}
+        env |= {
+            "JAX_PLATFORMS": "cpu",
+            "XLA_FLAGS": f"--xla_force_host_platform_device_count={cluster.devices_per_host}",
+        }
     return env
 
 
 def classify(err: BaseException) -> str:
     """Typed outcome of an exception from a host task."""
-    text = str(err)
-    if any(m in text for m in INFEASIBLE_MARKERS):
+    text = f"{err} {getattr(err, 'cause', '')}"
+    if isinstance(err, ray.exceptions.OutOfMemoryError) or any(m in text for m in INFEASIBLE_MARKERS):
         return INFEASIBLE
+    if isinstance(err, ray.exceptions.TaskCancelledError):
+        return CANCELLED
     if isinstance(err, ray.exceptions.RayTaskError):
-        return FAILED
+        return PREEMPTED if any(m in text for m in PEER_LOST_MARKERS) else FAILED
     # worker or node died, task lost with its node: the slice is gone, not the code
     return PREEMPTED
+
+
+def combine(outcomes: list[str]) -> str:
+    """One trial outcome from its hosts': a lost host explains its peers' errors; OOM beats a crash."""
+    for o in (PREEMPTED, INFEASIBLE, FAILED, CANCELLED):
+        if o in outcomes:
+            return o
+    return FINISHED
 
 
 @dataclass
 class Event:
     trial_id: str
     attempt: int
-    kind: str  # "records" | "outcome"
+    kind: str  # "placed" | "host" | "records" | "outcome"
     records: list[dict[str, Any]] = field(default_factory=list)
     outcome: str = ""
     error: str = ""
 
 
+class Cancelled(Exception):
+    pass
+
+
+_reserved: set = set()  # every placement group this driver created, to prove none outlives a cancel
+
+
+def live_placement_groups() -> int:
+    """How many placement groups this driver created are still reserved (not REMOVED)."""
+    table = ray.util.placement_group_table()
+    return sum(table.get(pid.hex(), {}).get("state", "REMOVED") != "REMOVED" for pid in _reserved)
+
+
 class Trial:
-    """A launched attempt of one trial: host tasks, their placement group, a reader thread."""
+    """A launched attempt of one trial: its slice reservation, host tasks, and reader threads.
+
+    Everything blocking (waiting for a free slice, the hosts' streams) happens on the trial's own thread,
+    so the executor loop never waits on one trial. Every exit path releases the placement groups."""
 
     def __init__(self, spec: TrialSpec, attempt: int, events: queue.Queue):
         self.spec, self.attempt, self.events = spec, attempt, events
-        self.pg = None
+        self.lock = threading.Lock()
+        self.cancelled = self.stopping = False
+        self.spg = None  # SlicePlacementGroup (TPU kinds)
+        self.pg = None  # plain placement group (local_multihost)
         self.refs: list = []
-        self.cancelled = False
-        c = spec.cluster
-        opts: dict[str, Any] = {"runtime_env": {"env_vars": worker_env(c)}, "num_cpus": 1}
-        if c.hosts > 1 or c.kind in ("tpu", "fake_tpu"):
-            self.pg = self._reserve_slice(c)
-            strategies = [PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i) for i in range(c.hosts)]
-            coordinator = ray.get(_host_address.options(scheduling_strategy=strategies[0]).remote())
-        else:
-            strategies, coordinator = [None], ""
-        if c.kind in ("tpu", "fake_tpu"):
-            opts["resources"] = {"TPU": c.devices_per_host if c.platform == "tpu" else 4}
-        for pid, strat in enumerate(strategies):
-            o = dict(opts)
-            if strat is not None:
-                o["scheduling_strategy"] = strat
-            self.refs.append(host_task.options(**o).remote(spec.to_json(), pid, c.hosts, coordinator))
-        self.thread = threading.Thread(target=self._read, daemon=True, name=f"trial-{spec.trial_id}")
+        self.errors: list[tuple[int, BaseException]] = []
+        self.first_error = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True, name=f"trial-{spec.trial_id}")
         self.thread.start()
 
-    @staticmethod
-    def _reserve_slice(c: ClusterSpec):
-        if c.kind in ("tpu", "fake_tpu"):
-            from ray.util.tpu import slice_placement_group
+    def _emit(self, kind: str, **kw) -> None:
+        self.events.put(Event(self.spec.trial_id, self.attempt, kind, **kw))
 
-            spg = slice_placement_group(topology=c.topology, accelerator_version=c.accelerator)
-            pg = spg.placement_group
-        else:
-            pg = placement_group([{"CPU": 1}] * c.hosts, strategy="PACK")
-        ray.get(pg.ready())
-        return pg
-
-    def _read(self) -> None:
+    # --- the attempt, on its own thread -----------------------------------------------------------
+    def _run(self) -> None:
         outcome, error = FINISHED, ""
         try:
-            for ref in self.refs[0]:
-                self.events.put(Event(self.spec.trial_id, self.attempt, "records", records=ray.get(ref)))
-            for other in self.refs[1:]:
-                for ref in other:  # non-lead hosts yield nothing; this waits for them and raises their errors
-                    ray.get(ref)
+            strategies, opts = self._place()
+            self._launch(strategies, opts)
+            outcome, error = self._wait()
+        except Cancelled:
+            outcome = CANCELLED
         except Exception as e:  # noqa: BLE001 - every failure becomes a typed outcome
-            outcome = CANCELLED if self.cancelled else classify(e)
-            error = " ".join(str(e).split())[-2000:]
+            # ValueError: no such topology / accelerator here; anything else from placement is Ray's
+            outcome = (
+                CANCELLED if self.cancelled else INFEASIBLE if isinstance(e, ValueError) else classify(e)
+            )
+            error = f"{type(e).__name__}: {e}"
         finally:
             self.release()
-        self.events.put(Event(self.spec.trial_id, self.attempt, "outcome", outcome=outcome, error=error))
+        self._emit(
+            "outcome", outcome=CANCELLED if self.cancelled else outcome, error=" ".join(error.split())[-4000:]
+        )
 
-    def cancel(self) -> None:
-        self.cancelled = True
-        for r in self.refs:
+    def _check(self) -> None:
+        if self.cancelled:
+            raise Cancelled
+
+    def _place(self) -> tuple[list, dict[str, Any]]:
+        """Reserve the trial's slice whole (a placement group is all-or-nothing) and order its hosts."""
+        c = self.spec.cluster
+        opts: dict[str, Any] = {"runtime_env": {"env_vars": worker_env(c)}, "num_cpus": 1}
+        if c.kind in clusters.TPU_KINDS:
+            pg = self._reserve_tpu_slice(c)
+            res = dict(self.spg.bundle_resources)
+            opts["num_cpus"] = res.pop("CPU", 1)
+            opts["resources"] = res
+        elif c.hosts > 1:
+            with self.lock:
+                self._check()
+                self.pg = pg = placement_group([{"CPU": 1}] * c.hosts, strategy="PACK")
+                _reserved.add(pg.id)
+            while not ray.wait([pg.ready()], timeout=1.0)[0]:
+                self._check()
+        else:
+            self._emit("placed", records=[{"slice": "", "n_hosts": 1}])
+            return [None], opts
+        bundles = [
+            PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i) for i in range(c.hosts)
+        ]
+        probes = ray.get([_probe.options(scheduling_strategy=b).remote() for b in bundles])
+        # On a TPU slice the process id must be the host's TPU_WORKER_ID (libtpu's own numbering).
+        order = list(range(c.hosts))
+        if all(p["worker_id"].isdigit() for p in probes):
+            order = sorted(order, key=lambda i: int(probes[i]["worker_id"]))
+        self.coordinator = probes[order[0]]["address"]
+        self._emit("placed", records=[{"slice": probes[0]["slice"], "n_hosts": c.hosts}])
+        return [bundles[i] for i in order], opts
+
+    def _reserve_tpu_slice(self, c: ClusterSpec):
+        from ray.util.tpu import slice_placement_group
+
+        while True:
+            self._check()
+            try:
+                spg = slice_placement_group(
+                    topology=c.topology, accelerator_version=c.accelerator, head_reservation_timeout_s=2.0
+                )
+            except TimeoutError:
+                continue  # every slice head is held by a running trial: keep queueing
+            with self.lock:
+                self.spg = spg
+                _reserved.update(pg.id for pg in [spg.placement_group, *spg.head_placement_groups])
+            if self.cancelled:
+                raise Cancelled
+            # The head reservation names a slice; its workers may still be busy (or lost): wait, then re-choose.
+            deadline = time.monotonic() + SLICE_WAIT_S
+            while time.monotonic() < deadline:
+                if ray.wait([spg.placement_group.ready()], timeout=1.0)[0]:
+                    return spg.placement_group
+                self._check()
+            log.warning(
+                "slice %s not schedulable in %.0f s; choosing again", spg.bundle_label_selector, SLICE_WAIT_S
+            )
+            self.release()
+
+    def _launch(self, strategies: list, opts: dict[str, Any]) -> None:
+        n = len(strategies)
+        with self.lock:
+            self._check()
+            for pid, strat in enumerate(strategies):
+                o = dict(opts) | ({"scheduling_strategy": strat} if strat is not None else {})
+                args = (self.spec.to_json(), pid, n, getattr(self, "coordinator", ""))
+                self.refs.append(host_task.options(**o).remote(*args))
+        self.readers = [
+            threading.Thread(target=self._drain, args=(pid, gen), daemon=True, name=f"host-{pid}")
+            for pid, gen in enumerate(self.refs)
+        ]
+        for t in self.readers:
+            t.start()
+
+    def _drain(self, pid: int, gen) -> None:
+        try:
+            for ref in gen:
+                batch = ray.get(ref)
+                hosts = [r for r in batch if r.get("kind") == "host"]
+                rest = [r for r in batch if r.get("kind") != "host"]
+                if hosts:
+                    self._emit("host", records=hosts)
+                if rest:
+                    self._emit("records", records=rest)
+        except Exception as e:  # noqa: BLE001 - judged in _wait
+            with self.lock:
+                if not self.stopping:  # errors after our own cancel are ours, not the cause
+                    self.errors.append((pid, e))
+            self.first_error.set()
+
+    def _wait(self) -> tuple[str, str]:
+        while not self.first_error.wait(0.5) and any(t.is_alive() for t in self.readers):
+            pass
+        if self.first_error.is_set():
+            deadline = time.monotonic() + GRACE_S
+            for t in self.readers:
+                t.join(max(deadline - time.monotonic(), 0))
+            self._stop_hosts()
+            for t in self.readers:
+                t.join(30)
+        if not self.errors:
+            return FINISHED, ""
+        outcome = combine([classify(e) for _, e in self.errors])
+        error = "; ".join(f"host {pid}: {type(e).__name__}: {e}" for pid, e in self.errors)
+        return outcome, error
+
+    # --- control, from the executor's thread ------------------------------------------------------
+    def _stop_hosts(self) -> None:
+        with self.lock:
+            self.stopping = True
+            refs = list(self.refs)
+        for r in refs:
             try:
                 ray.cancel(r, force=True)
             except Exception:  # noqa: BLE001 - already finished
                 pass
+
+    def request_cancel(self) -> None:
+        self.cancelled = True
+        self._stop_hosts()
+
+    def cancel(self, wait_s: float = 10.0) -> None:
+        """Stop the attempt and free its slice (waits briefly so no placement group outlives Ctrl-C)."""
+        self.request_cancel()
+        self.thread.join(wait_s)
         self.release()
 
     def release(self) -> None:
-        if self.pg is not None:
+        with self.lock:
+            spg, pg, self.spg, self.pg = self.spg, self.pg, None, None
+        if spg is not None:
+            spg.shutdown()  # the worker placement group and the slice-head reservation
+        if pg is not None:
             try:
-                remove_placement_group(self.pg)
+                remove_placement_group(pg)
             except Exception:  # noqa: BLE001 - already removed
                 pass
-            self.pg = None
 
 
 def connect(cluster: ClusterSpec) -> None:
-    """Start a local Ray (cluster.address == "") or join an existing one."""
-    if ray.is_initialized():
-        return
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    if cluster.address:
-        ray.init(address=cluster.address, log_to_driver=False)
-    else:
-        ray.init(num_cpus=max(os.cpu_count() or 2, cluster.hosts + 1), include_dashboard=False, log_to_driver=False)
+    """Start or join the Ray cluster for `cluster` (see orchestrator.cluster)."""
+    clusters.connect(cluster)

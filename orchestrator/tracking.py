@@ -1,23 +1,31 @@
 """MLflow from the driver only: a parent run per sweep, a child run per trial, batched and outage-proof.
 
-Every write goes through an ordered queue that is retried until the store answers, so a tracking
-outage delays records but never loses them and never fails the sweep. Runs are referred to by trial
-key until the store has created them.
+Every write goes through an ordered write-behind queue drained by one background thread, so the
+driver never waits on the store. A failed write stays at the head of the queue and is retried with
+backoff until the store answers: an outage delays records but never loses them and never fails the
+sweep. Every write is idempotent (the store drops an identical metric point; runs are found by their
+identity tags before being created), so a request that reached the store but lost its answer can
+safely be sent again.
 """
 
 from __future__ import annotations
 
+import io
+import json
 import logging
 import os
 import subprocess
+import tempfile
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-# Our queue retries; MLflow's own HTTP retries (minutes of backoff) would block the driver instead.
+# Our queue retries; MLflow's own HTTP retries (minutes of backoff) would stall the queue instead.
 os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
 
 from mlflow import MlflowClient  # noqa: E402
 from mlflow.entities import Metric, Param, RunTag  # noqa: E402
@@ -25,16 +33,11 @@ from mlflow.entities import Metric, Param, RunTag  # noqa: E402
 from jobs.spec import TrialSpec  # noqa: E402
 
 log = logging.getLogger(__name__)
-STEP_METRICS = (
-    "loss",
-    "grad_norm",
-    "step_time_s",
-    "tokens_per_s",
-    "tflops_per_s_per_device",
-    "mfu",
-    "peak_bytes_in_use",
-)
-BATCH = 1000  # MLflow's per-request metric limit
+STEP_METRICS = ("loss", "grad_norm", "step_time_s", "tokens_per_s", "tflops_per_s_per_device", "mfu",
+                "peak_bytes_in_use")  # fmt: skip
+FINAL = ("final_loss", "step_time_median_s", "tokens_per_s", "tflops_per_s_per_device", "mfu")
+COALESCE = 5000  # metric points per drain; the client splits them into requests of 1,000
+BACKOFF_S = (0.5, 1.0, 2.0, 4.0)
 
 
 def code_revision() -> str:
@@ -49,23 +52,70 @@ def code_revision() -> str:
 
 def trial_params(spec: TrialSpec) -> dict[str, str]:
     p = {
-        "model": spec.model.name,
-        "strategy": spec.strategy.name,
-        "layout": spec.strategy.layout,
-        "mesh": spec.mesh.label(),
-        "cp": spec.mesh.cp,
-        "cp_ring": spec.mesh.context,
-        "cp_ulysses": spec.mesh.context_ulysses,
-        "context_length": spec.context_length,
-        "batch": spec.train.batch,
-        "steps": spec.train.steps,
-        "dtype": spec.train.dtype,
-        "remat": spec.train.remat,
-        "devices": spec.mesh.size,
+        "model": spec.model.name, "strategy": spec.strategy.name, "layout": spec.strategy.layout,
+        "mesh": spec.mesh.label(), "cp": spec.mesh.cp, "cp_ring": spec.mesh.context,
+        "cp_ulysses": spec.mesh.context_ulysses, "context_length": spec.context_length, "batch": spec.train.batch,
+        "steps": spec.train.steps, "dtype": spec.train.dtype, "remat": spec.train.remat, "devices": spec.mesh.size,
         "cluster": spec.cluster.name,
-    }
+    }  # fmt: skip
     p.update({k: v for k, v in spec.axes})
     return {k: str(v) for k, v in p.items()}
+
+
+def record_metrics(r: dict[str, Any], now: int) -> list[Metric]:
+    """One metric record as MLflow points: step records per step, start/summary ones at step 0."""
+    if r.get("kind") == "step":
+        vals = {m: r.get(m) for m in STEP_METRICS}
+        step = int(r["step"])
+    elif r.get("kind") in ("start", "summary"):
+        vals = {k: v for k, v in r.items() if k != "steps"}
+        if r["kind"] == "summary":  # end-of-trial figures get final_; memory keeps its names
+            vals = {
+                ("final_" + k if k in FINAL and not k.startswith("final_") else k): v for k, v in vals.items()
+            }
+            mem = r.get("peak_bytes_in_use") or r.get("compiled_bytes_per_device")
+            if mem:  # runtime peak where the backend reports one (TPU/GPU), else the compiler's figure (CPU)
+                vals["memory_bytes_per_device"] = mem
+        step = 0
+    else:
+        return []
+    ok = {k: float(v) for k, v in vals.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    return [Metric(k, v, now, step) for k, v in ok.items() if v == v]
+
+
+def _permanent(e: Exception) -> bool:
+    """A write the store rejected for its content (or our bug), as opposed to a store that is not answering."""
+    if isinstance(e, KeyError | TypeError | ValueError | AttributeError):
+        return True
+    code = getattr(e, "error_code", "")
+    return code in (
+        "INVALID_PARAMETER_VALUE",
+        "RESOURCE_DOES_NOT_EXIST",
+        "RESOURCE_ALREADY_EXISTS",
+        "BAD_REQUEST",
+    )
+
+
+@dataclass
+class _Op:
+    fn: Callable[[], None] | None = None  # a store call, or ...
+    key: str = ""  # ... metric points for this run, merged with neighbours when drained
+    metrics: list[Metric] = field(default_factory=list)
+
+
+@dataclass
+class TrialJournal:
+    """What the driver saw of one trial: records per attempt and status lines (the trial log artifact)."""
+
+    attempts: list[list[dict[str, Any]]] = field(default_factory=lambda: [[]])
+    lines: list[str] = field(default_factory=list)
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        return self.attempts[-1]
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
 
 
 class Tracker:
@@ -74,58 +124,106 @@ class Tracker:
         self.client = MlflowClient(tracking_uri=uri)
         self.experiment = experiment
         self.artifact_location = artifact_location or None
-        self.ops: deque[Callable[[], None]] = deque()
+        self.ops: deque[_Op] = deque()  # undelivered writes, head first; the head stays until it succeeds
         self.run_ids: dict[str, str] = {}  # key ("sweep" or a trial id) -> MLflow run id
+        self.journals: dict[str, TrialJournal] = {}
         self.exp_id: str | None = None
         self.down_since: float | None = None
-        self.next_try = 0.0
+        self.failures = 0
+        self.cv = threading.Condition()
+        self.writer = threading.Thread(target=self._drain, daemon=True, name="tracking-writer")
+        self.writer.start()
 
     # --- the write-behind queue -------------------------------------------------------------
-    def _enqueue(self, op: Callable[[], None]) -> None:
-        self.ops.append(op)
-        self.flush()
+    def _enqueue(self, op: _Op) -> None:
+        with self.cv:
+            self.ops.append(op)
+            self.cv.notify_all()
 
-    def flush(self, timeout: float = 0.0) -> bool:
-        """Run queued writes in order; on a store error keep them for later. True when the queue is empty."""
-        deadline = time.monotonic() + timeout
-        while self.ops:
-            if time.monotonic() < self.next_try:
-                if time.monotonic() >= deadline:
-                    return False
-                time.sleep(min(0.2, max(deadline - time.monotonic(), 0)))
-                continue
-            try:
-                self.ops[0]()
-                self.ops.popleft()
-                if self.down_since is not None:
-                    log.warning("tracking store back after %.1f s", time.monotonic() - self.down_since)
-                    self.down_since = None
-            except Exception as e:  # connection refused, 5xx, sqlite locked: all transient for us
+    def _take(self) -> tuple[int, _Op | dict[str, list[Metric]]]:
+        """The head op, or a run of consecutive metric ops merged per run (call with the lock held)."""
+        if self.ops[0].fn is not None:
+            return 1, self.ops[0]
+        n, total, merged = 0, 0, {}
+        for op in self.ops:
+            if op.fn is not None or (n and total + len(op.metrics) > COALESCE):
+                break
+            merged.setdefault(op.key, []).extend(op.metrics)
+            n, total = n + 1, total + len(op.metrics)
+        return n, merged
+
+    def _drain(self) -> None:
+        while True:
+            with self.cv:
+                while not self.ops:
+                    self.cv.wait()
+                n, work = self._take()
+            err = self._write(work)
+            if err is not None and not _permanent(err):
                 if self.down_since is None:
                     self.down_since = time.monotonic()
-                    log.warning(
-                        "tracking store unavailable (%s); buffering %d writes",
-                        type(e).__name__,
-                        len(self.ops),
-                    )
-                self.next_try = time.monotonic() + 1.0
-                if time.monotonic() >= deadline:
-                    return False
-        return True
+                    log.warning("tracking store unavailable (%s: %s); buffering %d writes",
+                                type(err).__name__, str(err)[:200], len(self.ops))  # fmt: skip
+                time.sleep(BACKOFF_S[min(self.failures, len(BACKOFF_S) - 1)])
+                self.failures += 1
+                continue  # the same write again: it stays at the head, so order is kept
+            if (
+                err is not None
+            ):  # a bug or a rejected value: retrying cannot help, and must not block the queue
+                log.error("tracking write dropped: %s: %s", type(err).__name__, str(err)[:500])
+            if self.down_since is not None:
+                log.warning("tracking store back after %.1f s", time.monotonic() - self.down_since)
+            self.down_since, self.failures = None, 0
+            with self.cv:
+                for _ in range(n):
+                    self.ops.popleft()
+                self.cv.notify_all()
 
+    def _write(self, work: _Op | dict[str, list[Metric]]) -> Exception | None:
+        try:
+            if isinstance(work, _Op):
+                work.fn()
+            else:
+                for key, ms in work.items():
+                    self.client.log_batch(self.run_ids[key], metrics=ms)
+        except Exception as e:  # noqa: BLE001 - sorted into transient and permanent by the caller
+            return e
+        return None
+
+    def flush(self, timeout: float = 0.0) -> bool:
+        """Wait up to `timeout` s for every queued write to reach the store. True when none is left."""
+        deadline = time.monotonic() + timeout
+        with self.cv:
+            while self.ops and time.monotonic() < deadline:
+                self.cv.wait(deadline - time.monotonic())
+            return not self.ops
+
+    # --- reads (direct; used before launch and after the sweep) ------------------------------
     def _exp(self) -> str:
         if self.exp_id is None:
             exp = self.client.get_experiment_by_name(self.experiment)
-            self.exp_id = (
-                exp.experiment_id
-                if exp
-                else self.client.create_experiment(self.experiment, self.artifact_location)
-            )
+            if exp is None:
+                try:
+                    self.client.create_experiment(self.experiment, self.artifact_location)
+                except Exception:  # noqa: BLE001 - created meanwhile by another driver, or our lost answer
+                    pass
+                exp = self.client.get_experiment_by_name(self.experiment)
+            if exp is None:
+                raise ConnectionError(f"experiment {self.experiment!r} could not be created")
+            self.exp_id = exp.experiment_id
         return self.exp_id
 
-    # --- reads (direct; used before launch, when the store must be up) ----------------------
-    def find_runs(self, filter_string: str, max_results: int = 5000) -> list:
-        return list(self.client.search_runs([self._exp()], filter_string, max_results=max_results))
+    def find_runs(self, filter_string: str, max_results: int = 5000, wait_s: float = 60.0) -> list:
+        """Search this experiment; a store that is down is waited for up to `wait_s` before giving up."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                return list(self.client.search_runs([self._exp()], filter_string, max_results=max_results))
+            except Exception as e:
+                if time.monotonic() >= deadline:
+                    raise
+                log.warning("tracking store unavailable (%s); waiting", type(e).__name__)
+                time.sleep(1.0)
 
     def finished_trials(self, sweep_id: str) -> dict[str, str]:
         """trial_id -> run id of trials already finished in this sweep instance (for resume)."""
@@ -133,100 +231,120 @@ class Tracker:
         return {r.data.tags["trial_id"]: r.info.run_id for r in runs if "trial_id" in r.data.tags}
 
     # --- writes -----------------------------------------------------------------------------
+    def _open(
+        self, key: str, identity: dict[str, str], tags: dict[str, str], name: str, parent: str = ""
+    ) -> None:
+        """Find the run with these identity tags (a resumed sweep, or a create whose answer was lost), else create it."""
+
+        def op():
+            if parent:
+                tags["mlflow.parentRunId"] = self.run_ids[parent]
+            filt = " and ".join(f"tags.{k} = '{v}'" for k, v in identity.items())
+            found = self.client.search_runs([self._exp()], filt, max_results=1)
+            if found:
+                self.run_ids[key] = found[0].info.run_id
+                self.client.update_run(self.run_ids[key], status="RUNNING")
+            else:
+                run = self.client.create_run(self._exp(), tags={**identity, **tags}, run_name=name)
+                self.run_ids[key] = run.info.run_id
+
+        self._enqueue(_Op(op))
+
     def start_sweep(self, name: str, sweep_id: str, cluster: str, tags: dict[str, str] | None = None) -> None:
         """Open (or reopen, for a resumed sweep id) the parent run."""
-        existing = self.find_runs(f"tags.sweep_id = '{sweep_id}' and tags.kind = 'sweep'", 1)
-        if existing:
-            self.run_ids["sweep"] = existing[0].info.run_id
-            self._enqueue(lambda: self.client.update_run(self.run_ids["sweep"], status="RUNNING"))
-            return
-        all_tags = {"kind": "sweep", "sweep_name": name, "sweep_id": sweep_id, "cluster": cluster}
-        all_tags |= {"code_revision": code_revision(), **(tags or {})}
+        all_tags = {"sweep_name": name, "cluster": cluster, "code_revision": code_revision(), **(tags or {})}
+        self._open("sweep", {"sweep_id": sweep_id, "kind": "sweep"}, all_tags, sweep_id)
 
-        def create():
-            self.run_ids["sweep"] = self.client.create_run(
-                self._exp(), tags=all_tags, run_name=sweep_id
-            ).info.run_id
-
-        self._enqueue(create)
-
-    def start_trial(self, spec: TrialSpec, sweep_id: str, status: str = "queued", reason: str = "") -> None:
+    def start_trial(
+        self,
+        spec: TrialSpec,
+        sweep_id: str,
+        status: str = "queued",
+        reason: str = "",
+        predicted_bytes: int | None = None,
+    ) -> None:
+        """Open the trial's child run: grid axes as params, the resolved spec as an artifact."""
         key = spec.trial_id
-        existing = self.find_runs(f"tags.sweep_id = '{sweep_id}' and tags.trial_id = '{key}'", 1)
-        if existing:
-            self.run_ids[key] = existing[0].info.run_id
-            self.set_status(key, status, reason)
-            return
-        params = [Param(k, v) for k, v in trial_params(spec).items()]
+        self.journals[key] = TrialJournal(lines=[f"trial {key} {spec.strategy.name} L={spec.context_length} "
+                                                 f"mesh={spec.mesh.label()} cluster={spec.cluster.name}"])  # fmt: skip
         name = f"{spec.strategy.name}-L{spec.context_length}-{spec.mesh.label()}"
+        self._open(key, {"sweep_id": sweep_id, "trial_id": key}, {"kind": "trial"}, name, parent="sweep")
+        params = [Param(k, v) for k, v in trial_params(spec).items()]
 
-        def create():
-            tags = {"mlflow.parentRunId": self.run_ids["sweep"], "kind": "trial", "trial_id": key}
-            tags |= {"sweep_id": sweep_id, "status": status, "reason": reason}
-            run = self.client.create_run(self._exp(), tags=tags, run_name=name)
-            self.run_ids[key] = run.info.run_id
-            self.client.log_batch(run.info.run_id, params=params)
-            self.client.log_text(run.info.run_id, spec.to_json(), "trial_spec.json")
+        def setup():
+            self.client.log_batch(self.run_ids[key], params=params)
+            self.client.log_text(self.run_ids[key], spec.to_json(), "trial_spec.json")
 
-        self._enqueue(create)
+        self._enqueue(_Op(setup))
+        self.set_status(key, status, reason)
+        if predicted_bytes is not None:
+            self.log_metrics(key, {"predicted_bytes_per_device": predicted_bytes})
 
     def set_status(self, key: str, status: str, reason: str = "", terminal: str | None = None) -> None:
+        """Status tag (queued, running, retrying, finished, failed, infeasible, invalid, cancelled) and why."""
+        j = self.journals.setdefault(key, TrialJournal())
+        j.lines.append(f"[{time.strftime('%H:%M:%S')}] status {status}" + (f": {reason}" if reason else ""))
+        if status == "retrying":
+            j.attempts.append([])
+        log_text = j.text() if terminal else None
+
         def op():
             rid = self.run_ids[key]
             self.client.log_batch(rid, tags=[RunTag("status", status), RunTag("reason", reason[:5000])])
-            if terminal:
+            if log_text is not None:
+                self.client.log_text(rid, log_text, "trial_log.txt")
                 self.client.set_terminated(rid, terminal)
 
-        self._enqueue(op)
+        self._enqueue(_Op(op))
 
     def log_records(self, key: str, records: list[dict[str, Any]]) -> None:
         """Step records become step metrics; start/summary records become summary metrics."""
-        now = int(time.time() * 1000)
-        metrics: list[Metric] = []
-        for r in records:
-            if r.get("kind") == "step":
-                for m in STEP_METRICS:
-                    v = r.get(m)
-                    if isinstance(v, int | float) and v == v:
-                        metrics.append(Metric(m, float(v), now, int(r["step"])))
-            elif r.get("kind") in ("start", "summary"):
-                summary = r["kind"] == "summary"
-                for m, v in r.items():
-                    if isinstance(v, int | float) and not isinstance(v, bool) and v == v and m != "steps":
-                        # memory and per-step constants keep their names; end-of-trial figures get final_
-                        plain = (
-                            not summary
-                            or m.startswith("final_")
-                            or m.endswith("_bytes")
-                            or m == "peak_bytes_in_use"
-                        )
-                        name = m if plain else "final_" + m
-                        metrics.append(Metric(name, float(v), now, 0))
-        for i in range(0, len(metrics), BATCH):
-            chunk = metrics[i : i + BATCH]
-            self._enqueue(lambda chunk=chunk: self.client.log_batch(self.run_ids[key], metrics=chunk))
+        j = self.journals.setdefault(key, TrialJournal())
+        j.records.extend(records)
+        j.lines.extend(json.dumps(r, default=str) for r in records)
+        metrics = [m for r in records for m in record_metrics(r, int(time.time() * 1000))]
+        if metrics:
+            self._enqueue(_Op(key=key, metrics=metrics))
 
     def log_metrics(self, key: str, values: dict[str, float], step: int = 0) -> None:
         now = int(time.time() * 1000)
         ms = [Metric(k, float(v), now, int(step)) for k, v in values.items() if v == v]
-        self._enqueue(lambda: self.client.log_batch(self.run_ids[key], metrics=ms))
+        if ms:
+            self._enqueue(_Op(key=key, metrics=ms))
 
     def log_text(self, key: str, text: str, path: str) -> None:
-        self._enqueue(lambda: self.client.log_text(self.run_ids[key], text, path))
+        self._enqueue(_Op(lambda: self.client.log_text(self.run_ids[key], text, path)))
 
     def log_figure(self, key: str, fig, path: str) -> None:
-        self._enqueue(lambda: self.client.log_figure(self.run_ids[key], fig, path))
+        """Render now (the caller may close the figure), upload later."""
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+        self.log_bytes(key, buf.getvalue(), path)
+
+    def log_bytes(self, key: str, data: bytes, path: str) -> None:
+        def op():
+            with tempfile.TemporaryDirectory() as d:
+                local = os.path.join(d, os.path.basename(path))
+                with open(local, "wb") as f:
+                    f.write(data)
+                self.client.log_artifact(self.run_ids[key], local, os.path.dirname(path) or None)
+
+        self._enqueue(_Op(op))
 
     def set_tags(self, key: str, tags: dict[str, str]) -> None:
-        self._enqueue(
-            lambda: self.client.log_batch(self.run_ids[key], tags=[RunTag(k, v) for k, v in tags.items()])
-        )
+        rt = [RunTag(k, str(v)) for k, v in tags.items()]
+        self._enqueue(_Op(lambda: self.client.log_batch(self.run_ids[key], tags=rt)))
 
     def end(self, key: str, status: str = "FINISHED") -> None:
-        self._enqueue(lambda: self.client.set_terminated(self.run_ids[key], status))
+        self._enqueue(_Op(lambda: self.client.set_terminated(self.run_ids[key], status)))
 
     def run_id(self, key: str) -> str | None:
         return self.run_ids.get(key)
+
+    def records(self, key: str) -> list[dict[str, Any]]:
+        """The last attempt's metric records of a trial, as the driver received them."""
+        j = self.journals.get(key)
+        return list(j.records) if j else []
 
     def dashboard_hint(self) -> str:
         if self.uri.startswith(("http://", "https://")):

@@ -36,7 +36,7 @@ LEARN = ["context_length=128", "train.batch=8", "train.dtype=float32", "train.lr
 @pytest.mark.slow
 def test_recall_learns_through_ring_cp_and_matches_no_cp():
     """Answers sit ~L/2 back, on other devices: the loss beats chance only if ring attention is right."""
-    steps = "train.steps=160"
+    steps = "train.steps=200"
     ring = spec_of("strategy=ring", steps, *LEARN)
     dense = spec_of("strategy=none", steps, "cluster.devices_per_host=1", *LEARN)
     assert ring.mesh.cp == 8 and dense.mesh.size == 1

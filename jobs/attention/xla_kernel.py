@@ -2,6 +2,8 @@
 
 Runs on every backend. Memory is O(block_q x block_kv) scores plus O(L) outputs; blocks that a causal mask
 hides entirely (judged from true token positions, so permuted layouts work) are skipped with lax.cond.
+Layout: head-major inside, with the G = Hq/Hkv query heads of a KV head stacked as extra rows (R = bq*G), so
+every matmul is a plain batched [R, D] x [D, bk] product (GQA costs no extra transposes or KV copies).
 """
 
 from __future__ import annotations
@@ -25,23 +27,51 @@ def _precision(dtype: jnp.dtype) -> jax.lax.Precision:
     return jax.lax.Precision.HIGHEST if dtype == jnp.float32 else jax.lax.Precision.DEFAULT
 
 
-def _blocks(x_BxLx___: jax.Array, n: int) -> jax.Array:
-    """[B, L, ...] -> [n, B, L/n, ...]: leading block axis for scan."""
-    b, length = x_BxLx___.shape[:2]
-    return jnp.moveaxis(x_BxLx___.reshape(b, n, length // n, *x_BxLx___.shape[2:]), 1, 0)
+def _rows(x_BxLxHx___: jax.Array, n: int, kv_heads: int) -> jax.Array:
+    """[B, L, H, ...] -> [n, B, K, (L/n)*G, ...]: block-major, head-major, G query heads as extra rows."""
+    B, L, H = x_BxLxHx___.shape[:3]
+    rest = x_BxLxHx___.shape[3:]
+    x = x_BxLxHx___.reshape(B, n, L // n, kv_heads, H // kv_heads, *rest)
+    perm = (1, 0, 3, 2, 4, *range(5, 5 + len(rest)))
+    return jnp.transpose(x, perm).reshape(n, B, kv_heads, (L // n) * (H // kv_heads), *rest)
 
 
-def _unblocks(x_NxBxbx___: jax.Array) -> jax.Array:
-    n, b, blk = x_NxBxbx___.shape[:3]
-    return jnp.moveaxis(x_NxBxbx___, 0, 1).reshape(b, n * blk, *x_NxBxbx___.shape[3:])
+def _unrows(x_NxBxKxRx___: jax.Array, heads: int) -> jax.Array:
+    """Inverse of _rows: [n, B, K, b*G, ...] -> [B, n*b, H, ...]."""
+    n, B, K, R = x_NxBxKxRx___.shape[:4]
+    rest = x_NxBxKxRx___.shape[4:]
+    G = heads // K
+    x = x_NxBxKxRx___.reshape(n, B, K, R // G, G, *rest)
+    perm = (1, 0, 3, 2, 4, *range(5, 5 + len(rest)))
+    return jnp.transpose(x, perm).reshape(B, n * (R // G), heads, *rest)
 
 
-def _visible(qpos_b: jax.Array, kpos_b: jax.Array) -> jax.Array:
-    return qpos_b[:, None] >= kpos_b[None, :]
+def _kv_blocks(x_BxLxKxD: jax.Array, n: int) -> jax.Array:
+    """[B, L, K, D] -> [n, B, K, L/n, D]."""
+    B, L, K, D = x_BxLxKxD.shape
+    return jnp.transpose(x_BxLxKxD.reshape(B, n, L // n, K, D), (1, 0, 3, 2, 4))
 
 
-def _any_visible(qpos_b: jax.Array, kpos_b: jax.Array) -> jax.Array:
-    return jnp.max(qpos_b) >= jnp.min(kpos_b)
+def _kv_unblocks(x_NxBxKxbxD: jax.Array) -> jax.Array:
+    n, B, K, b, D = x_NxBxKxbxD.shape
+    return jnp.transpose(x_NxBxKxbxD, (1, 0, 3, 2, 4)).reshape(B, n * b, K, D)
+
+
+def _mask(qpos_R: jax.Array, kpos_b: jax.Array) -> jax.Array:
+    return qpos_R[:, None] >= kpos_b[None, :]
+
+
+def _any_visible(qpos_R: jax.Array, kpos_b: jax.Array) -> jax.Array:
+    return jnp.max(qpos_R) >= jnp.min(kpos_b)
+
+
+def _setup(q, k, qpos, kpos, block_q, block_kv):
+    B, Lq, H, D = q.shape
+    Lk, K = k.shape[1], k.shape[2]
+    bq, bk = fit_block(Lq, block_q), fit_block(Lk, block_kv)
+    nq, nk = Lq // bq, Lk // bk
+    qpos_NxR = jnp.repeat(qpos.reshape(nq, bq), H // K, axis=1)  # row r = (query i, head g) -> pos i
+    return B, H, K, D, nq, nk, bk, qpos_NxR, kpos.reshape(nk, bk)
 
 
 def xla_fwd(
@@ -56,16 +86,14 @@ def xla_fwd(
     block_kv: int,
 ) -> tuple[jax.Array, jax.Array]:
     """Returns out [B, Lq, H, D] fp32 (normalised) and lse [B, Lq, H] fp32 (-inf where no key is visible)."""
-    B, Lq, H, D = q_BxLqxHxD.shape
-    Lk, K = k_BxLkxKxD.shape[1], k_BxLkxKxD.shape[2]
-    G = H // K
-    bq, bk = fit_block(Lq, block_q), fit_block(Lk, block_kv)
-    nq, nk = Lq // bq, Lk // bk
+    B, H, K, D, nq, nk, _, qpos_NxR, kpos_Nxb = _setup(
+        q_BxLqxHxD, k_BxLkxKxD, qpos_Lq, kpos_Lk, block_q, block_kv
+    )
     scale = D**-0.5
     prec = _precision(q_BxLqxHxD.dtype)
-    q_NxBxbxKxGxD = _blocks(q_BxLqxHxD.reshape(B, Lq, K, G, D), nq)
-    k_NxBxbxKxD, v_NxBxbxKxD = _blocks(k_BxLkxKxD, nk), _blocks(v_BxLkxKxD, nk)
-    qpos_Nxb, kpos_Nxb = qpos_Lq.reshape(nq, bq), kpos_Lk.reshape(nk, bk)
+    f32 = jnp.float32
+    q_NxBxKxRxD = _rows(q_BxLqxHxD, nq, K)
+    k_NxBxKxbxD, v_NxBxKxbxD = _kv_blocks(k_BxLkxKxD, nk), _kv_blocks(v_BxLkxKxD, nk)
     refs = (q_BxLqxHxD, k_BxLkxKxD, v_BxLkxKxD, qpos_Lq, kpos_Lk)
 
     def q_block(xs):
@@ -73,20 +101,15 @@ def xla_fwd(
 
         def attend(carry, k_b, v_b, kpos_b):
             m, denom, acc = carry
-            s = jnp.einsum("bqkgd,bskd->bkgqs", q_b, k_b, preferred_element_type=jnp.float32, precision=prec)
-            s = s * scale
+            s = jnp.einsum("bkrd,bksd->bkrs", q_b, k_b, preferred_element_type=f32, precision=prec) * scale
             if causal:
-                s = jnp.where(_visible(qpos_b, kpos_b), s, NEG_INF)
+                s = jnp.where(_mask(qpos_b, kpos_b), s, NEG_INF)
             m_new = jnp.maximum(m, s.max(-1))
             m_safe = safe_max(m_new)
             p = jnp.exp(s - m_safe[..., None])
             corr = jnp.exp(m - m_safe)
             pv = jnp.einsum(
-                "bkgqs,bskd->bkgqd",
-                p.astype(v_b.dtype),
-                v_b,
-                preferred_element_type=jnp.float32,
-                precision=prec,
+                "bkrs,bksd->bkrd", p.astype(v_b.dtype), v_b, preferred_element_type=f32, precision=prec
             )
             return m_new, denom * corr + p.sum(-1), acc * corr[..., None] + pv
 
@@ -94,26 +117,22 @@ def xla_fwd(
             k_b, v_b, kpos_b = xs
             if not causal:
                 return attend(carry, k_b, v_b, kpos_b), None
-            pred = _any_visible(qpos_b, kpos_b)
-            return jax.lax.cond(pred, lambda c: attend(c, k_b, v_b, kpos_b), lambda c: c, carry), None
+            visible = _any_visible(qpos_b, kpos_b)
+            return jax.lax.cond(visible, lambda c: attend(c, k_b, v_b, kpos_b), lambda c: c, carry), None
 
-        stat = (B, K, G, bq)
+        stat = q_b.shape[:3]
         init = (
-            match_varying(jnp.full(stat, NEG_INF, jnp.float32), *refs),
-            match_varying(jnp.zeros(stat, jnp.float32), *refs),
-            match_varying(jnp.zeros((*stat, D), jnp.float32), *refs),
+            match_varying(jnp.full(stat, NEG_INF, f32), *refs),
+            match_varying(jnp.zeros(stat, f32), *refs),
+            match_varying(jnp.zeros(q_b.shape, f32), *refs),
         )
-        (m, denom, acc), _ = jax.lax.scan(kv_step, init, (k_NxBxbxKxD, v_NxBxbxKxD, kpos_Nxb))
+        (m, denom, acc), _ = jax.lax.scan(kv_step, init, (k_NxBxKxbxD, v_NxBxKxbxD, kpos_Nxb))
         seen = denom > 0
         lse = jnp.where(seen, m + jnp.log(jnp.where(seen, denom, 1.0)), NEG_INF)
-        o = acc / jnp.where(seen, denom, 1.0)[..., None]
-        # [B, K, G, bq, D] -> [B, bq, K*G, D]
-        return jnp.transpose(o, (0, 3, 1, 2, 4)).reshape(B, bq, H, D), jnp.transpose(
-            lse, (0, 3, 1, 2)
-        ).reshape(B, bq, H)
+        return acc / jnp.where(seen, denom, 1.0)[..., None], lse
 
-    o_NxBxbxHxD, lse_NxBxbxH = jax.lax.map(q_block, (q_NxBxbxKxGxD, qpos_Nxb))
-    return _unblocks(o_NxBxbxHxD), _unblocks(lse_NxBxbxH)
+    o_NxBxKxRxD, lse_NxBxKxR = jax.lax.map(q_block, (q_NxBxKxRxD, qpos_NxR))
+    return _unrows(o_NxBxKxRxD, H), _unrows(lse_NxBxKxR, H)
 
 
 def xla_bwd(
@@ -131,26 +150,19 @@ def xla_bwd(
     block_kv: int,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """dq, dk, dv (fp32) given the final (global) out and lse; recomputes probabilities block by block."""
-    B, Lq, H, D = q_BxLqxHxD.shape
-    Lk, K = k_BxLkxKxD.shape[1], k_BxLkxKxD.shape[2]
-    G = H // K
-    bq, bk = fit_block(Lq, block_q), fit_block(Lk, block_kv)
-    nq, nk = Lq // bq, Lk // bk
+    B, H, K, D, nq, nk, _, qpos_NxR, kpos_Nxb = _setup(
+        q_BxLqxHxD, k_BxLkxKxD, qpos_Lq, kpos_Lk, block_q, block_kv
+    )
     scale = D**-0.5
     dtype = q_BxLqxHxD.dtype
     prec = _precision(dtype)
     f32 = jnp.float32
     delta_BxLqxH = jnp.sum(o_BxLqxHxD.astype(f32) * do_BxLqxHxD.astype(f32), axis=-1)
-
-    def stat_blocks(x_BxLqxH):  # -> [nq, B, K, G, bq]
-        return jnp.transpose(_blocks(x_BxLqxH.reshape(B, Lq, K, G), nq), (0, 1, 3, 4, 2))
-
-    q_NxBxbxKxGxD = _blocks(q_BxLqxHxD.reshape(B, Lq, K, G, D), nq)
-    do_NxBxbxKxGxD = _blocks(do_BxLqxHxD.astype(dtype).reshape(B, Lq, K, G, D), nq)
-    lse_NxBxKxGxb = stat_blocks(safe_max(lse_BxLqxH.astype(f32)))
-    delta_NxBxKxGxb = stat_blocks(delta_BxLqxH)
-    k_NxBxbxKxD, v_NxBxbxKxD = _blocks(k_BxLkxKxD, nk), _blocks(v_BxLkxKxD, nk)
-    qpos_Nxb, kpos_Nxb = qpos_Lq.reshape(nq, bq), kpos_Lk.reshape(nk, bk)
+    q_NxBxKxRxD = _rows(q_BxLqxHxD, nq, K)
+    do_NxBxKxRxD = _rows(do_BxLqxHxD.astype(dtype), nq, K)
+    lse_NxBxKxR = _rows(safe_max(lse_BxLqxH.astype(f32)), nq, K)
+    delta_NxBxKxR = _rows(delta_BxLqxH, nq, K)
+    k_NxBxKxbxD, v_NxBxKxbxD = _kv_blocks(k_BxLkxKxD, nk), _kv_blocks(v_BxLkxKxD, nk)
     refs = (q_BxLqxHxD, k_BxLkxKxD, v_BxLkxKxD, o_BxLqxHxD, lse_BxLqxH, do_BxLqxHxD, qpos_Lq, kpos_Lk)
 
     def zeros(shape):
@@ -160,34 +172,34 @@ def xla_bwd(
         q_b, do_b, lse_b, delta_b, qpos_b = xs
 
         def grads(dq_b, k_b, v_b, kpos_b):
-            s = jnp.einsum("bqkgd,bskd->bkgqs", q_b, k_b, preferred_element_type=f32, precision=prec) * scale
+            s = jnp.einsum("bkrd,bksd->bkrs", q_b, k_b, preferred_element_type=f32, precision=prec) * scale
             if causal:
-                s = jnp.where(_visible(qpos_b, kpos_b), s, NEG_INF)
+                s = jnp.where(_mask(qpos_b, kpos_b), s, NEG_INF)
             p = jnp.exp(s - lse_b[..., None])
             dv_b = jnp.einsum(
-                "bkgqs,bqkgd->bskd", p.astype(dtype), do_b, preferred_element_type=f32, precision=prec
+                "bkrs,bkrd->bksd", p.astype(dtype), do_b, preferred_element_type=f32, precision=prec
             )
-            dp = jnp.einsum("bqkgd,bskd->bkgqs", do_b, v_b, preferred_element_type=f32, precision=prec)
+            dp = jnp.einsum("bkrd,bksd->bkrs", do_b, v_b, preferred_element_type=f32, precision=prec)
             ds = (p * (dp - delta_b[..., None]) * scale).astype(dtype)
-            dq_b = dq_b + jnp.einsum("bkgqs,bskd->bqkgd", ds, k_b, preferred_element_type=f32, precision=prec)
-            dk_b = jnp.einsum("bkgqs,bqkgd->bskd", ds, q_b, preferred_element_type=f32, precision=prec)
+            dq_b = dq_b + jnp.einsum("bkrs,bksd->bkrd", ds, k_b, preferred_element_type=f32, precision=prec)
+            dk_b = jnp.einsum("bkrs,bkrd->bksd", ds, q_b, preferred_element_type=f32, precision=prec)
             return dq_b, (dk_b, dv_b)
 
         def kv_step(dq_b, xs):
             k_b, v_b, kpos_b = xs
             if not causal:
                 return grads(dq_b, k_b, v_b, kpos_b)
-            skip = lambda c: (c, (zeros((B, bk, K, D)), zeros((B, bk, K, D))))
-            pred = _any_visible(qpos_b, kpos_b)
-            return jax.lax.cond(pred, lambda c: grads(c, k_b, v_b, kpos_b), skip, dq_b)
+            skip = lambda c: (c, (zeros(k_b.shape), zeros(k_b.shape)))
+            visible = _any_visible(qpos_b, kpos_b)
+            return jax.lax.cond(visible, lambda c: grads(c, k_b, v_b, kpos_b), skip, dq_b)
 
-        dq_b, (dk_NxBxbxKxD, dv_NxBxbxKxD) = jax.lax.scan(
-            kv_step, zeros((B, bq, K, G, D)), (k_NxBxbxKxD, v_NxBxbxKxD, kpos_Nxb)
+        dq_b, (dk_NxBxKxbxD, dv_NxBxKxbxD) = jax.lax.scan(
+            kv_step, zeros(q_b.shape), (k_NxBxKxbxD, v_NxBxKxbxD, kpos_Nxb)
         )
-        return (dkv[0] + dk_NxBxbxKxD, dkv[1] + dv_NxBxbxKxD), dq_b.reshape(B, bq, H, D)
+        return (dkv[0] + dk_NxBxKxbxD, dkv[1] + dv_NxBxKxbxD), dq_b
 
-    init = (zeros(k_NxBxbxKxD.shape), zeros(v_NxBxbxKxD.shape))
-    (dk, dv), dq_NxBxbxHxD = jax.lax.scan(
-        q_block, init, (q_NxBxbxKxGxD, do_NxBxbxKxGxD, lse_NxBxKxGxb, delta_NxBxKxGxb, qpos_Nxb)
+    init = (zeros(k_NxBxKxbxD.shape), zeros(v_NxBxKxbxD.shape))
+    (dk, dv), dq_NxBxKxRxD = jax.lax.scan(
+        q_block, init, (q_NxBxKxRxD, do_NxBxKxRxD, lse_NxBxKxR, delta_NxBxKxR, qpos_NxR)
     )
-    return _unblocks(dq_NxBxbxHxD), _unblocks(dk), _unblocks(dv)
+    return _unrows(dq_NxBxKxRxD, H), _kv_unblocks(dk), _kv_unblocks(dv)
