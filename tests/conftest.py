@@ -2,6 +2,7 @@
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 # Before any jax backend starts (conftest is imported before test modules).
@@ -10,6 +11,12 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     ).strip()
+
+# One compilation cache for the session: in-process jobs, CLI subprocesses and their Ray workers all
+# inherit it, so the same tiny trial compiled by several tests compiles once.
+os.environ.setdefault(
+    "JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"cp-orchestrator-test-jax-cache-{os.getuid()}")
+)
 
 import pytest  # noqa: E402
 

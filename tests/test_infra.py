@@ -1,0 +1,295 @@
+"""Cluster infrastructure, offline: manifests against the Kubernetes and KubeRay schemas, the CronJob's command
+against the docs, the image's entrypoint and Dockerfile, and the cron summary's exit codes."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import urlparse
+
+import jsonschema
+import pytest
+import yaml
+from conftest import ROOT
+
+kv = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate (the test extra)")
+
+INFRA = ROOT / "infra"
+K8S = INFRA / "k8s"
+README = ROOT / "docs" / "README_CLUSTER.md"
+K8S_VERSION = "1.34.0"  # GKE rapid channel; Ironwood needs 1.34+
+RAYCLUSTER = json.loads((INFRA / "schemas" / "raycluster.ray.io_v1.json").read_text())
+GKE_ACCELERATOR = {"v5p": "tpu-v5p-slice", "tpu7x": "tpu7x"}  # node label value per conf/cluster accelerator
+VENV_PATH = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
+def manifests() -> list[tuple[str, dict]]:
+    return [
+        (p.name, d)
+        for p in sorted(K8S.glob("*.yaml"))
+        if p.name != "kustomization.yaml"
+        for d in yaml.safe_load_all(p.read_text())
+        if d
+    ]
+
+
+def one(kind: str) -> dict:
+    (doc,) = [d for _, d in manifests() if d["kind"] == kind]
+    return doc
+
+
+def validate(doc: dict) -> None:
+    """Strict Kubernetes schemas (unknown fields fail); RayCluster by the vendored CRD schema, its pods by Kubernetes."""
+    if doc["kind"] != "RayCluster":
+        kv.validate(doc, K8S_VERSION, strict=True)
+        return
+    jsonschema.validate(doc, RAYCLUSTER, cls=jsonschema.Draft202012Validator)
+    spec = doc["spec"]
+    for t in [spec["headGroupSpec"]["template"]] + [g["template"] for g in spec.get("workerGroupSpecs", [])]:
+        kv.validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"}, "template": t},
+                    K8S_VERSION, strict=True)  # fmt: skip
+
+
+def containers(doc: dict) -> list[dict]:
+    """Every container (and init container) in any pod template of the manifest."""
+    found = []
+
+    def walk(x):
+        if isinstance(x, dict):
+            for key in ("containers", "initContainers"):
+                if isinstance(x.get(key), list):
+                    found.extend(x[key])
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, list):
+            for v in x:
+                walk(v)
+
+    walk(doc)
+    return found
+
+
+def documented(marker: str) -> str:
+    """The code block right after `<!-- marker -->` in docs/README_CLUSTER.md."""
+    m = re.search(rf"<!-- {marker} -->\s*```\w*\n(.*?)```", README.read_text(), re.S)
+    assert m, f"no code block after <!-- {marker} --> in {README}"
+    return m.group(1).strip()
+
+
+def cron_container() -> dict:
+    (c,) = containers(one("CronJob"))
+    return c
+
+
+# --- schemas ---------------------------------------------------------------------------------------------
+
+
+def test_vendored_raycluster_schema_is_a_valid_json_schema():
+    jsonschema.Draft202012Validator.check_schema(RAYCLUSTER)
+
+
+@pytest.mark.parametrize("name, doc", manifests(), ids=lambda x: x if isinstance(x, str) else "")
+def test_manifest_validates(name, doc):
+    validate(doc)
+
+
+@pytest.mark.parametrize(
+    "kind, path, value",
+    [
+        ("RayCluster", ["spec", "workerGroupSpecs", 0, "numOfHost"], 16),  # typo of numOfHosts
+        ("RayCluster", ["spec", "headGroupSpec", "rayStartParams", "num-cpus"], 0),  # the CRD wants strings
+        (
+            "RayCluster",
+            ["spec", "workerGroupSpecs", 0, "template", "spec", "nodeSelecter"],
+            {},
+        ),  # pod field typo
+        ("CronJob", ["spec", "jobTemplate", "spec", "template", "spec", "containers", 0, "comand"], ["x"]),
+        ("Deployment", ["spec", "replicas"], "one"),
+    ],
+)
+def test_validation_catches_mistakes(kind, path, value):
+    doc = copy.deepcopy(one(kind))
+    node = doc
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    with pytest.raises(jsonschema.ValidationError):
+        validate(doc)
+
+
+def test_kustomization_applies_every_manifest_with_one_image():
+    k = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    assert sorted(k["resources"]) == sorted(
+        p.name for p in K8S.glob("*.yaml") if p.name != "kustomization.yaml"
+    )
+    (img,) = k["images"]
+    ours = [c for _, d in manifests() for c in containers(d) if c["name"] != "cloud-sql-proxy"]
+    assert ours and all(c["image"] == img["name"] for c in ours)
+
+
+# --- what the manifests say ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("group, conf", [("v5p-128", "v5p_128"), ("tpu7x-128", "tpu7x_128")])
+def test_tpu_worker_group_matches_the_cluster_config(group, conf):
+    c = yaml.safe_load((ROOT / "conf" / "cluster" / f"{conf}.yaml").read_text())
+    (g,) = [g for g in one("RayCluster")["spec"]["workerGroupSpecs"] if g["groupName"] == group]
+    pod = g["template"]["spec"]
+    assert g["numOfHosts"] == c["hosts"]
+    assert pod["nodeSelector"] == {
+        "cloud.google.com/gke-tpu-accelerator": GKE_ACCELERATOR[c["accelerator"]],
+        "cloud.google.com/gke-tpu-topology": c["topology"],
+    }
+    res = pod["containers"][0]["resources"]
+    chips_per_host = int(res["limits"]["google.com/tpu"])
+    assert res["requests"]["google.com/tpu"] == res["limits"]["google.com/tpu"]
+    chips = 1
+    for d in c["topology"].split("x"):
+        chips *= int(d)
+    assert chips_per_host * g["numOfHosts"] == chips == 64
+
+
+def test_every_ray_node_and_client_uses_the_same_token_secret():
+    ray_pods = containers(one("RayCluster")) + [cron_container()]
+    for c in ray_pods:
+        env = {e["name"]: e for e in c["env"]}
+        assert env["RAY_AUTH_MODE"]["value"] == "token", c["name"]
+        assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+            "name": "ray-auth-token",
+            "key": "token",
+        }
+
+
+def test_google_access_is_workload_identity_without_key_files():
+    sas = {d["metadata"]["name"]: d for _, d in manifests() if d["kind"] == "ServiceAccount"}
+    for name in ("cp-ray", "cp-mlflow"):
+        gsa = sas[name]["metadata"]["annotations"]["iam.gke.io/gcp-service-account"]
+        assert gsa.startswith(f"{name}@") and gsa.endswith(".iam.gserviceaccount.com")
+    text = "".join(p.read_text() for p in K8S.glob("*.yaml"))
+    assert "GOOGLE_APPLICATION_CREDENTIALS" not in text and "credentials.json" not in text
+
+
+def test_mlflow_server_stores_in_sql_and_gcs_and_admits_the_head():
+    from mlflow.server.security_utils import is_allowed_host_header
+
+    (c,) = [c for c in containers(one("Deployment")) if c["name"] == "mlflow"]
+    args = dict(a.removeprefix("--").split("=", 1) for a in c["args"] if "=" in a)
+    assert args["artifacts-destination"].startswith("gs://")
+    assert args["backend-store-uri"] == "$(MLFLOW_BACKEND_STORE_URI)"
+    env = {e["name"]: e for e in c["env"]}
+    assert env["MLFLOW_BACKEND_STORE_URI"]["valueFrom"]["secretKeyRef"]["name"] == "mlflow-db"
+    head = one("RayCluster")["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    uri = {e["name"]: e.get("value") for e in head["env"]}["MLFLOW_TRACKING_URI"]
+    # MLflow 3 rejects a Host header it does not know: the head's requests must pass.
+    assert is_allowed_host_header(args["allowed-hosts"].split(","), urlparse(uri).netloc)
+    assert urlparse(uri).hostname.split(".")[0] == one("Service")["metadata"]["name"]
+
+
+def test_cronjob_command_is_the_documented_command():
+    cron = one("CronJob")
+    assert cron["spec"]["concurrencyPolicy"] == "Forbid"
+    command = cron_container()["command"]
+    assert command == shlex.split(documented("cronjob-command"))
+    # The script is baked into the image at /app (WORKDIR) by `COPY infra/cron ./infra/cron`.
+    script = ROOT / Path(command[0]).relative_to("/app")
+    assert script == INFRA / "cron" / "submit.sh" and os.access(script, os.X_OK)
+
+
+def test_submit_runs_the_documented_submission():
+    c = cron_container()
+    env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
+    r = subprocess.run([str(INFRA / "cron" / "submit.sh"), "--print", *c["command"][1:]], capture_output=True,
+                       text=True, env=os.environ | env | {"SWEEP_SLOT": "20250101"}, timeout=30)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert shlex.split(r.stdout) == shlex.split(documented("cronjob-submission"))
+    assert "--submission-id cp-scaling-20250101 " in r.stdout and r.stdout.strip().endswith("sweep.id=cp-scaling-20250101")  # fmt: skip
+
+
+def test_cronjob_sweep_composes_and_plans(tmp_path):
+    from conftest import run_cli
+
+    args = cron_container()["command"][1:]
+    res = run_cli([*args, "dry_run=true", "output=json"], cwd=tmp_path, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = json.loads(res.stdout)
+    assert {r["cluster"] for r in rows} == {"v5p_128"} and any(r["verdict"] == "run" for r in rows)
+
+
+# --- image ------------------------------------------------------------------------------------------------
+
+
+def test_image_entrypoint_check_and_exec(tmp_path):
+    entry = INFRA / "docker" / "entrypoint.sh"
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {
+        "PATH": VENV_PATH,
+        "PYTHONPATH": str(ROOT),
+    }
+    r = subprocess.run(
+        [str(entry), "--check"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120
+    )
+    assert r.returncode == 0 and "image check ok" in r.stdout, r.stdout + r.stderr
+    r = subprocess.run([str(entry), "ray", "--version"], capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0 and "2.60" in r.stdout
+
+
+def test_dockerfile_builds_from_the_project():
+    text = (INFRA / "docker" / "Dockerfile").read_text()
+    lines = re.sub(r"\\\n", " ", text).splitlines()
+    copies = [ln.split()[1:-1] for ln in lines if ln.startswith("COPY")]
+    sources = [s for srcs in copies for s in srcs if not s.startswith("--")]
+    assert {"pyproject.toml", "orchestrator", "jobs", "conf", "infra/cron"} <= set(sources)
+    for s in sources:
+        assert (ROOT / s).exists(), s
+    ignore = (INFRA / "docker" / "Dockerfile.dockerignore").read_text().splitlines()
+    for s in sources:  # the allow-list must let every COPY source into the build context
+        assert f"!{s}" in ignore or f"!{s}/" in ignore, s
+    assert re.search(r'pip install "\.\[tpu\]"', text), "install the project with its tpu extra"
+    assert "FROM python:3.11" in text and ">=3.11,<3.12" in (ROOT / "pyproject.toml").read_text()
+    assert "wget" in text  # KubeRay's probes exec wget
+    assert 'ENTRYPOINT ["/usr/bin/tini", "--", "/app/infra/docker/entrypoint.sh"]' in text
+
+
+@pytest.mark.parametrize("script", ["infra/cron/submit.sh", "infra/docker/entrypoint.sh"])
+def test_shell_scripts_parse(script):
+    assert subprocess.run(["bash", "-n", str(ROOT / script)]).returncode == 0
+    assert os.access(ROOT / script, os.X_OK)
+
+
+# --- the cron summary ---------------------------------------------------------------------------------------
+
+
+def _job_summary():
+    spec = importlib.util.spec_from_file_location("job_summary", INFRA / "cron" / "job_summary.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize(
+    "status, driver, code",
+    [
+        ("SUCCEEDED", 0, 0),
+        ("FAILED", 1, 1),
+        ("FAILED", 2, 2),
+        ("FAILED", 3, 3),
+        ("FAILED", None, 4),
+        ("STOPPED", None, 4),
+    ],  # fmt: skip
+)
+def test_cron_exit_code_is_the_orchestrators(status, driver, code):
+    assert _job_summary().exit_code(status, driver) == code
+
+
+def test_cron_summary_reads_the_orchestrators_last_lines():
+    logs = "noise\n{not json}\nsweep s-1: 3 finished, 1 failed, 0 skipped (already finished)\n" \
+           'dashboard: http://mlflow:5000/#/experiments/1\n{"gate": "regression", "max_drop": 0.05}\n'  # fmt: skip
+    out = _job_summary().from_logs(logs)
+    assert out["result"].startswith("sweep s-1: 3 finished") and out["sweep"] == {"gate": "regression", "max_drop": 0.05}  # fmt: skip
+    assert out["dashboard"] == "http://mlflow:5000/#/experiments/1"
