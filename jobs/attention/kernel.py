@@ -12,7 +12,6 @@ from functools import partial
 from typing import Protocol
 
 import jax
-import jax.numpy as jnp
 
 from jobs.attention.xla_kernel import xla_bwd, xla_fwd
 
@@ -101,7 +100,3 @@ def _attend_bwd(causal, kernel, block_q, block_kv, res, do):
 
 
 attend.defvjp(_attend_fwd, _attend_bwd)
-
-
-def positions(length: int) -> jax.Array:
-    return jnp.arange(length, dtype=jnp.int32)

@@ -1,0 +1,190 @@
+"""Time and compiled memory of each CP attention (fwd+bwd) on an 8-device CPU mesh vs one-device attention.
+
+Run by hand: `.venv/bin/python benchmarks/attention.py --length 4096`. Also compares zigzag vs contiguous ring
+and, when importable, the `ringattention` PyPI package (same shapes, MHA, its contiguous causal ring) as a peer.
+Note simulated CPU devices share the host's cores: load balance (zigzag) only shows in wall time when the
+host has at least as many free cores as devices; the `work%` column gives the busiest device's share of the L x L scores (critical path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from jobs.attention import attention  # noqa: E402
+from jobs.attention.sharding import qkv_spec  # noqa: E402
+
+
+def make_mesh(shape: dict[str, int]) -> Mesh:
+    n = int(np.prod(list(shape.values())))
+    return Mesh(np.array(jax.devices()[:n]).reshape(tuple(shape.values())), tuple(shape))
+
+
+def ringattention_peer(mesh: Mesh, block: int):
+    """The PyPI `ringattention` (Liu et al.) blockwise ring, wrapped in our shard_map; None if unusable."""
+    try:
+        jax.lib.xla_bridge = jax._src.xla_bridge  # removed in jax 0.10; the package reads it at import
+        from ringattention import ring_attention as peer
+    except Exception as e:  # noqa: BLE001 - any import failure means "no peer", reported in the table
+        return None, f"ringattention unusable: {type(e).__name__}: {e}"
+    kwargs = dict(
+        causal_block_size=1,
+        deterministic=True,
+        dropout_rng=None,
+        attn_pdrop=0.0,
+        query_chunk_size=block,
+        key_chunk_size=block,
+        dtype=jnp.float32,
+        policy=jax.checkpoint_policies.nothing_saveable,
+        precision=None,
+        prevent_cse=True,
+    )
+    spec = PartitionSpec(None, "context", None, None)
+
+    def local(q, k, v):
+        return peer(q, k, v, None, None, None, "context", True, kwargs)
+
+    # Its loop carries are not typed for shard_map's varying-axes check, so that check is off.
+    fn = jax.shard_map(local, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec, check_vma=False)
+    return fn, ""
+
+
+def measure(fn, mesh, spec, shapes, dtype, iters):
+    """Compile fwd+bwd once; return (median wall s, median process CPU s, compile s, per-device MiB).
+
+    CPU seconds (all threads of this process) measure total work, robust to other load on a shared host.
+    """
+    sharding = NamedSharding(mesh, spec)
+    abstract = [jax.ShapeDtypeStruct(s, dtype, sharding=sharding) for s in shapes]
+    step = jax.jit(lambda q, k, v, ct: jax.vjp(fn, q, k, v)[1](ct))
+    t0 = time.perf_counter()
+    compiled = step.lower(*abstract).compile()
+    compile_s = time.perf_counter() - t0
+    mem = compiled.memory_analysis()
+    mb = (mem.temp_size_in_bytes + mem.argument_size_in_bytes) / 2**20
+    keys = jax.random.split(jax.random.PRNGKey(0), 4)
+    args = [
+        jax.device_put(jax.random.normal(k_, s, jnp.float32).astype(dtype), sharding)
+        for k_, s in zip(keys, shapes, strict=True)
+    ]
+    jax.block_until_ready(compiled(*args))  # warm-up
+    times, cpu = [], []
+    for _ in range(iters):
+        t0, c0 = time.perf_counter(), time.process_time()
+        jax.block_until_ready(compiled(*args))
+        times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return statistics.median(times), statistics.median(cpu), compile_s, mb
+
+
+def busiest_device_work(strategy: str, layout: str, p: int) -> float:
+    """Share of the L x L score matrix the busiest device computes under a causal mask (dense: 1/2)."""
+    if strategy in ("ring", "peer") and layout == "contiguous":
+        return (p - 0.5) / p**2  # last device: its diagonal block plus every earlier block
+    return 0.5 / p  # zigzag ring, all_gather, ulysses, dense on one device: 1/P of the causal triangle
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--length", type=int, default=4096)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--q-heads", type=int, default=8)
+    ap.add_argument("--kv-heads", type=int, default=8, help="MHA by default so the peer runs the same shapes")
+    ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--block", type=int, default=512)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--devices", type=int, default=8)
+    ap.add_argument(
+        "--only", default="", help="comma-separated strategy[:layout] rows to run (peer = ringattention)"
+    )
+    ap.add_argument(
+        "--dense-max-length", type=int, default=4096, help="skip the L x L dense reference above this"
+    )
+    a = ap.parse_args()
+    dtype = jnp.dtype(a.dtype)
+    B, L, H, K, D, P = a.batch, a.length, a.q_heads, a.kv_heads, a.head_dim, a.devices
+    q_shape, kv_shape = (B, L, H, D), (B, L, K, D)
+    shapes = (q_shape, kv_shape, kv_shape, q_shape)
+    u = 2 if P % 2 == 0 and P > 2 else 1
+    one = {"context": 1}
+    rows = [
+        ("reference", one, "contiguous"),
+        ("none", one, "contiguous"),
+        ("all_gather", {"context": P}, "contiguous"),
+        ("ulysses", {"context": P}, "contiguous"),
+        ("ring", {"context": P}, "contiguous"),
+        ("ring", {"context": P}, "zigzag"),
+        ("usp", {"context": P // u, "context_ulysses": u}, "zigzag"),
+    ]
+    print(
+        f"B={B} L={L} Hq={H} Hkv={K} D={D} dtype={a.dtype} block={a.block} devices={len(jax.devices())} causal"
+    )
+    header = f"{'strategy':<12}{'mesh':<14}{'layout':<12}{'ms/step':>10}{'cpu ms':>9}{'x dense':>9}{'compile s':>11}{'MiB/dev':>10}{'work%':>7}"
+    print(header)
+    print("-" * len(header))
+    results: dict[tuple[str, str], tuple[float, float]] = {}
+    base = None
+    only = {x for x in a.only.split(",") if x}
+    keep = lambda s, lay: not only or s in only or f"{s}:{lay}" in only
+    for strategy, shape, layout in rows:
+        if not keep(strategy, layout):
+            continue
+        if strategy == "reference" and L > a.dense_max_length:
+            print(f"{strategy:<12}{'1 device':<14}{layout:<12}  skipped (L > --dense-max-length)")
+            continue
+        mesh = make_mesh(shape)
+        fn = lambda q, k, v, s=strategy, m=mesh, lay=layout: attention(
+            q, k, v, strategy=s, mesh=m, layout=lay, block_q=a.block, block_kv=a.block
+        )
+        sec, cpu, comp, mb = measure(fn, mesh, qkv_spec(mesh, strategy), shapes, dtype, a.iters)
+        base = base or sec
+        results[(strategy, layout)] = (sec, cpu)
+        label = "x".join(str(v) for v in shape.values())
+        work = busiest_device_work(strategy, layout, int(np.prod(list(shape.values()))))
+        print(
+            f"{strategy:<12}{label:<14}{layout:<12}{sec * 1e3:>10.1f}{cpu * 1e3:>9.0f}{sec / base:>9.2f}{comp:>11.1f}{mb:>10.1f}{100 * work:>7.1f}"
+        )
+    mesh = make_mesh({"context": P})
+    peer, why = (None, "not selected") if not keep("peer", "contiguous") else (1, "")
+    if peer:
+        peer, why = ringattention_peer(mesh, a.block)
+    if peer is None or K != H:
+        print(f"{'peer':<12}{'-':<14}{'-':<12}  {why or 'ringattention needs Hkv == Hq (MHA)'}")
+    else:
+        sec, cpu, comp, mb = measure(
+            peer, mesh, PartitionSpec(None, "context", None, None), shapes, dtype, a.iters
+        )
+        results[("peer", "contiguous")] = (sec, cpu)
+        work = busiest_device_work("peer", "contiguous", P)
+        print(
+            f"{'ringattn-pypi':<12}{P:<14}{'contiguous':<12}{sec * 1e3:>10.1f}{cpu * 1e3:>9.0f}{sec / base:>9.2f}{comp:>11.1f}{mb:>10.1f}{100 * work:>7.1f}"
+        )
+    zz, cont, peer_r = (
+        results.get(k) for k in (("ring", "zigzag"), ("ring", "contiguous"), ("peer", "contiguous"))
+    )
+    if zz and cont:
+        print(
+            f"ring zigzag / contiguous: wall {zz[0] / cont[0]:.2f}, cpu {zz[1] / cont[1]:.2f} "
+            f"(target <= 0.6; busiest-device work ratio {P / 2 / (P - 0.5):.2f})"
+        )
+    if zz and peer_r:
+        print(
+            f"ring zigzag / ringattention (PyPI): wall {zz[0] / peer_r[0]:.2f}, cpu {zz[1] / peer_r[1]:.2f} (target <= 0.7)"
+        )
+
+
+if __name__ == "__main__":
+    main()
