@@ -32,6 +32,16 @@ def init_distributed(coordinator: str, num_processes: int, process_id: int) -> N
         jax.distributed.initialize(coordinator, num_processes=num_processes, process_id=process_id)
 
 
+def sync_hosts(name: str, timeout_s: int = 3600) -> None:
+    """Wait until every process of the trial gets here (coordination service, no collective). XLA's CPU
+    (gloo) collectives give a late peer only 30 s to join a new communicator, less than the compile skew
+    between hosts on a busy machine; so hosts meet here after compiling, before their first collective."""
+    if jax.process_count() > 1:
+        from jax._src import distributed
+
+        distributed.global_state.client.wait_at_barrier(name, timeout_in_ms=timeout_s * 1000)
+
+
 def configure_host(spec: TrialSpec) -> None:
     """Standalone runs on CPU: simulate the spec's devices (read at backend start, so before jax.devices())."""
     if spec.cluster.platform == "cpu":
@@ -129,6 +139,7 @@ def train(spec: TrialSpec) -> Iterator[Record]:
         spec.model, spec.context_length, spec.train.batch, spec.mesh.size
     )
     mem = memory_record(compiled)
+    sync_hosts("compiled")
     ckpt = Checkpointer(spec.run.checkpoint_dir, spec.run.checkpoint_every) if spec.run.checkpoint_dir else None
     restored = ckpt.restore(abstract_args(spec, mesh)[0]) if ckpt else None
     state, first = restored if restored else (init_fn(jax.random.key(spec.train.seed)), 0)
@@ -152,9 +163,12 @@ def train(spec: TrialSpec) -> Iterator[Record]:
     losses, times = [], []
     prev = None  # (step, metrics) dispatched but not yet reported
     last = time.perf_counter()
+    inject_s = float(os.environ.get("CP_ORCH_INJECT_SLEEP_S") or 0)  # test-only slowdown: never in the trial id
     for step in range(first, spec.train.steps + 1):
         if step < spec.train.steps:
             state, metrics = compiled(state, _put(batches(step), bsh))
+            if inject_s:
+                time.sleep(inject_s)  # inside the timed step, so the regression gate sees it
             if ckpt:
                 ckpt.maybe_save(step, state)
         if prev is not None:

@@ -1,0 +1,165 @@
+"""End-of-sweep plots from what the driver already holds: MFU, memory and step time vs context length, loss curves.
+
+Figures are built with matplotlib's object API (no pyplot), so no GUI backend or global figure state is involved:
+the PNG is rendered by Agg when saved.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from matplotlib.figure import Figure
+
+from jobs.spec import TrialSpec
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """One finished trial as the report sees it: its spec, summary record and loss curve."""
+
+    spec: TrialSpec
+    summary: dict[str, Any]
+    losses: list[tuple[int, float]] = field(default_factory=list)
+    predicted_bytes: int | None = None
+    peak_source: str = ""
+
+    @property
+    def measured_bytes(self) -> float | None:
+        # runtime peak where the backend reports it (TPU/GPU); the compiler's figure on CPU
+        return self.summary.get("peak_bytes_in_use") or self.summary.get("compiled_bytes_per_device")
+
+
+def collect(
+    specs: Iterable[TrialSpec],
+    records_of: Callable[[str], list[dict[str, Any]]],
+    predicted: dict[str, int | None] | None = None,
+) -> list[TrialResult]:
+    """TrialResults for the specs whose records include a summary (finished trials)."""
+    out = []
+    for spec in specs:
+        recs = records_of(spec.trial_id)
+        summary = next((r for r in reversed(recs) if r.get("kind") == "summary"), None)
+        if summary is None:
+            continue
+        start = next((r for r in recs if r.get("kind") == "start"), {})
+        losses = [(int(r["step"]), float(r["loss"])) for r in recs if r.get("kind") == "step"]
+        pred = (predicted or {}).get(spec.trial_id)
+        out.append(TrialResult(spec, summary, losses, pred, str(start.get("peak_source", ""))))
+    return out
+
+
+def _series(trials: list[TrialResult]) -> dict[str, list[TrialResult]]:
+    """Trials grouped per strategy (and mesh, where one strategy ran on several), sorted by context length."""
+    meshes = defaultdict(set)
+    for t in trials:
+        meshes[t.spec.strategy.name].add(t.spec.mesh.label())
+    groups: dict[str, list[TrialResult]] = defaultdict(list)
+    for t in trials:
+        name = t.spec.strategy.name
+        groups[name if len(meshes[name]) == 1 else f"{name} {t.spec.mesh.label()}"].append(t)
+    return {k: sorted(v, key=lambda t: t.spec.context_length) for k, v in sorted(groups.items())}
+
+
+def _axes(title: str, ylabel: str, logy: bool = False):
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.add_subplot()
+    ax.set_xscale("log", base=2)
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="major", alpha=0.3)
+    return fig, ax
+
+
+def _finish(fig: Figure, ax) -> Figure:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def _where(trials: list[TrialResult]) -> str:
+    t = trials[0].spec
+    return f"{t.model.name} on {t.cluster.name}"
+
+
+def mfu_figure(trials: list[TrialResult]) -> Figure:
+    source = next((t.peak_source for t in trials if t.peak_source), "")
+    label = "MFU" + (f" (peak: {source})" if source else "")
+    fig, ax = _axes(f"MFU vs context length — {_where(trials)}", label)
+    for name, ts in _series(trials).items():
+        ax.plot([t.spec.context_length for t in ts], [t.summary.get("mfu", float("nan")) for t in ts],
+                marker="o", label=name)  # fmt: skip
+    ax.set_ylim(bottom=0)
+    return _finish(fig, ax)
+
+
+def memory_figure(trials: list[TrialResult]) -> Figure:
+    fig, ax = _axes(f"Memory per device vs context length — {_where(trials)}", "GiB per device", logy=True)
+    for i, (name, ts) in enumerate(_series(trials).items()):
+        colour = f"C{i}"
+        xs = [t.spec.context_length for t in ts]
+        meas = [(t.measured_bytes or float("nan")) / GIB for t in ts]
+        ax.plot(xs, meas, marker="o", color=colour, label=f"{name} measured")
+        pred = [(t.predicted_bytes if t.predicted_bytes is not None else float("nan")) / GIB for t in ts]
+        if any(p == p for p in pred):
+            ax.plot(xs, pred, ls="--", marker="x", color=colour, alpha=0.7, label=f"{name} predicted")
+    hbm = trials[0].spec.cluster.hbm_bytes_per_device
+    if hbm:
+        ax.axhline(hbm / GIB, color="red", ls=":", label=f"HBM per device ({hbm / GIB:g} GiB)")
+    return _finish(fig, ax)
+
+
+def step_time_figure(trials: list[TrialResult]) -> Figure:
+    fig, ax = _axes(f"Step time vs context length — {_where(trials)}", "median step time (s)", logy=True)
+    for name, ts in _series(trials).items():
+        ys = [t.summary.get("step_time_median_s", float("nan")) for t in ts]
+        ax.plot([t.spec.context_length for t in ts], ys, marker="o", label=name)
+    return _finish(fig, ax)
+
+
+def loss_figure(trials: list[TrialResult]) -> Figure:
+    """One panel per strategy, one curve per context length."""
+    series = _series(trials)
+    fig = Figure(figsize=(4.5 * len(series), 4))
+    axes = fig.subplots(1, len(series), squeeze=False, sharey=True)[0]
+    for ax, (name, ts) in zip(axes, series.items(), strict=True):
+        for t in ts:
+            if t.losses:
+                ax.plot(*zip(*t.losses, strict=True), marker=".", label=f"L={t.spec.context_length:,}")
+        ax.set_title(name)
+        ax.set_xlabel("step")
+        ax.grid(True, alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    axes[0].set_ylabel("loss")
+    fig.suptitle(f"Loss curves — {_where(trials)}")
+    fig.tight_layout()
+    return fig
+
+
+def make_figures(trials: list[TrialResult]) -> dict[str, Figure]:
+    """name -> Figure for the parent run; empty when no trial finished."""
+    if not trials:
+        return {}
+    return {
+        "mfu_vs_context": mfu_figure(trials),
+        "memory_vs_context": memory_figure(trials),
+        "step_time_vs_context": step_time_figure(trials),
+        "loss_curves": loss_figure(trials),
+    }
+
+
+def publish(tracker, specs: Iterable[TrialSpec], predicted: dict[str, int | None] | None = None) -> list[str]:
+    """Make the figures for the finished trials and queue them on the parent run as plots/NAME.png."""
+    figs = make_figures(collect(specs, tracker.records, predicted))
+    for name, fig in figs.items():
+        tracker.log_figure("sweep", fig, f"plots/{name}.png")
+    return [f"plots/{n}.png" for n in figs]

@@ -1,0 +1,102 @@
+"""The sweep report: figures from specs, summaries and loss curves, with no store and no devices."""
+
+import io
+
+import pytest
+from matplotlib.figure import Figure
+
+from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
+from orchestrator.report import collect, make_figures
+
+TINY = ModelSpec(name="tiny", vocab=256, embed=64, layers=2, q_heads=4, kv_heads=2, head_dim=16, mlp=128)
+GIB = 2**30
+
+
+def make_spec(strategy: str = "ring", length: int = 1024, steps: int = 4, hbm: int = GIB) -> TrialSpec:
+    return TrialSpec(
+        model=TINY, mesh=MeshSpec(context=8), strategy=StrategySpec(name=strategy), context_length=length,
+        train=TrainSpec(steps=steps), cluster=ClusterSpec(hbm_bytes_per_device=hbm),
+        axes=(("strategy", strategy), ("context_length", length)),
+    )  # fmt: skip
+
+
+def fake_records(spec: TrialSpec, step_s: float = 0.5, mem: int = 2**26) -> list[dict]:
+    """A start record, one step record per step and a summary, shaped like jobs/train.py's."""
+    tok = spec.tokens_per_step
+    recs = [{"kind": "start", "trial_id": spec.trial_id, "devices": 8, "compile_s": 3.0,
+             "peak_tflops_per_device": 0.1, "peak_source": "cpu_measured_bfloat16", "compiled_bytes_per_device": mem}]  # fmt: skip
+    for s in range(spec.train.steps):
+        recs.append({"kind": "step", "step": s, "loss": 6.0 - 0.1 * s, "grad_norm": 1.0, "step_time_s": step_s,
+                     "tokens_per_s": tok / step_s, "tflops_per_s_per_device": 0.01 / step_s,
+                     "mfu": 0.1 / step_s, "peak_bytes_in_use": None})  # fmt: skip
+    recs.append({"kind": "summary", "steps": spec.train.steps, "final_loss": recs[-1]["loss"],
+                 "step_time_median_s": step_s, "tokens_per_s": tok / step_s, "tflops_per_s_per_device": 0.01 / step_s,
+                 "mfu": 0.1 / step_s, "peak_bytes_in_use": None, "compiled_bytes_per_device": mem})  # fmt: skip
+    return recs
+
+
+@pytest.fixture
+def trials():
+    specs = [make_spec(s, L) for s in ("all_gather", "ring") for L in (512, 1024, 2048)]
+    recs = {
+        s.trial_id: fake_records(s, step_s=s.context_length / 2048, mem=s.context_length * 2**16)
+        for s in specs
+    }
+    recs[specs[-1].trial_id] = recs[specs[-1].trial_id][:-1]  # no summary: not finished, left out
+    predicted = {s.trial_id: s.context_length * 2**17 for s in specs}
+    return collect(specs, lambda tid: recs.get(tid, []), predicted)
+
+
+def test_collect_keeps_finished_trials_with_curves(trials):
+    assert len(trials) == 5
+    t = trials[0]
+    assert [s for s, _ in t.losses] == [0, 1, 2, 3] and t.losses[0][1] == 6.0
+    assert t.predicted_bytes == t.spec.context_length * 2**17
+    assert t.measured_bytes == t.spec.context_length * 2**16
+    assert t.peak_source == "cpu_measured_bfloat16"
+
+
+def test_make_figures_plots_what_the_driver_holds(trials):
+    figs = make_figures(trials)
+    assert set(figs) == {"mfu_vs_context", "memory_vs_context", "step_time_vs_context", "loss_curves"}
+    assert all(isinstance(f, Figure) for f in figs.values())
+
+    ax = figs["mfu_vs_context"].axes[0]
+    lines = {ln.get_label(): ln for ln in ax.get_lines()}
+    assert set(lines) == {"all_gather", "ring"}
+    assert list(lines["all_gather"].get_xdata()) == [512, 1024, 2048]
+    assert list(lines["ring"].get_ydata()) == pytest.approx([0.1 / 0.25, 0.1 / 0.5])
+    assert ax.get_xscale() == "log" and "cpu_measured" in ax.get_ylabel()
+
+    mem = figs["memory_vs_context"].axes[0]
+    labels = [ln.get_label() for ln in mem.get_lines()]
+    assert "ring measured" in labels and "ring predicted" in labels
+    hbm = [ln for ln in mem.get_lines() if ln.get_label().startswith("HBM")]
+    assert len(hbm) == 1 and list(hbm[0].get_ydata()) == [1.0, 1.0]  # the 1 GiB device line
+    measured = next(ln for ln in mem.get_lines() if ln.get_label() == "ring measured")
+    assert list(measured.get_ydata()) == pytest.approx([512 * 2**16 / GIB, 1024 * 2**16 / GIB])
+
+    st = figs["step_time_vs_context"].axes[0]
+    assert st.get_xscale() == "log" and st.get_yscale() == "log"
+
+    loss_axes = figs["loss_curves"].axes
+    assert [a.get_title() for a in loss_axes] == ["all_gather", "ring"]
+    assert len(loss_axes[0].get_lines()) == 3  # one curve per context length
+
+    for f in figs.values():  # each renders to a PNG (Agg, no display)
+        buf = io.BytesIO()
+        f.savefig(buf, format="png")
+        assert buf.getvalue()[:4] == b"\x89PNG"
+
+
+def test_no_finished_trial_no_figures():
+    assert make_figures([]) == {}
+
+
+def test_strategies_on_several_meshes_get_separate_series():
+    a, b = make_spec("ring", 1024), make_spec("ring", 2048)
+    b2 = TrialSpec(**{**b.__dict__, "mesh": MeshSpec(context=4, data=2)})
+    recs = {s.trial_id: fake_records(s) for s in (a, b, b2)}
+    figs = make_figures(collect([a, b, b2], recs.__getitem__))
+    labels = sorted(ln.get_label() for ln in figs["mfu_vs_context"].axes[0].get_lines())
+    assert labels == ["ring context8", "ring data2xcontext4"]

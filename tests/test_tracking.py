@@ -1,0 +1,246 @@
+"""The driver's MLflow tracking: runs, metrics and artifacts as the dashboard needs them, through outages.
+
+Local-store tests are fast; the server tests run a real `mlflow server` (sqlite) whose artifacts go to gs://
+on a local GCS emulator, stop it mid-write and start it again.
+"""
+
+import json
+import threading
+import time
+
+import pytest
+from conftest import run_cli
+from matplotlib.figure import Figure
+from mlflow import MlflowClient
+from servers import gcs_client, start_gcs_emulator, start_mlflow_server
+from test_report import fake_records, make_spec
+
+from orchestrator.tracking import STEP_METRICS, Tracker
+
+BUCKET = "mlflow-art"
+
+
+def count_points(client: MlflowClient, run_id: str, key: str) -> int:
+    return len(client.get_metric_history(run_id, key))
+
+
+def runs_of(client: MlflowClient, experiment: str) -> tuple[list, list]:
+    exp = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    return ([r for r in runs if r.data.tags.get("kind") == "sweep"],
+            [r for r in runs if r.data.tags.get("kind") == "trial"])  # fmt: skip
+
+
+def log_trial(tracker: Tracker, spec, sweep_id: str, chunks: int = 1, pause: float = 0.0) -> None:
+    """What the executor does for one finished trial, the records arriving in `chunks` batches."""
+    tracker.set_status(spec.trial_id, "running")
+    recs = fake_records(spec)
+    for i in range(chunks):
+        tracker.log_records(spec.trial_id, recs[i * len(recs) // chunks : (i + 1) * len(recs) // chunks])
+        time.sleep(pause)
+    tracker.set_status(spec.trial_id, "finished", "", terminal="FINISHED")
+    tracker.log_metrics("sweep", {"mfu/" + spec.strategy.name: 0.2}, step=spec.context_length)
+
+
+# --- local store -----------------------------------------------------------------------------------
+
+
+def test_parent_and_child_runs(store, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the sqlite store's artifacts go to ./mlruns
+    spec = make_spec("ring", 1024, steps=6)
+    t = Tracker(store, "exp")
+    t.start_sweep("smoke", "sw1", "local")
+    t.start_trial(spec, "sw1", predicted_bytes=123_456_789)
+    log_trial(t, spec, "sw1")
+    t.log_figure("sweep", Figure(), "plots/empty.png")
+    t.end("sweep")
+    assert t.flush(timeout=60)
+
+    c = MlflowClient(store)
+    [parent], [child] = runs_of(c, "exp")
+    assert parent.data.tags["sweep_id"] == "sw1" and parent.data.tags["code_revision"]
+    assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
+    assert child.data.tags["trial_id"] == spec.trial_id and child.data.tags["status"] == "finished"
+    assert child.data.params["strategy"] == "ring" and child.data.params["context_length"] == "1024"
+    m = child.data.metrics
+    assert m["predicted_bytes_per_device"] == 123_456_789
+    assert m["final_mfu"] == pytest.approx(0.2) and m["final_step_time_median_s"] == 0.5
+    assert m["final_tokens_per_s"] == 2048 and m["memory_bytes_per_device"] == 2**26
+    assert m["compiled_bytes_per_device"] == 2**26 and "final_compiled_bytes_per_device" not in m
+    for key in STEP_METRICS[:-1]:  # peak_bytes_in_use is None on CPU: not logged
+        assert count_points(c, child.info.run_id, key) == 6
+    arts = {a.path for a in c.list_artifacts(child.info.run_id)}
+    assert {"trial_spec.json", "trial_log.txt"} <= arts
+    log_text = open(c.download_artifacts(child.info.run_id, "trial_log.txt", str(tmp_path))).read()
+    assert "status finished" in log_text and '"kind": "summary"' in log_text
+    assert [a.path for a in c.list_artifacts(parent.info.run_id, "plots")] == ["plots/empty.png"]
+    assert [h.step for h in c.get_metric_history(parent.info.run_id, "mfu/ring")] == [1024]
+    assert t.records(spec.trial_id)[-1]["kind"] == "summary"
+
+
+def test_lost_answers_are_retried_without_duplicates(store, tmp_path, monkeypatch):
+    """A request that reached the store but whose answer was lost is sent again: still one run, one point each."""
+    monkeypatch.chdir(tmp_path)
+    t = Tracker(store, "exp")
+    real = {name: getattr(t.client, name) for name in ("create_run", "log_batch")}
+    lost = {"create_run": 2, "log_batch": 3}  # the first answers of each kind never arrive
+
+    def flaky(name):
+        def call(*a, **k):
+            out = real[name](*a, **k)
+            if lost[name] > 0:
+                lost[name] -= 1
+                raise ConnectionError(f"{name}: connection reset after the store committed")
+            return out
+
+        return call
+
+    for name in real:
+        monkeypatch.setattr(t.client, name, flaky(name))
+    monkeypatch.setattr("orchestrator.tracking.BACKOFF_S", (0.05,))
+    spec = make_spec("all_gather", 512, steps=5)
+    t.start_sweep("smoke", "sw1", "local")
+    t.start_trial(spec, "sw1")
+    log_trial(t, spec, "sw1", chunks=3)
+    assert t.flush(timeout=60)
+    assert lost == {"create_run": 0, "log_batch": 0}
+    c = MlflowClient(store)
+    parents, children = runs_of(c, "exp")
+    assert len(parents) == 1 and len(children) == 1
+    assert count_points(c, children[0].info.run_id, "loss") == 5
+
+
+def test_rejected_write_is_dropped_and_does_not_block(store, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    t = Tracker(store, "exp")
+    t.set_status("never-opened", "running")  # a bug (unknown run): logged and dropped, not retried forever
+    t.start_sweep("smoke", "sw1", "local")
+    t.log_metrics("sweep", {"x": 1.0})
+    assert t.flush(timeout=30)
+    [parent], _ = runs_of(MlflowClient(store), "exp")
+    assert parent.data.metrics["x"] == 1.0
+
+
+def test_resumed_sweep_reuses_its_runs(store, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    spec = make_spec("ring", 512)
+    for _ in range(2):
+        t = Tracker(store, "exp")
+        t.start_sweep("smoke", "sw1", "local")
+        t.start_trial(spec, "sw1")
+        t.end("sweep")
+        assert t.flush(timeout=30)
+    parents, children = runs_of(MlflowClient(store), "exp")
+    assert len(parents) == 1 and len(children) == 1
+
+
+# --- a real server, artifacts on the GCS emulator ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gcs_server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("mlflow-server")
+    host, stop_gcs = start_gcs_emulator(BUCKET, log=tmp / "gcs.log")
+    server = start_mlflow_server(tmp, f"gs://{BUCKET}/mlflow", gcs_host=host)
+    yield server, host
+    server.stop()
+    stop_gcs()
+
+
+def blobs(host: str) -> list[str]:
+    return [b.name for b in gcs_client(host).list_blobs(BUCKET)]
+
+
+def test_outage_buffers_every_point_and_creates_runs_late(gcs_server):
+    """The server is down before the runs exist and while metrics stream; after it is back, all arrives once."""
+    server, host = gcs_server
+    t = Tracker(server.url, "outage")
+    assert t.finished_trials("sw-out") == {}  # the store is up at launch (a read)
+    specs = [make_spec("ring", 512, steps=20), make_spec("all_gather", 1024, steps=20)]
+    server.stop()
+    t0 = time.monotonic()
+    t.start_sweep("smoke", "sw-out", "local")
+    for s in specs:
+        t.start_trial(s, "sw-out", predicted_bytes=1)
+        log_trial(t, s, "sw-out", chunks=4, pause=0.5)
+    assert time.monotonic() - t0 < 6  # the caller never waits on the store
+    assert not t.flush(timeout=2) and len(t.ops) > 10  # buffered, in order
+    server.start()
+    assert t.flush(timeout=180), f"{len(t.ops)} writes left; server log:\n{server.tail()}"
+
+    c = MlflowClient(server.url)
+    parents, children = runs_of(c, "outage")
+    assert len(parents) == 1 and len(children) == 2
+    for r in children:
+        assert r.data.tags["status"] == "finished" and r.info.status == "FINISHED"
+        for key in STEP_METRICS[:-1]:
+            assert count_points(c, r.info.run_id, key) == 20, key
+        assert r.data.metrics["final_mfu"] > 0 and r.data.metrics["predicted_bytes_per_device"] == 1
+        assert r.info.artifact_uri.startswith("mlflow-artifacts:")
+        assert f"mlflow/{r.info.experiment_id}/{r.info.run_id}/artifacts/trial_spec.json" in blobs(host)
+    assert sorted(h.step for h in c.get_metric_history(parents[0].info.run_id, "mfu/ring")) == [512]
+
+
+@pytest.mark.slow
+def test_smoke_sweep_on_server_with_gcs_artifacts_and_an_outage(gcs_server, tmp_path):
+    """The real CLI against the server; the server is stopped once the first trial streams, then restarted."""
+    server, host = gcs_server
+    exp = "cli-smoke"
+    args = ["+sweep=smoke", "progress=plain", "tracking=server", f"tracking.uri={server.url}",
+            f"tracking.experiment={exp}", "sweep.id=smoke-srv"]  # fmt: skip
+    result = {}
+    cli = threading.Thread(target=lambda: result.setdefault("res", run_cli(args, cwd=tmp_path, timeout=1500)))
+    cli.start()
+    c = MlflowClient(server.url)
+    outage = None
+    while cli.is_alive() and outage is None:  # wait for the first streamed step, then pull the plug
+        try:
+            exp_obj = c.get_experiment_by_name(exp)
+            runs = c.search_runs([exp_obj.experiment_id], "tags.kind = 'trial'") if exp_obj else []
+            if any(count_points(c, r.info.run_id, "loss") for r in runs):
+                server.stop()
+                t0 = time.monotonic()
+                time.sleep(8)
+                server.start()
+                outage = time.monotonic() - t0
+        except Exception:  # noqa: BLE001 - the store is being created
+            pass
+        time.sleep(0.5)
+    cli.join()
+    res = result["res"]
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
+    assert outage and outage >= 8, "the sweep finished before the outage could start"
+    assert "tracking store unavailable" in res.stderr and "tracking store back" in res.stderr
+    assert f"open {server.url}" in res.stdout
+
+    [parent], children = runs_of(c, exp)
+    assert len(children) == 4 and parent.info.status == "FINISHED"
+    assert parent.data.tags["sweep_name"] == "smoke" and parent.data.tags["cluster"] == "local"
+    assert parent.data.tags["regression"] == "false"  # no earlier sweep in this experiment
+    for r in children:
+        rid, steps = r.info.run_id, int(r.data.params["steps"])
+        assert r.data.tags["status"] == "finished" and r.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert {"strategy", "context_length", "mesh", "model", "cp"} <= set(r.data.params)
+        for key in STEP_METRICS[:-1]:
+            hist = c.get_metric_history(rid, key)
+            assert sorted(h.step for h in hist) == list(range(steps)), (key, r.data.params)
+        m = r.data.metrics
+        assert m["final_mfu"] > 0 and m["final_tflops_per_s_per_device"] > 0 and m["final_tokens_per_s"] > 0
+        assert m["final_step_time_median_s"] > 0 and m["memory_bytes_per_device"] > 0
+        assert m["predicted_bytes_per_device"] > 0
+        (tmp_path / rid).mkdir()
+        with open(c.download_artifacts(rid, "trial_spec.json", str(tmp_path / rid))) as f:
+            spec = json.load(f)
+        assert spec["context_length"] == int(r.data.params["context_length"])
+    for strategy in ("ring", "all_gather"):
+        for key in ("mfu", "memory_gib", "step_time_s", "tokens_per_s"):
+            hist = c.get_metric_history(parent.info.run_id, f"{key}/{strategy}")
+            assert sorted(h.step for h in hist) == [512, 1024], (key, strategy)
+    plots = {a.path for a in c.list_artifacts(parent.info.run_id, "plots")}
+    assert plots == {f"plots/{n}.png" for n in ("mfu_vs_context", "memory_vs_context", "step_time_vs_context",
+                                                 "loss_curves")}  # fmt: skip
+    in_bucket = blobs(host)
+    prefix = f"mlflow/{parent.info.experiment_id}/{parent.info.run_id}/artifacts"
+    assert f"{prefix}/plots/mfu_vs_context.png" in in_bucket and f"{prefix}/grid.json" in in_bucket
+    png = gcs_client(host).bucket(BUCKET).blob(f"{prefix}/plots/mfu_vs_context.png").download_as_bytes()
+    assert png[:4] == b"\x89PNG"
