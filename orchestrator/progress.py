@@ -65,7 +65,7 @@ class Progress:
             setattr(row, k, v)
         now = time.monotonic()
         if row.state in ("starting", "queued") and old != row.state:
-            row.started, row.ended, row.step = None, None, 0
+            row.started, row.ended, row.step, row.tokens_per_s = None, None, 0, 0.0
         if row.state == "running" and row.started is None:
             row.started = now
         if row.state in TERMINAL and row.ended is None:

@@ -154,6 +154,7 @@ class Trial:
         self.spg = None  # SlicePlacementGroup (TPU kinds)
         self.pg = None  # plain placement group (local_multihost)
         self.refs: list = []
+        self.coordinator = ""  # host 0's address for jax.distributed (multi-host only)
         self.errors: list[tuple[int, BaseException]] = []
         self.first_error = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True, name=f"trial-{spec.trial_id}")
@@ -251,7 +252,7 @@ class Trial:
             self._check()
             for pid, strat in enumerate(strategies):
                 o = dict(opts) | ({"scheduling_strategy": strat} if strat is not None else {})
-                args = (self.spec.to_json(), pid, n, getattr(self, "coordinator", ""))
+                args = (self.spec.to_json(), pid, n, self.coordinator)
                 self.refs.append(host_task.options(**o).remote(*args))
         self.readers = [
             threading.Thread(target=self._drain, args=(pid, gen), daemon=True, name=f"host-{pid}")

@@ -70,6 +70,13 @@ def _setup(q, k, qpos, kpos, block_q, block_kv):
     Lk, K = k.shape[1], k.shape[2]
     bq, bk = fit_block(Lq, block_q), fit_block(Lk, block_kv)
     nq, nk = Lq // bq, Lk // bk
+    # Tie the positions to q. Positions are loop-invariant in a model that scans its layers, and under autodiff
+    # lax.scan hoists loop-invariant residuals out of the loop (_scan_known_hoisting / _scan_partial_eval_custom):
+    # everything computed from positions alone -- the causal mask of every (q-block, kv-block) pair and the
+    # masked scores' -inf fill -- got partially evaluated out of these loops and stacked as [nq, nk, R, bk]
+    # buffers (~1-4 GiB per train step at 16K/4 devices). Through the barrier they depend on q, so they stay
+    # per block, inside the loops.
+    qpos, kpos, _ = jax.lax.optimization_barrier((qpos, kpos, q))
     qpos_NxR = jnp.repeat(qpos.reshape(nq, bq), H // K, axis=1)  # row r = (query i, head g) -> pos i
     return B, H, K, D, nq, nk, bk, qpos_NxR, kpos.reshape(nk, bk)
 

@@ -59,7 +59,7 @@ def plan_one(spec: TrialSpec, problems: list[Problem] | None = None) -> PlanRow:
     limit = int(c.hbm_bytes_per_device)
     why = []
     if limit and hbm > limit:
-        top = max(mem, key=mem.get)
+        top = max((k for k in mem if k != "host_offload"), key=mem.get)  # host memory is not HBM
         why.append(
             f"needs {memory.gib(hbm)}/device, {_accel(spec)} has {memory.gib(limit)} "
             f"(largest term: {top.replace('_', ' ')} {memory.gib(mem[top])})"
@@ -75,7 +75,7 @@ def plan_one(spec: TrialSpec, problems: list[Problem] | None = None) -> PlanRow:
     if not why:
         cap = f" of {memory.gib(limit)}" if limit else ""
         why.append(
-            f"fits: {memory.gib(hbm)}{cap}; step {roof.step_s:,.3g} s, MFU {roof.mfu:.2f}; {roof.note}"
+            f"fits: {memory.gib(hbm)}{cap}; roofline step {roof.step_s:,.3g} s, MFU ≤ {roof.mfu:.2f}; {roof.note}"
         )
     return PlanRow(
         **base, verdict=verdict, reason="; ".join(why), tflops_per_device_per_step=tflops,
@@ -117,7 +117,7 @@ HEADER = [
     "verdict",
     "HBM/device",
     "step s",
-    "MFU",
+    "MFU (roofline)",
     "TFLOP/dev",
     "reason",
 ]
@@ -131,7 +131,7 @@ def render_table(rows: list[PlanRow], console=None, title: str = "plan") -> None
     console = console or Console()
     table = Table(title=title, show_lines=False)
     for h in HEADER:
-        table.add_column(h, overflow="fold", justify="right" if h in ("context", "step s", "MFU") else "left")
+        table.add_column(h, overflow="fold", justify="right" if h in ("context", "step s", "MFU (roofline)") else "left")
     colour = {"run": "green", "infeasible": "yellow", "invalid": "red"}
     for r in rows:
         cells = _cells(r)
