@@ -132,3 +132,12 @@ def test_bad_input_is_clear():
     missing = dataclasses.replace(s.train, data=DataSpec(kind="tokens", path="/nonexistent/tokens.bin"))
     with pytest.raises(FileNotFoundError, match="data file /nonexistent/tokens.bin does not exist"):
         list(train(dataclasses.replace(s, train=missing)))
+
+
+@pytest.mark.slow
+def test_grad_accumulation_matches_the_full_batch():
+    """Two micro-batches of one sequence give the same update as one batch of two (fp32, token-weighted)."""
+    base = ["strategy=ring", "context_length=256", "train.steps=3", "train.batch=2", "train.dtype=float32"]
+    _, full, _ = run(spec_of(*base))
+    _, accum, _ = run(spec_of(*base, "train.grad_accum=2"))
+    np.testing.assert_allclose(accum, full, rtol=0, atol=1e-4)
