@@ -63,10 +63,12 @@ def host_task(spec_json: str, process_id: int, num_processes: int, coordinator: 
     from jobs.train import init_distributed, train
 
     init_distributed(coordinator, num_processes, process_id)
-    buf, last = [], time.monotonic()
+    buf, last, first = [], time.monotonic(), True
     for rec in train(_Spec.from_json(spec_json)):
         buf.append(rec)
-        if rec["kind"] != "step" or time.monotonic() - last > batch_s:
+        # the first step goes out at once: "submit -> first step" should not wait on batching
+        if rec["kind"] != "step" or first or time.monotonic() - last > batch_s:
+            first = first and rec["kind"] != "step"
             yield buf
             buf, last = [], time.monotonic()
     if buf:

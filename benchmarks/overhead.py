@@ -1,0 +1,200 @@
+"""Scheduling overhead: N short trials on local Ray, 2 at a time, through our scheduler and through Ray Tune.
+
+    python benchmarks/overhead.py [--trials 16] [--steps 3] [--concurrency 2] [--length 256]
+
+Both runs train the same trials (tiny model, ring over 8 simulated CPU devices, one seed per trial), each
+in a fresh process, with MLflow tracking (ours: the orchestrator's Tracker; Tune: MLflowLoggerCallback).
+Compilation is taken out of the picture the honest way: a warm-up trial fills the JAX persistent compilation
+cache first, and every figure that claims "without compile" subtracts the compile time the job measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def overrides(args, sweep_id: str, seeds: list[int]) -> list[str]:
+    return [
+        "+sweep=smoke", "sweep.axes.strategy=[ring]", f"sweep.axes.context_length=[{args.length}]",
+        f"+sweep.axes.train.seed=[{','.join(map(str, seeds))}]", "~sweep.set", f"train.steps={args.steps}",
+        "train.dtype=float32", f"cluster.concurrency={args.concurrency}", "progress=plain", f"sweep.id={sweep_id}",
+        # a fixed peak skips the per-trial CPU matmul peak measurement (MFU is not what this measures)
+        "cluster.peak_tflops_per_device=1.0", "gate.enabled=false",
+    ]  # fmt: skip
+
+
+def ours(args, seeds: list[int], sweep_id: str) -> dict:
+    """Our sweep through the real entry points; per-attempt timings come back from the tracking store."""
+    from mlflow import MlflowClient
+
+    from orchestrator.config import load
+    from orchestrator.grid import expand
+    from orchestrator.plan import plan
+    from orchestrator.run import run
+
+    cfg = load(overrides(args, sweep_id, seeds))
+    specs = expand(cfg)
+    rows = plan(specs)
+    t0 = time.time()
+    code = run(cfg, specs, rows)
+    total = time.time() - t0
+    assert code == 0, f"sweep {sweep_id} failed"
+    client = MlflowClient(cfg.tracking.uri)
+    exp = client.get_experiment_by_name(cfg.tracking.experiment)
+    trials = []
+    for r in client.search_runs([exp.experiment_id], f"tags.sweep_id = '{sweep_id}' and tags.kind = 'trial'"):
+        path = client.download_artifacts(r.info.run_id, "attempts.json", tempfile.mkdtemp())
+        (att,) = json.loads(Path(path).read_text())
+        steps = sorted(client.get_metric_history(r.info.run_id, "step_time_s"), key=lambda m: m.step)
+        host0 = min(att["hosts"], key=lambda h: h["process_id"])
+        trials.append({
+            "submitted": att["submitted"], "ended": att["ended"], "process_start": host0["t"],
+            "first_step": att["first_step"], "compile_s": r.data.metrics["compile_s"], "step0_s": steps[0].value,
+            "job_s": att["ended"] - host0["t"],
+        })  # fmt: skip
+    for t in trials:
+        t["overhead_s"] = t["first_step"] - t["submitted"] - t["compile_s"] - t["step0_s"]
+        t["to_process_s"] = t["process_start"] - t["submitted"]
+    span = max(t["ended"] for t in trials) - min(t["submitted"] for t in trials)
+    return {"trials": trials, "span_s": span, "total_s": total}
+
+
+def tune_trial(config: dict) -> None:
+    """A Tune function trainable running the same job code (fresh actor per trial: reuse_actors=False)."""
+    from ray import tune
+
+    from jobs.spec import TrialSpec
+    from jobs.train import train
+
+    t_start, compile_s = time.time(), 0.0
+    for rec in train(TrialSpec.from_json(config["spec"])):
+        if rec["kind"] == "start":
+            compile_s = rec["compile_s"]
+        elif rec["kind"] == "step":
+            tune.report({"loss": rec["loss"], "step": rec["step"], "step_time_s": rec["step_time_s"],
+                         "t_start": t_start, "t_now": time.time(), "compile_s": compile_s})  # fmt: skip
+
+
+def tune_reference(args, specs, workdir: Path) -> dict:
+    from ray import tune
+    from ray.air.integrations.mlflow import MLflowLoggerCallback
+    from ray.tune import Callback
+
+    marks: dict[str, dict[str, float]] = {}
+
+    class Times(Callback):
+        def on_trial_start(self, iteration, trials, trial, **info):
+            marks.setdefault(trial.trial_id, {})["started"] = time.time()
+
+        def on_trial_complete(self, iteration, trials, trial, **info):
+            marks.setdefault(trial.trial_id, {})["ended"] = time.time()
+
+    mlflow_cb = MLflowLoggerCallback(
+        tracking_uri=f"sqlite:///{workdir / 'tune-mlflow.db'}", experiment_name="tune"
+    )
+    tuner = tune.Tuner(
+        tune.with_resources(tune_trial, {"cpu": 1}),
+        param_space={"spec": tune.grid_search([s.to_json() for s in specs])},
+        tune_config=tune.TuneConfig(max_concurrent_trials=args.concurrency, reuse_actors=False),
+        run_config=tune.RunConfig(
+            storage_path=str(workdir / "tune"), callbacks=[mlflow_cb, Times()], verbose=0
+        ),
+    )
+    t0 = time.time()
+    grid = tuner.fit()
+    total = time.time() - t0
+    trials = []
+    for res in grid:
+        df = res.metrics_dataframe
+        first, last = df.iloc[0], df.iloc[-1]
+        m = marks.get(res.metrics["trial_id"], {})
+        trials.append({
+            "submitted": m.get("started", first["t_start"]), "ended": m.get("ended", last["t_now"]),
+            "process_start": first["t_start"], "first_step": first["t_now"], "compile_s": first["compile_s"],
+            "step0_s": first["step_time_s"], "job_s": last["t_now"] - first["t_start"],
+        })  # fmt: skip
+    for t in trials:
+        t["overhead_s"] = t["first_step"] - t["submitted"] - t["compile_s"] - t["step0_s"]
+        t["to_process_s"] = t["process_start"] - t["submitted"]
+    span = max(t["ended"] for t in trials) - min(t["submitted"] for t in trials)
+    return {"trials": trials, "span_s": span, "total_s": total}
+
+
+def report(name: str, r: dict, conc: int) -> dict:
+    ts = r["trials"]
+    trial_s = [t["ended"] - t["submitted"] for t in ts]
+    ideal = sum(trial_s) / conc
+    ideal_job = sum(t["job_s"] for t in ts) / conc
+    ov = [t["overhead_s"] for t in ts]
+    out = {
+        "trials": len(ts),
+        "overhead_median_s": statistics.median(ov),
+        "overhead_max_s": max(ov),
+        "submit_to_process_median_s": statistics.median(t["to_process_s"] for t in ts),
+        "compile_median_s": statistics.median(t["compile_s"] for t in ts),
+        "trial_median_s": statistics.median(trial_s),
+        "span_s": r["span_s"],
+        "ideal_s": ideal,
+        "span_over_ideal": r["span_s"] / ideal,
+        "span_over_ideal_in_process": r["span_s"] / ideal_job,
+        "total_s": r["total_s"],
+    }
+    print(f"\n== {name}: {len(ts)} trials, {conc} at a time")
+    print(f"  per-trial overhead, submit -> first step, minus compile and step 0: median {out['overhead_median_s']:.2f} s,"
+          f" max {out['overhead_max_s']:.2f} s  (of which submit -> job process running: median "
+          f"{out['submit_to_process_median_s']:.2f} s; compile from the persistent cache: median "
+          f"{out['compile_median_s']:.2f} s)")  # fmt: skip
+    print(f"  sweep span {out['span_s']:.1f} s vs ideal {ideal:.1f} s (sum of submit->end trial times / {conc}):"
+          f" x{out['span_over_ideal']:.3f}; vs in-process job time only: x{out['span_over_ideal_in_process']:.3f}")  # fmt: skip
+    print(f"  whole call incl. tracking setup and teardown: {out['total_s']:.1f} s")
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--concurrency", type=int, default=2)
+    ap.add_argument("--length", type=int, default=256)
+    ap.add_argument("--skip-tune", action="store_true")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="overhead-"))
+    os.chdir(work)
+    # Workers inherit the driver's environment on a local Ray: one shared persistent compilation cache.
+    os.environ |= {"JAX_COMPILATION_CACHE_DIR": str(work / "jax-cache"), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+                   "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0", "JAX_PLATFORMS": "cpu",
+                   "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "PYTHONPATH": str(ROOT)}  # fmt: skip
+    import ray
+
+    ray.init(address="local", num_cpus=args.concurrency, include_dashboard=False, log_to_driver=False)
+    print(f"work dir {work}; warming the compilation cache with one trial ...", flush=True)
+    ours(argparse.Namespace(**{**vars(args), "concurrency": 1}), [10_000], "warmup")
+    seeds = list(range(args.trials))
+    ok = True
+    res = report(
+        "ours (orchestrator.executor + MLflow Tracker)", ours(args, seeds, "overhead"), args.concurrency
+    )
+    ok = res["overhead_max_s"] <= 3.0 and res["span_over_ideal"] <= 1.10
+    print(f"  targets (overhead <= 3 s, span <= 1.10 x ideal): {'met' if ok else 'NOT met'}")
+    if not args.skip_tune:
+        from orchestrator.config import load
+        from orchestrator.grid import expand
+
+        specs = expand(load(overrides(args, "tune", seeds)))
+        report("Ray Tune reference (function trainable, MLflowLoggerCallback)", tune_reference(args, specs, work),
+               args.concurrency)  # fmt: skip
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

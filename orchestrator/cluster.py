@@ -1,0 +1,118 @@
+"""Where trials run: a local Ray, a local Ray whose nodes pose as TPU slices, or an existing cluster."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+from pathlib import Path
+from unittest import mock
+
+import ray
+
+from jobs.spec import ClusterSpec
+
+log = logging.getLogger(__name__)
+ROOT = Path(__file__).resolve().parent.parent
+TPU_KINDS = ("tpu", "fake_tpu")
+SLICE_LABEL = "ray.io/tpu-slice-name"
+WORKER_LABEL = "ray.io/tpu-worker-id"
+
+_fake = None  # the fake-TPU ray.cluster_utils.Cluster this driver started, if any
+
+
+def fake_slice_env(cluster: ClusterSpec, slice_index: int, worker: int) -> dict[str, str]:
+    """What GKE sets on a TPU host; Ray derives the TPU resources and slice labels from it."""
+    from ray._private.accelerators.tpu import infer_tpu_pod_type_from_topology
+
+    pod_type = infer_tpu_pod_type_from_topology(cluster.topology, cluster.accelerator)
+    return {
+        "TPU_ACCELERATOR_TYPE": pod_type,
+        "TPU_TOPOLOGY": cluster.topology,
+        "TPU_NAME": f"fake-slice-{slice_index}",
+        "TPU_WORKER_ID": str(worker),
+    }
+
+
+def start_fake_tpu(cluster: ClusterSpec):
+    """A local multi-node Ray cluster: `slices` x `hosts` nodes advertising TPU resources and labels
+    exactly as GKE TPU hosts do, so the real slice-reservation path runs on CPU."""
+    from ray.cluster_utils import Cluster
+
+    # Cluster writes /tmp/ray/ray_current_cluster, which would make every plain ray.init() on this
+    # machine (other users, other tests) join our fake slices.
+    with mock.patch.object(ray._private.utils, "write_ray_address", lambda *a, **k: None):
+        c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    saved = {
+        k: os.environ.get(k) for k in ("TPU_ACCELERATOR_TYPE", "TPU_TOPOLOGY", "TPU_NAME", "TPU_WORKER_ID")
+    }
+    try:
+        for s in range(cluster.slices):
+            for w in range(cluster.hosts):
+                env = fake_slice_env(cluster, s, w)
+                # Ray's TPU detection reads the node starter's environment; env_vars reaches the raylet.
+                os.environ.update(env)
+                c.add_node(num_cpus=1, resources={"TPU": _chips_per_host(cluster)}, env_vars=env)
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    return c
+
+
+def _chips_per_host(cluster: ClusterSpec) -> int:
+    from ray._private.accelerators.tpu import get_chips_per_host
+
+    return get_chips_per_host(cluster.topology, cluster.accelerator)
+
+
+def connect(cluster: ClusterSpec) -> None:
+    """Start (local, local_multihost, fake_tpu) or join (tpu, address) the Ray cluster for `cluster`."""
+    global _fake
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    # Workers import jobs/ and orchestrator/ (host_task lives there); a local Ray inherits PYTHONPATH.
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    if cluster.kind == "fake_tpu" and not cluster.address:
+        _fake = start_fake_tpu(cluster)
+        atexit.register(shutdown)  # the driver must leave the cluster before its head node can go
+        ray.init(address=_fake.address, log_to_driver=False)
+    elif cluster.address:
+        # A remote cluster gets this checkout's code; its own environment supplies the packages.
+        import jobs
+        import orchestrator
+
+        mods = [str(Path(m.__file__).parent) for m in (jobs, orchestrator)]
+        ray.init(address=cluster.address, log_to_driver=False, runtime_env={"py_modules": mods})
+    else:
+        # address="local": never join whichever cluster /tmp/ray/ray_current_cluster names.
+        cpus = max(os.cpu_count() or 2, cluster.hosts * max(cluster.concurrency, 1))
+        ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False)
+
+
+def shutdown() -> None:
+    global _fake
+    ray.shutdown()
+    if _fake is not None:
+        _fake.shutdown()
+        _fake = None
+
+
+def slice_names() -> list[str]:
+    """Distinct TPU slices among the cluster's alive nodes (by the label Ray sets from TPU_NAME)."""
+    names = set()
+    for n in ray.nodes():
+        if n.get("Alive"):
+            name = (n.get("Labels") or {}).get(SLICE_LABEL)
+            if name:
+                names.add(name)
+    return sorted(names)
+
+
+def concurrency(cluster: ClusterSpec) -> int:
+    """Trials at once: the configured number, else one per slice (counted on the cluster for TPUs)."""
+    if cluster.concurrency:
+        return cluster.concurrency
+    if cluster.kind in TPU_KINDS and ray.is_initialized():
+        return max(len(slice_names()), 1)
+    return max(cluster.slices, 1)
