@@ -10,6 +10,7 @@ import hashlib
 import os
 import tempfile
 
+import jax
 import orbax.checkpoint as ocp
 
 from jobs import storage
@@ -44,6 +45,9 @@ class Checkpointer:
         """Save after `step` when due; the step number stored is the last completed step."""
         if not force and (self.every <= 0 or (step + 1) % self.every):
             return False
+        # Finish the step first: orbax's multi-host save runs its own cross-process sync, which must not
+        # interleave with the step's in-flight collectives (that deadlocked gloo on CPU).
+        jax.block_until_ready(state)
         self.mgr.save(step, args=ocp.args.StandardSave(state), force=True)
         self.mgr.wait_until_finished()
         if storage.is_gcs(self.uri):

@@ -17,7 +17,6 @@ import jax
 import numpy as np
 
 from jobs import flops
-from jobs.checkpoint import Checkpointer
 from jobs.data import Batches
 from jobs.mesh import make_mesh
 from jobs.spec import TrialSpec
@@ -140,7 +139,11 @@ def train(spec: TrialSpec) -> Iterator[Record]:
     )
     mem = memory_record(compiled)
     sync_hosts("compiled")
-    ckpt = Checkpointer(spec.run.checkpoint_dir, spec.run.checkpoint_every) if spec.run.checkpoint_dir else None
+    ckpt = None
+    if spec.run.checkpoint_dir:
+        from jobs.checkpoint import Checkpointer  # orbax costs ~1 s to import: only when checkpointing
+
+        ckpt = Checkpointer(spec.run.checkpoint_dir, spec.run.checkpoint_every)
     restored = ckpt.restore(abstract_args(spec, mesh)[0]) if ckpt else None
     state, first = restored if restored else (init_fn(jax.random.key(spec.train.seed)), 0)
     if lead:

@@ -77,10 +77,13 @@ def compare(client: MlflowClient, experiment_id: str, sweep_id: str, max_drop: f
         mine, key=lambda r: (r.data.params.get("strategy", ""), int(r.data.params.get("context_length", 0)))
     ):
         tid = run.data.tags["trial_id"]
+        # same trial id on the same cluster: the id deliberately ignores where it ran, speed does not
+        cluster = run.data.params.get("cluster")
+        same_cluster = f" and params.cluster = '{cluster}'" if cluster else ""
         prev = client.search_runs(
             [experiment_id],
             f"tags.trial_id = '{tid}' and tags.status = 'finished' and tags.sweep_id != '{sweep_id}' "
-            f"and attributes.start_time < {run.info.start_time}",
+            f"and attributes.start_time < {run.info.start_time}{same_cluster}",
             order_by=["attributes.start_time DESC"],
             max_results=1,
         )
