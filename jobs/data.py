@@ -15,7 +15,6 @@ import numpy as np
 from jobs import cp_rules, storage
 from jobs.spec import TrialSpec
 
-
 RECALL_KEYS, RECALL_VALUES = 8, 8
 
 
@@ -98,7 +97,9 @@ class Batches:
         d = spec.train.data
         if d.kind == "tokens":
             if not d.path:
-                raise ValueError("train.data.kind=tokens needs train.data.path (a local file or gs:// object)")
+                raise ValueError(
+                    "train.data.kind=tokens needs train.data.path (a local file or gs:// object)"
+                )
             cache = cache_dir or os.path.join(tempfile.gettempdir(), "cp-orchestrator-data")
             # memory-mapped: each host reads only the windows it touches
             self.tokens = np.memmap(storage.fetch(d.path, cache), dtype=np.dtype(d.dtype), mode="r")

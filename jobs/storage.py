@@ -29,7 +29,9 @@ def client():
     if os.environ.get("STORAGE_EMULATOR_HOST"):
         from google.auth.credentials import AnonymousCredentials
 
-        return storage.Client(project=os.environ.get("GOOGLE_CLOUD_PROJECT", "test"), credentials=AnonymousCredentials())
+        return storage.Client(
+            project=os.environ.get("GOOGLE_CLOUD_PROJECT", "test"), credentials=AnonymousCredentials()
+        )
     return storage.Client()
 
 
@@ -38,7 +40,9 @@ def exists(uri: str) -> bool:
         return os.path.exists(uri)
     bucket, name = split(uri)
     b = client().bucket(bucket)
-    return b.blob(name).exists() or any(True for _ in client().list_blobs(bucket, prefix=name + "/", max_results=1))
+    return b.blob(name).exists() or any(
+        True for _ in client().list_blobs(bucket, prefix=name + "/", max_results=1)
+    )
 
 
 def read_bytes(uri: str) -> bytes:

@@ -166,7 +166,9 @@ def train(spec: TrialSpec) -> Iterator[Record]:
     losses, times = [], []
     prev = None  # (step, metrics) dispatched but not yet reported
     last = time.perf_counter()
-    inject_s = float(os.environ.get("CP_ORCH_INJECT_SLEEP_S") or 0)  # test-only slowdown: never in the trial id
+    inject_s = float(
+        os.environ.get("CP_ORCH_INJECT_SLEEP_S") or 0
+    )  # test-only slowdown: never in the trial id
     for step in range(first, spec.train.steps + 1):
         if step < spec.train.steps:
             state, metrics = compiled(state, _put(batches(step), bsh))

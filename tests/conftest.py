@@ -15,7 +15,8 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 # One compilation cache for the session: in-process jobs, CLI subprocesses and their Ray workers all
 # inherit it, so the same tiny trial compiled by several tests compiles once.
 os.environ.setdefault(
-    "JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"cp-orchestrator-test-jax-cache-{os.getuid()}")
+    "JAX_COMPILATION_CACHE_DIR",
+    os.path.join(tempfile.gettempdir(), f"cp-orchestrator-test-jax-cache-{os.getuid()}"),
 )
 
 import pytest  # noqa: E402

@@ -66,7 +66,9 @@ def test_kill_and_resume_continues_with_the_same_losses(tmp_path):
     base = spec_of("strategy=ring", "context_length=256", "train.steps=8", "train.dtype=float32")
     ref_path, ckpt_path = tmp_path / "ref.json", tmp_path / "ckpt.json"
     ref_path.write_text(base.to_json())
-    with_ckpt = dataclasses.replace(base, run=RunSpec(checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=3))
+    with_ckpt = dataclasses.replace(
+        base, run=RunSpec(checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=3)
+    )
     ckpt_path.write_text(with_ckpt.to_json())
     assert with_ckpt.trial_id == base.trial_id  # where checkpoints go is not identity
 
@@ -111,7 +113,9 @@ def test_gcs_token_data_and_checkpoints(gcs):
     data = DataSpec(kind="tokens", path=f"{gcs}/data/tokens.bin", dtype="uint16")
     s = spec_of("strategy=ring", "context_length=256", "train.steps=4", "train.dtype=float32")
     s = dataclasses.replace(
-        s, train=dataclasses.replace(s.train, data=data), run=RunSpec(checkpoint_dir=f"{gcs}/ckpt", checkpoint_every=2)
+        s,
+        train=dataclasses.replace(s.train, data=data),
+        run=RunSpec(checkpoint_dir=f"{gcs}/ckpt", checkpoint_every=2),
     )
     start, losses, _ = run(s)
     assert start["resumed_from_step"] == 0 and len(losses) == 4 and all(np.isfinite(losses))
@@ -127,7 +131,9 @@ def test_bad_input_is_clear():
     s = spec_of("strategy=ring", "context_length=256")
     with pytest.raises(ValueError, match="mesh context4 has 4 devices but 8 are available"):
         list(train(dataclasses.replace(s, mesh=MeshSpec(context=4))))
-    with pytest.raises(ValueError, match="heads not divisible by the tensor axis: q_heads 8, kv_heads 4, tensor 3"):
+    with pytest.raises(
+        ValueError, match="heads not divisible by the tensor axis: q_heads 8, kv_heads 4, tensor 3"
+    ):
         list(train(dataclasses.replace(s, mesh=MeshSpec(context=2, tensor=3))))
     missing = dataclasses.replace(s.train, data=DataSpec(kind="tokens", path="/nonexistent/tokens.bin"))
     with pytest.raises(FileNotFoundError, match="data file /nonexistent/tokens.bin does not exist"):

@@ -131,7 +131,9 @@ def render_table(rows: list[PlanRow], console=None, title: str = "plan") -> None
     console = console or Console()
     table = Table(title=title, show_lines=False)
     for h in HEADER:
-        table.add_column(h, overflow="fold", justify="right" if h in ("context", "step s", "MFU (roofline)") else "left")
+        table.add_column(
+            h, overflow="fold", justify="right" if h in ("context", "step s", "MFU (roofline)") else "left"
+        )
     colour = {"run": "green", "infeasible": "yellow", "invalid": "red"}
     for r in rows:
         cells = _cells(r)
