@@ -1,13 +1,14 @@
 """Save and restore the train state with orbax, to a local directory or gs:// (so a preempted trial resumes).
 
-For gs:// the state is written by orbax to a local staging directory and mirrored by every host (each
-host uploads the shards it wrote, so the union is the whole checkpoint); restore mirrors it back first.
+For gs:// on one host the state is staged locally and mirrored to the bucket (restore mirrors it back
+first); multi-host trials let orbax write gs:// directly.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import tempfile
 
 import jax
@@ -19,10 +20,17 @@ from jobs import storage
 class Checkpointer:
     def __init__(self, uri: str, every: int, keep: int = 2):
         self.uri, self.every = uri, every
-        if storage.is_gcs(uri):
+        # Multi-host: orbax writes gs:// itself (tensorstore's GCS driver, real GCS) so all hosts share one
+        # directory, as its commit protocol needs. One host: stage locally and mirror through
+        # google-cloud-storage, which also works against a GCS emulator.
+        self.mirror = storage.is_gcs(uri) and jax.process_count() == 1
+        if storage.is_gcs(uri) and not self.mirror:
+            self.local = uri
+        elif self.mirror:
             tag = hashlib.sha256(uri.encode()).hexdigest()[:16]
             self.local = os.path.join(tempfile.gettempdir(), "cp-orchestrator-ckpt", tag)
-            os.makedirs(self.local, exist_ok=True)
+            shutil.rmtree(self.local, ignore_errors=True)  # the bucket is the truth, not a stale staging dir
+            os.makedirs(self.local)
             if storage.exists(uri):
                 storage.download_dir(uri, self.local)
         else:
@@ -50,7 +58,7 @@ class Checkpointer:
         jax.block_until_ready(state)
         self.mgr.save(step, args=ocp.args.StandardSave(state), force=True)
         self.mgr.wait_until_finished()
-        if storage.is_gcs(self.uri):
+        if self.mirror:
             storage.upload_dir(self.local, self.uri)
             storage.delete_prefix(self.uri, keep={str(s) for s in self.mgr.all_steps()})
         return True
