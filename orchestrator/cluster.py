@@ -87,7 +87,14 @@ def connect(cluster: ClusterSpec) -> None:
     else:
         # address="local": never join whichever cluster /tmp/ray/ray_current_cluster names.
         cpus = max(os.cpu_count() or 2, cluster.hosts * max(cluster.concurrency, 1))
-        ray.init(address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False)
+        # The workers' environment is the job's, so Ray can start worker processes ahead of the trials
+        # (a per-task runtime_env would make every fresh max_calls=1 worker start cold).
+        from orchestrator.scheduler import worker_env  # scheduler imports this module
+
+        env = {"env_vars": worker_env(cluster)}
+        ray.init(
+            address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False, runtime_env=env
+        )
 
 
 def shutdown() -> None:

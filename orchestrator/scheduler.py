@@ -193,7 +193,12 @@ class Trial:
     def _place(self) -> tuple[list, dict[str, Any]]:
         """Reserve the trial's slice whole (a placement group is all-or-nothing) and order its hosts."""
         c = self.spec.cluster
-        opts: dict[str, Any] = {"runtime_env": {"env_vars": worker_env(c)}, "num_cpus": 1}
+        opts: dict[str, Any] = {"num_cpus": 1}
+        if c.address or c.kind not in (
+            "local",
+            "local_multihost",
+        ):  # a local Ray has it job-wide (cluster.py)
+            opts["runtime_env"] = {"env_vars": worker_env(c)}
         if c.kind in clusters.TPU_KINDS:
             pg = self._reserve_tpu_slice(c)
             res = dict(self.spg.bundle_resources)
