@@ -28,6 +28,8 @@ def main(argv: list[str]) -> int:
             from rich.console import Console
 
             render_table(rows, Console(width=max(Console().width, 180)))
+        if cfg.get("aot"):
+            return _aot(specs, rows, cfg)
         return 2 if invalid and not cfg.skip_invalid else 0
     if invalid and not cfg.skip_invalid:
         for r in invalid:
@@ -38,6 +40,21 @@ def main(argv: list[str]) -> int:
     from orchestrator.run import run
 
     return run(cfg, specs, rows)
+
+
+def _aot(specs: list, rows: list, cfg) -> int:
+    """dry_run=true aot=true: compile the runnable points for the cluster's TPU topology, analytic vs compiled."""
+    from orchestrator.plan import aot
+
+    if not aot.available():
+        print("error: aot=true needs libtpu on this host: pip install -e '.[tpu]'", file=sys.stderr)
+        return 2
+    runnable = [s for s, r in zip(specs, rows, strict=True) if r.verdict == "run"]
+    from rich.console import Console
+
+    console = Console(width=max(Console().width, 140))
+    aot.render_comparison(aot.compare(runnable, cfg.get("aot_topology") or None), console)
+    return 0
 
 
 if __name__ == "__main__":
