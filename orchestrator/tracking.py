@@ -291,6 +291,8 @@ class Tracker:
         def op():
             rid = self.run_ids[key]
             self.client.log_batch(rid, tags=[RunTag("status", status), RunTag("reason", reason[:5000])])
+            if status == "running":  # a resumed run may still say KILLED or FAILED from its last driver
+                self.client.update_run(rid, status="RUNNING")
             if log_text is not None:
                 self.client.log_text(rid, log_text, "trial_log.txt")
                 self.client.set_terminated(rid, terminal)
