@@ -6,20 +6,29 @@ import jax
 from jax.sharding import Mesh
 
 from jobs import cp_rules
-from jobs.attention.all_gather import all_gather_attention
+from jobs.attention.all_gather import all_gather_local
 from jobs.attention.kernel import attend, get_kernel
 from jobs.attention.layout import global_positions
 from jobs.attention.reference import reference_attention
-from jobs.attention.ring import ring_attention
-from jobs.attention.sharding import mesh_shape, qkv_spec
-from jobs.attention.ulysses import ulysses_attention
-from jobs.attention.usp import usp_attention
+from jobs.attention.ring import ring_local
+from jobs.attention.sharding import Options, mesh_shape, qkv_spec
+from jobs.attention.ulysses import ulysses_local
+from jobs.attention.usp import usp_local
 
-_CP = {
-    "all_gather": all_gather_attention,
-    "ulysses": ulysses_attention,
-    "ring": ring_attention,
-    "usp": usp_attention,
+
+def _none_local(mesh: Mesh | None, L: int, o: Options):
+    """No CP: the blockwise kernel per device, batch and heads sharded, the sequence whole."""
+    pos = global_positions(L, o.layout, cp_rules.ring_size(mesh_shape(mesh)))
+    return lambda q, k, v: attend(q, k, v, pos, pos, o.causal, o.kernel, o.block_q, o.block_kv)
+
+
+# strategy -> per-device body (mesh, global length, options) -> fn(q, k, v); run under one shard_map below
+_LOCAL = {
+    "none": _none_local,
+    "all_gather": all_gather_local,
+    "ulysses": ulysses_local,
+    "ring": ring_local,
+    "usp": usp_local,
 }
 
 
@@ -57,19 +66,14 @@ def attention(
         strategy, context_length=L, q_heads=Hq, kv_heads=k.shape[2], mesh=shape, layout=layout, batch=B
     )
     get_kernel(kernel)
-    ring = cp_rules.ring_size(shape)
+    o = Options(causal, layout, kernel, block_q, block_kv)
     if strategy == "reference":
-        pos = global_positions(L, layout, ring)
+        pos = global_positions(L, layout, cp_rules.ring_size(shape))
         return reference_attention(q, k, v, causal=causal, q_pos=pos, kv_pos=pos)
-    if strategy == "none":
-        pos = global_positions(L, layout, ring)
-        if mesh is None:
-            return attend(q, k, v, pos, pos, causal, kernel, block_q, block_kv)
-        spec = qkv_spec(mesh, "none")
-        local = lambda q, k, v: attend(q, k, v, pos, pos, causal, kernel, block_q, block_kv)
-        return jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec)(q, k, v)
     if mesh is None:
+        if strategy == "none":
+            return _none_local(mesh, L, o)(q, k, v)
         raise ValueError(f"strategy {strategy} needs a mesh with a 'context' axis; pass mesh=")
-    return _CP[strategy](
-        q, k, v, mesh=mesh, causal=causal, layout=layout, kernel=kernel, block_q=block_q, block_kv=block_kv
-    )
+    spec = qkv_spec(mesh, strategy)
+    local = _LOCAL[strategy](mesh, L, o)
+    return jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec)(q, k, v)

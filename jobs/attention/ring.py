@@ -8,6 +8,7 @@ masks are needed and every device does the same work. The backward is a custom V
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -18,7 +19,7 @@ from jax.sharding import Mesh
 from jobs.attention.core import empty_like, match_varying, merge
 from jobs.attention.kernel import get_kernel
 from jobs.attention.layout import block_positions
-from jobs.attention.sharding import axis_size, qkv_spec
+from jobs.attention.sharding import Options, axis_size
 
 AXIS = "context"
 
@@ -171,21 +172,10 @@ def _ring_core_bwd(cfg, res, do):
 ring_core.defvjp(_ring_core_fwd, _ring_core_bwd)
 
 
-def ring_attention(
-    q_BxLxHxD: jax.Array,
-    k_BxLxKxD: jax.Array,
-    v_BxLxKxD: jax.Array,
-    *,
-    mesh: Mesh,
-    causal: bool,
-    layout: str,
-    kernel: str,
-    block_q: int,
-    block_kv: int,
-) -> jax.Array:
-    """Inputs A[B, L_context, H, D] in `layout` order (zigzag: already permuted); out in the same order."""
-    cfg = RingConfig(AXIS, axis_size(mesh, AXIS), causal, layout, kernel, block_q, block_kv)
-    spec = qkv_spec(mesh, "ring")
-    return jax.shard_map(partial(ring_core, cfg), mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec)(
-        q_BxLxHxD, k_BxLxKxD, v_BxLxKxD
+def ring_local(mesh: Mesh, L: int, o: Options) -> Callable:
+    """Per-device body over A[B, L_context, H, D] in `layout` order (zigzag: already permuted)."""
+    del L  # each hop's positions come from the local block and the ring index
+    return partial(
+        ring_core,
+        RingConfig(AXIS, axis_size(mesh, AXIS), o.causal, o.layout, o.kernel, o.block_q, o.block_kv),
     )

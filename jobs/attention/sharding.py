@@ -3,6 +3,8 @@ over tensor. Axes a mesh lacks are simply left out, so small test meshes work.""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from jax.sharding import Mesh, PartitionSpec
 
 from jobs.cp_rules import sequence_axes
@@ -26,3 +28,14 @@ def qkv_spec(mesh: Mesh, strategy: str) -> PartitionSpec:
     seq = tuple(a for a in sequence_axes(strategy) if a in names) or None
     heads = HEAD_AXIS if HEAD_AXIS in names else None
     return PartitionSpec(batch, seq, heads, None)
+
+
+@dataclass(frozen=True)
+class Options:
+    """What every strategy's per-device body needs besides the mesh and the global length."""
+
+    causal: bool
+    layout: str
+    kernel: str
+    block_q: int
+    block_kv: int

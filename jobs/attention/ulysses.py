@@ -14,7 +14,7 @@ from jax.sharding import Mesh
 
 from jobs.attention.kernel import attend
 from jobs.attention.layout import global_positions
-from jobs.attention.sharding import axis_size, qkv_spec
+from jobs.attention.sharding import Options, axis_size
 
 AXIS = "context"
 
@@ -49,29 +49,14 @@ def ulysses_exchange(
     return heads_to_seq(inner(q, k, v), axis)
 
 
-def ulysses_attention(
-    q_BxLxHxD: jax.Array,
-    k_BxLxKxD: jax.Array,
-    v_BxLxKxD: jax.Array,
-    *,
-    mesh: Mesh,
-    causal: bool,
-    layout: str,
-    kernel: str,
-    block_q: int,
-    block_kv: int,
-) -> jax.Array:
-    """Inputs A[B, L_context, H, D] (natural or zigzag order); out like q."""
-    P, L = axis_size(mesh, AXIS), q_BxLxHxD.shape[1]
-    spec = qkv_spec(mesh, "ulysses")
+def ulysses_local(mesh: Mesh, L: int, o: Options) -> Callable:
+    """Per-device body over A[B, L_context, H, D] (natural or zigzag order)."""
+    P = axis_size(mesh, AXIS)
 
     def full_sequence(q_BxLxHuxD, k_BxLxKuxD, v_BxLxKuxD):
-        pos_L = global_positions(L, layout, P)  # after the exchange every device holds all tokens
-        return attend(q_BxLxHuxD, k_BxLxKuxD, v_BxLxKuxD, pos_L, pos_L, causal, kernel, block_q, block_kv)
+        pos_L = global_positions(L, o.layout, P)  # after the exchange every device holds all tokens
+        return attend(
+            q_BxLxHuxD, k_BxLxKuxD, v_BxLxKuxD, pos_L, pos_L, o.causal, o.kernel, o.block_q, o.block_kv
+        )
 
-    def local(q, k, v):
-        return ulysses_exchange(q, k, v, axis=AXIS, size=P, inner=full_sequence)
-
-    return jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec)(
-        q_BxLxHxD, k_BxLxKxD, v_BxLxKxD
-    )
+    return lambda q, k, v: ulysses_exchange(q, k, v, axis=AXIS, size=P, inner=full_sequence)
