@@ -33,6 +33,15 @@ def overrides(args, sweep_id: str, seeds: list[int]) -> list[str]:
     ]  # fmt: skip
 
 
+def summarise(trials: list[dict], total: float) -> dict:
+    """Per-trial overhead (submit -> first step, compile and step 0 excluded) and the sweep's span."""
+    for t in trials:
+        t["overhead_s"] = t["first_step"] - t["submitted"] - t["compile_s"] - t["step0_s"]
+        t["to_process_s"] = t["process_start"] - t["submitted"]
+    span = max(t["ended"] for t in trials) - min(t["submitted"] for t in trials)
+    return {"trials": trials, "span_s": span, "total_s": total}
+
+
 def ours(args, seeds: list[int], sweep_id: str) -> dict:
     """Our sweep through the real entry points; per-attempt timings come back from the tracking store."""
     from mlflow import MlflowClient
@@ -62,11 +71,7 @@ def ours(args, seeds: list[int], sweep_id: str) -> dict:
             "first_step": att["first_step"], "compile_s": r.data.metrics["compile_s"], "step0_s": steps[0].value,
             "job_s": att["ended"] - host0["t"],
         })  # fmt: skip
-    for t in trials:
-        t["overhead_s"] = t["first_step"] - t["submitted"] - t["compile_s"] - t["step0_s"]
-        t["to_process_s"] = t["process_start"] - t["submitted"]
-    span = max(t["ended"] for t in trials) - min(t["submitted"] for t in trials)
-    return {"trials": trials, "span_s": span, "total_s": total}
+    return summarise(trials, total)
 
 
 def tune_trial(config: dict) -> None:
@@ -123,11 +128,7 @@ def tune_reference(args, specs, workdir: Path) -> dict:
             "process_start": first["t_start"], "first_step": first["t_now"], "compile_s": first["compile_s"],
             "step0_s": first["step_time_s"], "job_s": last["t_now"] - first["t_start"],
         })  # fmt: skip
-    for t in trials:
-        t["overhead_s"] = t["first_step"] - t["submitted"] - t["compile_s"] - t["step0_s"]
-        t["to_process_s"] = t["process_start"] - t["submitted"]
-    span = max(t["ended"] for t in trials) - min(t["submitted"] for t in trials)
-    return {"trials": trials, "span_s": span, "total_s": total}
+    return summarise(trials, total)
 
 
 def report(name: str, r: dict, conc: int) -> dict:
