@@ -47,10 +47,7 @@ def param_specs(model: ModelSpec, mesh: Mesh) -> dict:
     """PartitionSpecs of the parameter tree of jobs.model (stacked layers lead with the layer dim)."""
     E, M, V = model.embed, model.mlp, model.vocab
     fsdp_E = _fit(mesh, E, FSDP_AXES)
-    tq = "tensor" if model.q_heads % mesh.shape["tensor"] == 0 and mesh.shape["tensor"] > 1 else None
-    tkv = "tensor" if model.kv_heads % mesh.shape["tensor"] == 0 and mesh.shape["tensor"] > 1 else None
-    tm = "tensor" if M % mesh.shape["tensor"] == 0 and mesh.shape["tensor"] > 1 else None
-    tv = "tensor" if V % mesh.shape["tensor"] == 0 and mesh.shape["tensor"] > 1 else None
+    tq, tkv, tm, tv = (_fit(mesh, dim, ("tensor",)) for dim in (model.q_heads, model.kv_heads, M, V))
     return {
         "embed": P(_fit(mesh, V, FSDP_AXES), None),
         "layers": {

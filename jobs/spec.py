@@ -122,6 +122,15 @@ class ClusterSpec:
     def devices(self) -> int:
         return self.hosts * self.devices_per_host
 
+    def host_env(self) -> dict[str, str]:
+        """Environment a host's JAX process needs before its backend starts (CPU: simulated devices)."""
+        if self.platform != "cpu":
+            return {}
+        return {
+            "JAX_PLATFORMS": "cpu",
+            "XLA_FLAGS": f"--xla_force_host_platform_device_count={self.devices_per_host}",
+        }
+
 
 @dataclass(frozen=True)
 class RunSpec:

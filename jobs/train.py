@@ -43,11 +43,11 @@ def sync_hosts(name: str, timeout_s: int = 3600) -> None:
 
 def configure_host(spec: TrialSpec) -> None:
     """Standalone runs on CPU: simulate the spec's devices (read at backend start, so before jax.devices())."""
-    if spec.cluster.platform == "cpu":
-        os.environ.setdefault("JAX_PLATFORMS", "cpu")
-        flag = f"--xla_force_host_platform_device_count={spec.cluster.devices_per_host}"
-        if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-            os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
+    for key, value in spec.cluster.host_env().items():
+        if key == "XLA_FLAGS" and "xla_force_host_platform_device_count" not in os.environ.get(key, ""):
+            os.environ[key] = (os.environ.get(key, "") + " " + value).strip()  # keep the user's other flags
+        else:
+            os.environ.setdefault(key, value)
 
 
 def measure_cpu_peak(dtype: str = "float32", n: int = 1024, reps: int = 5) -> float:

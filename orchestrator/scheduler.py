@@ -91,12 +91,7 @@ def worker_env(cluster: ClusterSpec) -> dict[str, str]:
         tempfile.gettempdir(), "cp-orchestrator-jax-cache"
     )
     env = {"PYTHONUNBUFFERED": "1", "JAX_COMPILATION_CACHE_DIR": cache}
-    if cluster.platform == "cpu":
-        env |= {
-            "JAX_PLATFORMS": "cpu",
-            "XLA_FLAGS": f"--xla_force_host_platform_device_count={cluster.devices_per_host}",
-        }
-    return env
+    return env | cluster.host_env()
 
 
 def classify(err: BaseException) -> str:
