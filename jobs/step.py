@@ -31,26 +31,13 @@ def state_shardings(spec: TrialSpec, mesh: Mesh):
     """Shardings of (params, opt_state) derived from the parameter specs (optimizer moments mirror params)."""
     pspecs = meshlib.named(mesh, meshlib.param_specs(spec.model, mesh))
     abstract = jax.eval_shape(lambda: init_params(spec.model, jax.random.key(0)))
-    opt_abs = jax.eval_shape(optimizer(spec).init, abstract)
-    # optax states hold param-shaped moments (mu, nu), sharded like params, and replicated scalars
-    opt_sh = jax.tree.map(lambda _: NamedSharding(mesh, P()), opt_abs)
-    for name in ("mu", "nu"):
-        opt_sh = _replace_moments(opt_sh, opt_abs, pspecs, name)
+    opt = optimizer(spec)
+    opt_abs = jax.eval_shape(opt.init, abstract)
+    # param-shaped moments (mu, nu) are sharded like the params; scalars (counts) are replicated
+    opt_sh = optax.tree_map_params(
+        opt, lambda _, sh: sh, opt_abs, pspecs, transform_non_params=lambda _: NamedSharding(mesh, P())
+    )
     return pspecs, opt_sh, abstract, opt_abs
-
-
-def _replace_moments(opt_sh, opt_abs, pspecs, name):
-    def walk(sh, ab):
-        if hasattr(ab, "_fields"):  # NamedTuple optax state
-            kw = {}
-            for f in ab._fields:
-                kw[f] = pspecs if f == name else walk(getattr(sh, f), getattr(ab, f))
-            return type(ab)(**kw)
-        if isinstance(ab, tuple):
-            return tuple(walk(s, a) for s, a in zip(sh, ab, strict=True))
-        return sh
-
-    return walk(opt_sh, opt_abs)
 
 
 def batch_shardings(spec: TrialSpec, mesh: Mesh) -> dict:
