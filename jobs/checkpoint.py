@@ -1,5 +1,8 @@
 """Save and restore the train state with orbax, to a local directory or gs:// (so a preempted trial resumes).
 
+A checkpoint also holds the metric records of every step it covers: a host killed after the save but before
+the driver received those records resumes past them, so the resumed trial re-sends them from here.
+
 For gs:// on one host the state is staged locally and mirrored to the bucket (restore mirrors it back
 first); multi-host trials let orbax write gs:// directly.
 """
@@ -10,6 +13,7 @@ import hashlib
 import os
 import shutil
 import tempfile
+from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
@@ -38,30 +42,32 @@ class Checkpointer:
         opts = ocp.CheckpointManagerOptions(max_to_keep=keep, save_interval_steps=max(every, 1))
         self.mgr = ocp.CheckpointManager(self.local, options=opts)
 
-    def latest_step(self) -> int | None:
-        return self.mgr.latest_step()
-
-    def restore(self, abstract_state):
-        """(state, next step) from the latest checkpoint, or None when there is none."""
+    def restore(self, abstract_state) -> tuple[Any, int, list[dict]] | None:
+        """(state, next step, step records up to it) from the latest checkpoint, or None when there is none."""
         step = self.mgr.latest_step()
         if step is None:
             return None
-        state = self.mgr.restore(step, args=ocp.args.StandardRestore(abstract_state))
-        return state, step + 1
+        args = ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract_state), records=ocp.args.JsonRestore()
+        )
+        got = self.mgr.restore(step, args=args)
+        return got.state, step + 1, list(got.records or [])
 
-    def maybe_save(self, step: int, state, force: bool = False) -> bool:
-        """Save after `step` when due; the step number stored is the last completed step."""
-        if not force and (self.every <= 0 or (step + 1) % self.every):
-            return False
+    def due(self, step: int) -> bool:
+        """A save is due after `step` (the step number stored is the last completed step)."""
+        return self.every > 0 and (step + 1) % self.every == 0
+
+    def save(self, step: int, state, records: list[dict]) -> None:
+        """Save the state after `step` with the metric records of steps 0..step (JSON, written by process 0)."""
         # Finish the step first: orbax's multi-host save runs its own cross-process sync, which must not
         # interleave with the step's in-flight collectives (that deadlocked gloo on CPU).
         jax.block_until_ready(state)
-        self.mgr.save(step, args=ocp.args.StandardSave(state), force=True)
+        args = ocp.args.Composite(state=ocp.args.StandardSave(state), records=ocp.args.JsonSave(records))
+        self.mgr.save(step, args=args, force=True)
         self.mgr.wait_until_finished()
         if self.mirror:
             storage.upload_dir(self.local, self.uri)
             storage.delete_prefix(self.uri, keep={str(s) for s in self.mgr.all_steps()})
-        return True
 
     def close(self) -> None:
         self.mgr.close()

@@ -18,6 +18,7 @@ import numpy as np
 
 from jobs import flops
 from jobs.data import Batches
+from jobs.faults import Faults
 from jobs.mesh import make_mesh
 from jobs.spec import TrialSpec
 from jobs.step import abstract_args, batch_shardings, make_train_step
@@ -144,8 +145,10 @@ def train(spec: TrialSpec) -> Iterator[Record]:
         from jobs.checkpoint import Checkpointer  # orbax costs ~1 s to import: only when checkpointing
 
         ckpt = Checkpointer(spec.run.checkpoint_dir, spec.run.checkpoint_every)
+    t0 = time.perf_counter()
     restored = ckpt.restore(abstract_args(spec, mesh)[0]) if ckpt else None
-    state, first = restored if restored else (init_fn(jax.random.key(spec.train.seed)), 0)
+    restore_s = time.perf_counter() - t0 if restored else 0.0
+    state, first, history = restored if restored else (init_fn(jax.random.key(spec.train.seed)), 0, [])
     if lead:
         yield {
             "kind": "start",
@@ -154,59 +157,85 @@ def train(spec: TrialSpec) -> Iterator[Record]:
             "processes": jax.process_count(),
             "platform": jax.devices()[0].platform,
             "compile_s": compile_s,
+            "restore_s": restore_s,
             "peak_tflops_per_device": peak,
             "peak_source": peak_source,
             "tflops_per_device_per_step": tflops_step,
             "resumed_from_step": first,
             **mem,
         }
+        # The checkpoint's records: the driver may never have received them (it drops steps it holds).
+        yield from history
 
     bsh = batch_shardings(spec, mesh)
     tokens = spec.tokens_per_step
-    losses, times = [], []
-    prev = None  # (step, metrics) dispatched but not yet reported
+    faults = Faults(jax.process_index())
+    times: list[tuple[int, float]] = []  # (step, seconds) of this attempt
     last = time.perf_counter()
-    inject_s = float(
-        os.environ.get("CP_ORCH_INJECT_SLEEP_S") or 0
-    )  # test-only slowdown: never in the trial id
-    for step in range(first, spec.train.steps + 1):
-        if step < spec.train.steps:
-            state, metrics = compiled(state, _put(batches(step), bsh))
-            if inject_s:
-                time.sleep(inject_s)  # inside the timed step, so the regression gate sees it
-            if ckpt:
-                ckpt.maybe_save(step, state)
+
+    def finish(step: int, m: dict) -> Record:
+        nonlocal last
+        loss = float(m["loss"])  # blocks until `step` is done; the next step is already queued
+        now = time.perf_counter()
+        dt, last = now - last, now
+        times.append((step, dt))
+        tf = tflops_step / dt
+        return {
+            "kind": "step",
+            "step": step,
+            "t_ms": int(time.time() * 1000),  # the record's own time: a re-sent copy is the same point
+            "loss": loss,
+            "grad_norm": float(m["grad_norm"]),
+            "step_time_s": dt,
+            "tokens_per_s": tokens / dt,
+            "tflops_per_s_per_device": tf,
+            "mfu": tf / peak if peak == peak and peak > 0 else float("nan"),
+            "peak_bytes_in_use": runtime_peak_bytes(),
+        }
+
+    prev = None  # (step, metrics) dispatched but not yet reported
+    for step in range(first, spec.train.steps):
+        state, metrics = compiled(state, _put(batches(step), bsh))
+        faults.slow_step()
         if prev is not None:
-            pstep, pm = prev
-            loss = float(pm["loss"])  # blocks until step pstep is done; step `step` is already queued
-            now = time.perf_counter()
-            dt, last = now - last, now
-            losses.append(loss)
-            times.append(dt)
+            history.append(rec := finish(*prev))
             if lead:
-                tf = tflops_step / dt
-                yield {
-                    "kind": "step",
-                    "step": pstep,
-                    "loss": loss,
-                    "grad_norm": float(pm["grad_norm"]),
-                    "step_time_s": dt,
-                    "tokens_per_s": tokens / dt,
-                    "tflops_per_s_per_device": tf,
-                    "mfu": tf / peak if peak == peak and peak > 0 else float("nan"),
-                    "peak_bytes_in_use": runtime_peak_bytes(),
-                }
-        prev = (step, metrics) if step < spec.train.steps else None
+                yield rec
+            faults.at(rec["step"], "after_report")
+        prev = (step, metrics)
+        if ckpt and ckpt.due(step):
+            # Report this step before saving, so the checkpoint holds every record up to the step it
+            # covers: whatever the driver has not received yet, a resumed trial re-sends.
+            faults.at(step, "before_save")
+            history.append(rec := finish(*prev))
+            prev = None
+            ckpt.save(step, state, history)
+            faults.at(step, "after_save")
+            if lead:
+                yield rec
+            faults.at(step, "after_report")
+            last = time.perf_counter()  # the save is not part of the next step's time
+    if prev is not None:
+        history.append(rec := finish(*prev))
+        if lead:
+            yield rec
     if ckpt:
         ckpt.close()
-    if lead and times:
-        # the first step includes warm-up (allocation, first transfer); the median is the step time
-        med = float(np.median(times[1:] if len(times) > 1 else times))
+    if lead and history:
+        # The first step of an attempt includes warm-up (allocation, first transfer): the median of the
+        # others is the step time, and the summary says which steps (of which attempt) it covers. An
+        # attempt that resumed after the last step times the steps its checkpoint carried instead.
+        timed = times or [(r["step"], r["step_time_s"]) for r in history]
+        timed = timed[1:] if len(timed) > 1 else timed
+        med = float(np.median([dt for _, dt in timed]))
         yield {
             "kind": "summary",
             "steps": spec.train.steps,
-            "final_loss": losses[-1],
-            "steps_run": len(losses),
+            "final_loss": history[-1]["loss"],
+            "steps_run": len(times),
+            "attempt_from_step": first,
+            "timed_from_step": timed[0][0],
+            "timed_to_step": timed[-1][0],
             "step_time_median_s": med,
             "tokens_per_s": tokens / med,
             "tflops_per_s_per_device": tflops_step / med,

@@ -102,7 +102,9 @@ def execute(
                 tracker.flush()
                 continue
             if ev.attempt != attempts.get(ev.trial_id):
-                continue  # a stale attempt's leftovers
+                if ev.kind == "records":  # a late batch of an ended attempt: still data (steps dedup)
+                    tracker.log_records(ev.trial_id, ev.records, ev.attempt)
+                continue
             spec = by_id[ev.trial_id]
             att = history[ev.trial_id][-1]
             if ev.kind == "placed":
@@ -118,7 +120,7 @@ def execute(
                 att.setdefault("first_record", time.time())
                 if "first_step" not in att and any(r["kind"] == "step" for r in ev.records):
                     att["first_step"] = time.time()
-                tracker.log_records(ev.trial_id, ev.records)
+                tracker.log_records(ev.trial_id, ev.records, ev.attempt)
                 for r in ev.records:
                     if r["kind"] == "step":
                         progress.update(ev.trial_id, state="running", step=r["step"] + 1, loss=r["loss"],

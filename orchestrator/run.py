@@ -31,6 +31,7 @@ def run(cfg: DictConfig, specs: list[TrialSpec], rows: list) -> int:
     cluster = specs[0].cluster
     tracker = Tracker(cfg.tracking.uri, cfg.tracking.experiment, cfg.tracking.get("artifact_location", ""))
     done = tracker.finished_trials(sweep_id)
+    tracker.resume(sweep_id)  # steps an earlier driver of this sweep already logged are not logged twice
     tracker.start_sweep(name, sweep_id, cluster.name)
     grid = [{"spec": json.loads(s.to_json()), "plan": r.as_dict()} for s, r in zip(specs, rows, strict=True)]
     tracker.log_text("sweep", json.dumps(grid, indent=1), "grid.json")

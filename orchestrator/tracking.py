@@ -62,25 +62,32 @@ def trial_params(spec: TrialSpec) -> dict[str, str]:
     return {k: str(v) for k, v in p.items()}
 
 
-def record_metrics(r: dict[str, Any], now: int) -> list[Metric]:
-    """One metric record as MLflow points: step records per step, start/summary ones at step 0."""
+def record_metrics(r: dict[str, Any], now: int, attempt: int = 1) -> list[Metric]:
+    """One metric record as MLflow points: step records per step (at the job's own time, so a copy re-sent
+    after a resume is the same point), start records per attempt, summary ones at step 0."""
     if r.get("kind") == "step":
         vals = {m: r.get(m) for m in STEP_METRICS}
-        step = int(r["step"])
-    elif r.get("kind") in ("start", "summary"):
-        vals = {k: v for k, v in r.items() if k != "steps"}
-        if r["kind"] == "summary":  # end-of-trial figures get final_; memory keeps its names
-            vals = {
-                ("final_" + k if k in FINAL and not k.startswith("final_") else k): v for k, v in vals.items()
-            }
-            mem = r.get("peak_bytes_in_use") or r.get("compiled_bytes_per_device")
-            if mem:  # runtime peak where the backend reports one (TPU/GPU), else the compiler's figure (CPU)
-                vals["memory_bytes_per_device"] = mem
+        step, now = int(r["step"]), int(r.get("t_ms") or now)
+    elif r.get("kind") == "start":  # compile and restore time of this attempt, never mixed into steps
+        vals, step = dict(r), attempt
+    elif r.get("kind") == "summary":  # end-of-trial figures get final_; memory keeps its names
+        vals = {("final_" + k if k in FINAL else k): v for k, v in r.items() if k != "steps"}
+        mem = r.get("peak_bytes_in_use") or r.get("compiled_bytes_per_device")
+        if mem:  # runtime peak where the backend reports one (TPU/GPU), else the compiler's figure (CPU)
+            vals["memory_bytes_per_device"] = mem
         step = 0
     else:
         return []
     ok = {k: float(v) for k, v in vals.items() if isinstance(v, int | float) and not isinstance(v, bool)}
     return [Metric(k, v, now, step) for k, v in ok.items() if v == v]
+
+
+def summary_covers(r: dict[str, Any], attempt: int) -> str:
+    """Which steps a summary's step time and MFU come from, e.g. "steps 7-11 of attempt 2 (resumed at 6)"."""
+    if "timed_from_step" not in r:
+        return ""
+    text = f"steps {r['timed_from_step']}-{r['timed_to_step']} of attempt {attempt}"
+    return text + (f" (resumed at step {r['attempt_from_step']})" if r.get("attempt_from_step") else "")
 
 
 def _permanent(e: Exception) -> bool:
@@ -127,6 +134,11 @@ class Tracker:
         self.ops: deque[_Op] = deque()  # undelivered writes, head first; the head stays until it succeeds
         self.run_ids: dict[str, str] = {}  # key ("sweep" or a trial id) -> MLflow run id
         self.journals: dict[str, TrialJournal] = {}
+        # Per trial: steps whose record the store has (or is queued to get), and attempts an earlier driver ran.
+        # A resumed attempt re-sends its checkpoint's records and re-runs the steps after it: each step is
+        # logged once, the first time it arrives.
+        self.steps: dict[str, set[int]] = {}
+        self.prior_attempts: dict[str, int] = {}
         self.exp_id: str | None = None
         self.down_since: float | None = None
         self.failures = 0
@@ -230,6 +242,19 @@ class Tracker:
         runs = self.find_runs(f"tags.sweep_id = '{sweep_id}' and tags.status = 'finished'")
         return {r.data.tags["trial_id"]: r.info.run_id for r in runs if "trial_id" in r.data.tags}
 
+    def resume(self, sweep_id: str) -> None:
+        """Before re-running a sweep: which steps (and attempts) its unfinished trials already have in the store."""
+        runs = self.find_runs(f"tags.sweep_id = '{sweep_id}' and tags.kind = 'trial'")
+        for r in runs:
+            tid = r.data.tags.get("trial_id")
+            if not tid or r.data.tags.get("status") in ("finished", "infeasible", "invalid"):
+                continue
+            rid = r.info.run_id
+            self.steps[tid] = {m.step for m in self.client.get_metric_history(rid, "loss")}
+            self.prior_attempts[tid] = max(
+                (m.step for m in self.client.get_metric_history(rid, "compile_s")), default=0
+            )
+
     # --- writes -----------------------------------------------------------------------------
     def _open(
         self, key: str, identity: dict[str, str], tags: dict[str, str], name: str, parent: str = ""
@@ -299,14 +324,23 @@ class Tracker:
 
         self._enqueue(_Op(op))
 
-    def log_records(self, key: str, records: list[dict[str, Any]]) -> None:
-        """Step records become step metrics; start/summary records become summary metrics."""
+    def log_records(self, key: str, records: list[dict[str, Any]], attempt: int = 1) -> None:
+        """Step records become step metrics (a step already logged is dropped); start records become
+        per-attempt metrics, summary records summary metrics."""
+        seen = self.steps.setdefault(key, set())
+        fresh = [r for r in records if r.get("kind") != "step" or r["step"] not in seen]
+        seen.update(r["step"] for r in fresh if r.get("kind") == "step")
+        attempt += self.prior_attempts.get(key, 0)
         j = self.journals.setdefault(key, TrialJournal())
-        j.records.extend(records)
-        j.lines.extend(json.dumps(r, default=str) for r in records)
-        metrics = [m for r in records for m in record_metrics(r, int(time.time() * 1000))]
+        j.records.extend(fresh)
+        j.lines.extend(json.dumps(r, default=str) for r in fresh)
+        now = int(time.time() * 1000)
+        metrics = [m for r in fresh for m in record_metrics(r, now, attempt)]
         if metrics:
             self._enqueue(_Op(key=key, metrics=metrics))
+        covers = [summary_covers(r, attempt) for r in fresh if r.get("kind") == "summary"]
+        if any(covers):
+            self.set_tags(key, {"summary_covers": covers[-1]})
 
     def log_metrics(self, key: str, values: dict[str, float], step: int = 0) -> None:
         now = int(time.time() * 1000)

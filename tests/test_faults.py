@@ -18,8 +18,8 @@ PLACED = re.compile(r"attempt (\d+) on (?:\S+: )?0=pid (\d+)@\S+?(?:, 1=pid (\d+
 class Driver:
     """The CLI in the background, its stdout read line by line (run_cli waits for the end)."""
 
-    def __init__(self, args: list[str], cwd):
-        env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    def __init__(self, args: list[str], cwd, env: dict | None = None):
+        env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")} | (env or {})
         env["PYTHONPATH"] = str(ROOT)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "orchestrator", *args], cwd=cwd, env=env, text=True,
@@ -53,32 +53,83 @@ def _trials(tmp_path, sweep_id: str) -> tuple:
     return client, client.search_runs([exp.experiment_id], f"tags.sweep_id = '{sweep_id}'")
 
 
-@pytest.mark.slow
-def test_killed_host_is_preempted_and_the_trial_resumes(tmp_path):
-    args = ["cluster=local_multihost", "context_length=512", "train.steps=12", "train.dtype=float32",
-            "run.checkpoint_every=3", "progress=plain", "+sweep.id=kill-host"]  # fmt: skip
-    drv = Driver(args, tmp_path)
-    m = drv.wait_for(PLACED.pattern)
-    host1 = int(m.group(3))
+def _one_trial(tmp_path) -> tuple:
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp = client.get_experiment_by_name("cp_scaling")
-    # kill process 1 once training is under way (a checkpoint is due every 3 steps)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        runs = client.search_runs([exp.experiment_id], "tags.kind = 'trial'")
-        if runs and len(client.get_metric_history(runs[0].info.run_id, "loss")) >= 4:
-            break
-        time.sleep(0.5)
-    os.kill(host1, signal.SIGKILL)
-    drv.wait_for(r"preempted: retrying")
-    drv.wait_for(r"attempt 2 on ")
-    assert drv.proc.wait(timeout=600) == 0, "\n".join(drv.lines[-60:])
     (run,) = client.search_runs([exp.experiment_id], "tags.kind = 'trial'")
+    return client, run
+
+
+def _assert_every_step_once(client, run, steps: int) -> None:
+    """Each step's loss is in the store exactly once (a lost record or a duplicate fails)."""
+    got = sorted(m.step for m in client.get_metric_history(run.info.run_id, "loss"))
+    assert got == list(range(steps)), got
+
+
+# checkpoint_every=3 saves after steps 2, 5, 8, 11; the kills are the injected faults' own events
+KILL_ARGS = ["context_length=512", "train.steps=12", "train.dtype=float32", "run.checkpoint_every=3",
+             "progress=plain"]  # fmt: skip
+
+
+def _faults(tmp_path, spec: str) -> dict[str, str]:
+    (tmp_path / "faults").mkdir(exist_ok=True)
+    return {"CP_ORCH_INJECT_FAULTS": spec, "CP_ORCH_INJECT_DIR": str(tmp_path / "faults")}
+
+
+@pytest.mark.slow
+def test_killed_host_is_preempted_and_the_trial_resumes(tmp_path):
+    # host 1 (not the one reporting) dies after step 4's record; host 0 loses its peer mid-collective
+    env = _faults(tmp_path, "kill:1:4:after_report")
+    res = run_cli(["cluster=local_multihost", *KILL_ARGS, "+sweep.id=kill-host"], cwd=tmp_path, env=env)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "preempted: retrying" in res.stdout and (tmp_path / "faults" / "kill-1-4-after_report").exists()
+    client, run = _one_trial(tmp_path)
     assert run.data.tags["status"] == "finished" and run.data.tags["attempts"] == "2"
     resumed = [m.value for m in client.get_metric_history(run.info.run_id, "resumed_from_step")]
-    assert min(resumed) == 0 and max(resumed) >= 3, resumed  # the retry started from the last checkpoint
-    steps = {m.step for m in client.get_metric_history(run.info.run_id, "loss")}
-    assert steps == set(range(12))
+    assert sorted(resumed) == [0, 3], resumed  # the retry started from the checkpoint after step 2
+    _assert_every_step_once(client, run, 12)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cluster", ["local", "local_multihost", "local_fake_tpu"])
+def test_host_killed_at_each_point_of_the_step_loop_loses_no_step(tmp_path, cluster):
+    """Process 0 (the one reporting) is killed before a save, between a save and its step's report, and
+    after a report: every step's loss reaches the store exactly once, whatever the host layout."""
+    env = _faults(tmp_path, "kill:0:2:before_save,kill:0:5:after_save,kill:0:8:after_report")
+    res = run_cli([f"cluster={cluster}", *KILL_ARGS, "+sweep.id=kill-points"], cwd=tmp_path, env=env)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert len(list((tmp_path / "faults").iterdir())) == 3  # all three kills happened
+    client, run = _one_trial(tmp_path)
+    assert run.data.tags["status"] == "finished" and run.data.tags["attempts"] == "4"
+    _assert_every_step_once(client, run, 12)
+    history = lambda key: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
+    # no checkpoint before the first kill; then the saves after steps 5 and 8
+    assert [v for _, v in history("resumed_from_step")] == [0, 0, 6, 9]
+    assert [s for s, _ in history("compile_s")] == [1, 2, 3, 4]  # compile time per attempt, not per step
+    assert run.data.tags["summary_covers"] == "steps 10-11 of attempt 4 (resumed at step 9)"
+
+
+@pytest.mark.slow
+def test_driver_killed_mid_trial_then_rerun_logs_every_step_once(tmp_path):
+    """The driver dies while a checkpointing trial runs; the rerun resumes the trial from its checkpoint,
+    re-sends what the checkpoint holds, and the store ends with each step once."""
+    env = _faults(tmp_path, "hold:0:8:after_report")  # the job stops after step 8's save and report
+    args = ["cluster=local", *KILL_ARGS, "+sweep.id=kill-driver"]
+    drv = Driver(args, tmp_path, env)
+    marker = tmp_path / "faults" / "hold-0-8-after_report"
+    drv.wait_for(r"attempt 1 on ")
+    deadline = time.monotonic() + 600
+    while not marker.exists() and time.monotonic() < deadline and drv.proc.poll() is None:
+        time.sleep(0.2)
+    assert marker.exists(), "\n".join(drv.lines[-60:])
+    drv.proc.send_signal(signal.SIGKILL)
+    drv.proc.wait(timeout=60)
+    res = run_cli(args, cwd=tmp_path, env=env)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    client, run = _one_trial(tmp_path)
+    assert run.data.tags["status"] == "finished"
+    assert [m.value for m in client.get_metric_history(run.info.run_id, "resumed_from_step")][-1] == 9
+    _assert_every_step_once(client, run, 12)
 
 
 @pytest.mark.slow
