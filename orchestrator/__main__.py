@@ -32,14 +32,24 @@ def main(argv: list[str]) -> int:
             return _aot(specs, rows, cfg)
         return 2 if invalid and not cfg.skip_invalid else 0
     if invalid and not cfg.skip_invalid:
-        for r in invalid:
-            print(f"error: {r.reason}", file=sys.stderr)
-        print(f"error: {len(invalid)} of {len(rows)} grid points are invalid; nothing launched "
-              "(fix them, or pass skip_invalid=true to run the valid ones)", file=sys.stderr)  # fmt: skip
+        _report_invalid(specs, rows)
         return 2
     from orchestrator.run import run
 
     return run(cfg, specs, rows)
+
+
+def _report_invalid(specs: list, rows: list) -> None:
+    """One `error:` line (the first invalid point, the count, the fix); the other points below it, indented,
+    so a script reads one error and a person still sees every problem at once."""
+    from orchestrator.plan.validate import point_label
+
+    bad = [f"grid point {point_label(s)} (trial {r.trial_id}) is invalid: {r.reason}"
+           for s, r in zip(specs, rows, strict=True) if r.verdict == "invalid"]  # fmt: skip
+    print(f"error: {bad[0]}; {len(bad)} of {len(rows)} grid points are invalid, nothing launched — fix them, "
+          "or pass skip_invalid=true to run the valid ones", file=sys.stderr)  # fmt: skip
+    for line in bad[1:]:
+        print(f"  also {line}", file=sys.stderr)
 
 
 def _aot(specs: list, rows: list, cfg) -> int:

@@ -17,13 +17,21 @@ class ConfigError(ValueError):
 
 
 def load(overrides: list[str], conf_dir: Path = CONF_DIR) -> DictConfig:
-    """Compose `config.yaml` with command-line overrides (Hydra's own grammar)."""
+    """Compose `config.yaml` with command-line overrides (Hydra's own grammar), then check the top-level
+    options against the schema; trial keys are checked per grid point by grid.expand."""
+    from omegaconf import OmegaConf
+
+    from orchestrator import checks  # imports ConfigError from here
+
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-            return compose(config_name="config", overrides=list(overrides))
+            cfg = compose(config_name="config", overrides=list(overrides))
+        tree = OmegaConf.to_container(cfg, resolve=True)
     except Exception as e:  # hydra raises several types; all mean "bad input"
         raise ConfigError(_one_line(e, overrides)) from e
+    checks.check_options(tree)
+    return cfg
 
 
 def _one_line(e: Exception, overrides: list[str]) -> str:

@@ -10,6 +10,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from jobs.spec import ClusterSpec, MeshSpec, TrialSpec
+from orchestrator import checks
 from orchestrator.config import CONF_DIR, ConfigError, group_option
 
 GROUP_AXES = ("model", "strategy", "mesh", "cluster")  # axis values name a config group option
@@ -87,20 +88,18 @@ def resolve_mesh(mesh: dict, strategy: str, model: dict, devices: int) -> MeshSp
     )
 
 
-def _fields(cls, d: dict) -> dict:
-    names = {f.name for f in dataclasses.fields(cls)}
-    return {k: v for k, v in d.items() if k in names}
-
-
 def expand(cfg: DictConfig, conf_dir=CONF_DIR) -> list[TrialSpec]:
     """Every point of the sweep (or the single base point) as a TrialSpec, in grid order."""
     base = OmegaConf.to_container(cfg, resolve=True)
     sweep = base.pop("sweep", None)
     for dotted, value in ((sweep or {}).get("set") or {}).items():
+        checks.check_sweep_key(dotted, "sweep.set key")
         _set(base, dotted, value)
     grid = points(sweep)
+    for axis in _flatten((sweep or {}).get("axes") or {}):
+        checks.check_sweep_key(axis, "sweep axis")
     options: dict[tuple[str, str], dict] = {}  # each group option read once
-    specs = []
+    specs, bad = [], []
     for point in grid:
         d = copy.deepcopy(base)
         for axis, value in point:
@@ -111,15 +110,22 @@ def expand(cfg: DictConfig, conf_dir=CONF_DIR) -> list[TrialSpec]:
                 d[axis] = copy.deepcopy(options[key])
             else:
                 _set(d, axis, value)
-        specs.append(build(d, point))
+        found = checks.check_point(d)
+        if found:  # keep going: the message says how many other points fail too
+            bad.append((point, found[0]))
+        elif not bad:
+            specs.append(build(d, point))
+    if bad:
+        point, problem = bad[0]
+        where = f"grid point {' '.join(f'{k}={v}' for k, v in point)}" if point else "the single trial"
+        more = f"; {len(bad) - 1} more of {len(grid)} grid points fail too" if len(bad) > 1 else ""
+        raise ConfigError(problem.line(where + more))
     return specs
 
 
 def build(d: dict, point: tuple = ()) -> TrialSpec:
-    """One TrialSpec from a resolved config dict."""
-    if not isinstance(d.get("context_length"), int) or d["context_length"] <= 0:
-        raise ConfigError(f"context_length must be a positive integer, got {d.get('context_length')!r}")
-    cluster = ClusterSpec(**_fields(ClusterSpec, d["cluster"]))
+    """One TrialSpec from a resolved config dict that passed checks.check_point."""
+    cluster = ClusterSpec(**d["cluster"])
     mesh = resolve_mesh(d["mesh"], d["strategy"]["name"], d["model"], cluster.devices)
     return TrialSpec.from_dict(
         {

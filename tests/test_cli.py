@@ -1,10 +1,11 @@
 """Tier 3: the real CLI in a subprocess — local Ray, JAX on 8 simulated devices, a fresh sqlite MLflow store."""
 
 import math
+import os
 import time
 
 import pytest
-from conftest import run_cli
+from conftest import ROOT, run_cli
 from mlflow import MlflowClient
 
 
@@ -39,19 +40,53 @@ def test_smoke_sweep_end_to_end(tmp_path):
     print(f"smoke sweep wall time: {wall:.1f} s")
 
 
-@pytest.mark.parametrize(
-    "args, words",
-    [
-        (["+sweep=smoke", "model=nope"], "choose model from"),
-        (["+sweep=smoke", "trian.steps=3"], "Could not override 'trian.steps'"),
-        (["+sweep=smoke", "sweep.axes.context_length=[]"], "grid is empty"),
-        (["+sweep=smoke", "sweep.axes.context_length=[1000]"], "1000"),
-    ],
-)
-def test_bad_input_exits_2_before_launch(tmp_path, args, words):
-    res = run_cli(args, cwd=tmp_path, timeout=120)
+@pytest.fixture(scope="module")
+def no_ray_no_mlflow(tmp_path_factory):
+    """A PYTHONPATH whose `ray` and `mlflow` fail on import: bad input must be rejected before either loads."""
+    root = tmp_path_factory.mktemp("poison")
+    for name in ("ray", "mlflow"):
+        (root / name).mkdir()
+        (root / name / "__init__.py").write_text(f"raise ImportError('{name} imported before validation')\n")
+    return {"PYTHONPATH": f"{root}{os.pathsep}{ROOT}"}
+
+
+BAD_INPUT = [
+    # what the CLI caught before the schema
+    (["+sweep=smoke", "model=nope"], "choose model from"),
+    (["+sweep=smoke", "trian.steps=3"], "Could not override 'trian.steps'"),
+    (["+sweep=smoke", "sweep.axes.context_length=[]"], "grid is empty"),
+    (["+sweep=smoke", "sweep.axes.context_length=[1000]"], "1000 % 16 = 8"),
+    # issue 17: each of these used to start Ray and write a tracking store
+    (["train.steps=0"], "train.steps=0 is out of range (the single trial); allowed: an integer >= 1"),
+    (["train.steps=-3"], "train.steps=-3 is out of range"),
+    (["train.lr=-1"], "train.lr=-1 is out of range"),
+    (["train.grad_accum=0"], "train.grad_accum=0 is out of range"),
+    (["model.head_dim=0"], "model.head_dim=0 is out of range"),
+    (["train.data.kind=tokens"], "train.data.kind=tokens reads a token file"),
+    (["train.data.path=/nonexistent/tokens.bin"], "'/nonexistent/tokens.bin' does not exist"),
+    (["train.data.kind=parquet"], "train.data.kind='parquet' is not an allowed value"),
+    (["progress=fancy"], "allowed: auto, rich, plain"),
+    (["output=xml", "dry_run=true"], "allowed: table, json"),
+    (["gate.max_drop=-0.5"], "allowed: a number >= 0 and <= 1"),
+    (["retries.failure=-1"], "retries.failure=-1 is out of range"),
+    (["run.checkpoint_every=-1"], "run.checkpoint_every=-1 is out of range"),
+    # the same kinds of check elsewhere
+    (["+sweep=smoke", "train.lr=-1"], "(grid point strategy=all_gather context_length=512; 3 more of 4"),
+    (["+sweep=smoke", "+sweep.axes.train.steps=[4,0]"], "train.steps=0 is out of range (grid point"),
+    (["+cluster.gpus=8"], "cluster.gpus is not a cluster key"),
+    (["+foo=1"], "foo is not a config key"),
+    (["train.steps=abc"], "has the wrong type"),
+    (["strategy.kernel=flash"], "allowed: xla, splash"),
+    (["+sweep=smoke", "+sweep.set.progress=plain"], "is a driver option, not a trial key"),
+]
+
+
+@pytest.mark.parametrize("args, words", BAD_INPUT, ids=lambda x: " ".join(x) if isinstance(x, list) else "")
+def test_bad_input_exits_2_before_launch(tmp_path, no_ray_no_mlflow, args, words):
+    res = run_cli(args, cwd=tmp_path, timeout=120, env=no_ray_no_mlflow)
     assert res.returncode == 2, res.stderr
     errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
-    assert errors and words in errors[0], res.stderr
+    assert len(errors) == 1 and words in errors[0], res.stderr
+    assert "Traceback" not in res.stderr + res.stdout
     assert "Started a local Ray instance" not in res.stdout + res.stderr
     assert not (tmp_path / "mlflow.db").exists()  # nothing half-launched, not even a tracking store

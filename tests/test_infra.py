@@ -112,6 +112,7 @@ def test_manifest_validates(name, doc):
         ),  # pod field typo
         ("CronJob", ["spec", "jobTemplate", "spec", "template", "spec", "containers", 0, "comand"], ["x"]),
         ("Deployment", ["spec", "replicas"], "one"),
+        ("NetworkPolicy", ["spec", "ingress", 0, "form"], []),  # a typo of from would admit everyone
     ],
 )
 def test_validation_catches_mistakes(kind, path, value):
@@ -190,6 +191,71 @@ def test_mlflow_server_stores_in_sql_and_gcs_and_admits_the_head():
     # MLflow 3 rejects a Host header it does not know: the head's requests must pass.
     assert is_allowed_host_header(args["allowed-hosts"].split(","), urlparse(uri).netloc)
     assert urlparse(uri).hostname.split(".")[0] == one("Service")["metadata"]["name"]
+
+
+def pod_templates() -> dict[str, dict]:
+    """Every pod template in the manifests by a readable name: its labels are what a NetworkPolicy sees."""
+    ray = one("RayCluster")["spec"]
+    out = {"ray head": ray["headGroupSpec"]["template"]}
+    out |= {f"ray worker {g['groupName']}": g["template"] for g in ray["workerGroupSpecs"]}
+    out["cronjob"] = one("CronJob")["spec"]["jobTemplate"]["spec"]["template"]
+    out["mlflow"] = one("Deployment")["spec"]["template"]
+    return out
+
+
+def selects(selector: dict, labels: dict) -> bool:
+    assert set(selector) <= {"matchLabels"}, "only matchLabels selectors are checked here"
+    return selector["matchLabels"].items() <= labels.items()
+
+
+def mlflow_container() -> dict:
+    (c,) = [c for c in containers(one("Deployment")) if c["name"] == "mlflow"]
+    return c
+
+
+def test_only_the_ray_head_and_the_cronjob_reach_mlflow():
+    policy, templates = one("NetworkPolicy")["spec"], pod_templates()
+    labels = {name: t["metadata"]["labels"] for name, t in templates.items()}
+    assert [n for n in labels if selects(policy["podSelector"], labels[n])] == ["mlflow"]
+    assert policy["podSelector"]["matchLabels"].items() <= one("Service")["spec"]["selector"].items()
+    assert policy["policyTypes"] == ["Ingress"]
+    (rule,) = policy["ingress"]
+    assert all(set(peer) == {"podSelector"} for peer in rule["from"])  # no namespace or IP block let in
+    admitted = {n for n in labels for peer in rule["from"] if selects(peer["podSelector"], labels[n])}
+    assert admitted == {"ray head", "cronjob"}  # TPU workers never talk to MLflow: the driver logs for them
+    assert [p["port"] for p in rule["ports"]] == [p["containerPort"] for p in mlflow_container()["ports"]]
+
+
+def test_mlflow_runs_basic_auth_with_credentials_from_a_secret():
+    from mlflow import environment_variables as ev
+    from mlflow.server import _find_app
+
+    c = mlflow_container()
+    assert "--app-name=basic-auth" in c["args"] and _find_app("basic-auth")  # an app this mlflow ships
+    env = {e["name"]: e for e in c["env"]}
+    secret = {"name": "mlflow-auth"}
+    for var, key in (
+        (ev.MLFLOW_AUTH_ADMIN_USERNAME, "username"),
+        (ev.MLFLOW_AUTH_ADMIN_PASSWORD, "password"),
+        (ev.MLFLOW_FLASK_SERVER_SECRET_KEY, "flask-secret-key"),  # the auth app refuses to start without it
+    ):
+        assert env[var.name]["valueFrom"]["secretKeyRef"] == secret | {"key": key}
+    # the auth config (its database_uri holds a password) is a file mounted from the same secret
+    path = Path(env[ev.MLFLOW_AUTH_CONFIG_PATH.name]["value"])
+    (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == str(path.parent)]
+    (vol,) = [
+        v for v in one("Deployment")["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"]
+    ]
+    assert vol["secret"]["secretName"] == "mlflow-auth" and mount["readOnly"]
+    assert {"key": "basic_auth.ini", "path": path.name} in vol["secret"]["items"]
+    # the pods the NetworkPolicy admits log in as that user, from the same secret; no other pod holds it
+    login = [secret | {"key": "username"}, secret | {"key": "password"}]
+    for name, t in pod_templates().items():
+        for k in t["spec"]["containers"]:
+            refs = {e["name"]: e.get("valueFrom", {}).get("secretKeyRef") for e in k.get("env", [])}
+            got = [refs.get(ev.MLFLOW_TRACKING_USERNAME.name), refs.get(ev.MLFLOW_TRACKING_PASSWORD.name)]
+            assert got == (login if name in ("ray head", "cronjob") else [None, None]), (name, k["name"])
+    assert not [d for _, d in manifests() if d["kind"] == "Secret"]  # created by hand, never committed
 
 
 def test_cronjob_command_is_the_documented_command():

@@ -7,10 +7,10 @@ from functools import lru_cache
 
 from jobs import cp_rules
 from jobs.spec import STRATEGIES, TrialSpec
+from orchestrator.schema import DTYPES, REMATS
 
-REMATS = ("none", "full", "save_attn", "offload")
-DTYPES = ("bfloat16", "float32")
-KERNEL_PLATFORM = {"xla": None, "splash": "tpu", "flash": "gpu"}  # None: runs on every platform
+# orchestrator/schema.py owns the names (KERNELS); this adds where each kernel runs (None: everywhere).
+KERNEL_PLATFORM = {"xla": None, "splash": "tpu"}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,183 @@
+"""Hold a composed config against orchestrator/schema.py: each bad key as one line (what, where, allowed, fix).
+
+Driver options are checked once at compose time (`check_options`, from config.load); trial keys per grid point
+(`check_point`, from grid.expand), since a sweep may set any of them. Nothing here imports Ray, JAX or MLflow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import types
+import typing
+from dataclasses import dataclass
+from functools import cache, lru_cache
+from typing import Any
+
+from orchestrator.config import ConfigError
+from orchestrator.schema import RULES, TRIAL_KEYS, Options, PointConfig, Rule
+
+MISSING = dataclasses.MISSING
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One bad key: what is wrong and what is allowed; `line(where)` adds the grid point."""
+
+    key: str
+    value: Any  # MISSING: the key itself is the problem (unknown or missing)
+    wrong: str
+    allowed: str
+    fix: str
+
+    def line(self, where: str) -> str:
+        shown = self.key if self.value is MISSING else f"{self.key}={self.value!r}"
+        return f"{shown} {self.wrong} ({where}); allowed: {self.allowed} — {self.fix}"
+
+
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _section(hint: Any) -> type | None:
+    """The dataclass a field holds (also through `X | None`), else None."""
+    return next((h for h in (hint, *typing.get_args(hint)) if dataclasses.is_dataclass(h)), None)
+
+
+def _scalar(hint: Any) -> Any:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):  # `int | str`: the str is "auto"
+        return next(h for h in typing.get_args(hint) if h is not type(None))
+    return hint
+
+
+def _allowed(hint: Any, rule: Rule) -> str:
+    if rule.choices:
+        return ", ".join(rule.choices)
+    word = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(hint, str(hint))
+    if rule.nonempty:
+        word = "a non-empty string"
+    bounds = [f"{op} {b:g}" for op, b in ((">=", rule.ge), (">", rule.gt), ("<=", rule.le)) if b is not None]
+    return " ".join([word, " and ".join(bounds)]).strip() + (' or "auto"' if rule.auto else "")
+
+
+def _value(key: str, v: Any, hint: Any, default: Any) -> Problem | None:
+    """Type first (bool is not an int here, NaN is not a number), then choices, emptiness, range."""
+    rule, hint = RULES.get(key, Rule()), _scalar(hint)
+    if rule.auto and v == "auto":
+        return None
+    if hint not in (bool, int, float, str):
+        return None  # containers (sweep axes, zip, set): grid.points checks their shape
+    allowed = _allowed(hint, rule)
+    good_default = default is not MISSING and _value(key, default, hint, MISSING) is None
+    fix = f"e.g. {key}={default}" if good_default else f"set {key} to {allowed}"
+    number = isinstance(v, int | float) and not isinstance(v, bool)
+    typed = {bool: isinstance(v, bool), int: number and isinstance(v, int), str: isinstance(v, str),
+             float: number and math.isfinite(v)}[hint]  # fmt: skip
+    if not typed:
+        return Problem(key, v, "has the wrong type", allowed, fix)
+    if rule.choices and v not in rule.choices:
+        return Problem(key, v, "is not an allowed value", allowed, fix)
+    if rule.nonempty and not v:
+        return Problem(key, v, "is empty", allowed, fix)
+    low = (rule.ge is not None and v < rule.ge) or (rule.gt is not None and v <= rule.gt)
+    if low or (rule.le is not None and v > rule.le):
+        return Problem(key, v, "is out of range", allowed, fix)
+    return None
+
+
+def _walk(cls: type, d: Any, prefix: str, out: list[Problem]) -> None:
+    """Unknown keys (rejected, never dropped), missing required keys, then every value by its type hint."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    section = prefix.rstrip(".") or "config"
+    if not isinstance(d, dict):
+        out.append(Problem(section, d, "is not a section", ", ".join(fields), f"set {section}.KEY=VALUE"))
+        return
+    for k in d:
+        if k not in fields:
+            out.append(Problem(f"{prefix}{k}", MISSING, f"is not a {section} key", ", ".join(fields),
+                               "remove it or fix its spelling"))  # fmt: skip
+    for name, f in fields.items():
+        key, hint = f"{prefix}{name}", _hints(cls)[name]
+        if name not in d:
+            if f.default is MISSING and f.default_factory is MISSING:
+                out.append(Problem(key, MISSING, "is missing", _allowed(_scalar(hint), RULES.get(key, Rule())),
+                                   f"add it with +{key}=VALUE"))  # fmt: skip
+        elif (sub := _section(hint)) is not None:
+            if d[name] is not None or type(None) not in typing.get_args(hint):
+                _walk(sub, d[name], f"{key}.", out)
+        elif (p := _value(key, d[name], hint, f.default)) is not None:
+            out.append(p)
+
+
+def _make(cls: type, d: dict) -> Any:
+    """A checked section as its frozen dataclass."""
+    hints = _hints(cls)
+    return cls(
+        **{k: _make(sub, v) if (sub := _section(hints[k])) and v is not None else v for k, v in d.items()}
+    )
+
+
+@lru_cache(maxsize=256)
+def _path_problem(path: str) -> str | None:
+    """Why a data path cannot be read (None: fine). A gs:// object's existence is left to the job: checking
+    it here needs the driver's credentials, which a laptop planning a TPU sweep may not have."""
+    if path.startswith("gs://"):
+        bucket, _, name = path[len("gs://") :].partition("/")
+        return None if bucket and name else "is not a gs://bucket/object"
+    if "://" in path:
+        return "is neither a local file nor a gs:// object"
+    if not os.path.exists(path):
+        return "does not exist"
+    return None if os.path.isfile(path) else "is not a file"
+
+
+def _cross(d: dict, out: list[Problem]) -> None:
+    """Rules between keys: the data kind and its path (types and names are already known good)."""
+    data = d["train"].get("data") or {}
+    kind, path = data.get("kind", "recall"), data.get("path", "")
+    if path and (why := _path_problem(path)):
+        out.append(Problem("train.data.path", path, why, "an existing local file or gs://bucket/object",
+                           "fix the path, or drop it (train.data.path='') for the recall task"))  # fmt: skip
+    elif kind == "tokens" and not path:
+        out.append(Problem("train.data.path", path, "is empty but train.data.kind=tokens reads a token file",
+                           "a local file or gs://bucket/object",
+                           "set train.data.path=..., or train.data.kind=recall for the synthetic task"))  # fmt: skip
+    elif kind == "recall" and path:
+        out.append(Problem("train.data.path", path, "is ignored by train.data.kind=recall",
+                           "a path only with train.data.kind=tokens",
+                           "set train.data.kind=tokens to train on it, or drop the path"))  # fmt: skip
+
+
+def check_point(d: dict) -> list[Problem]:
+    """Every bad key of one grid point (a resolved config dict); cross-key rules once the keys are good."""
+    out: list[Problem] = []
+    _walk(PointConfig, {k: d[k] for k in TRIAL_KEYS if k in d}, "", out)
+    if not out:
+        _cross(d, out)
+    return out
+
+
+def check_options(cfg: dict) -> Options:
+    """The top-level keys and the driver's switches, once at compose time: the first problem raises."""
+    known = {f.name for f in dataclasses.fields(Options)}
+    out = [
+        Problem(k, MISSING, "is not a config key", ", ".join(sorted(known | set(TRIAL_KEYS))),
+                "remove it or fix its spelling")
+        for k in cfg if k not in known | set(TRIAL_KEYS)
+    ]  # fmt: skip
+    options = {k: v for k, v in cfg.items() if k in known}
+    _walk(Options, options, "", out)
+    if out:
+        raise ConfigError(out[0].line("top-level option, one value for the whole sweep"))
+    return _make(Options, options)
+
+
+def check_sweep_key(dotted: str, what: str) -> None:
+    """A sweep sets trial keys only: a driver option set per grid point would be silently ignored."""
+    if dotted.split(".")[0] in {f.name for f in dataclasses.fields(Options)}:
+        raise ConfigError(
+            f"{what} {dotted!r} is a driver option, not a trial key (a sweep sets only "
+            f"{', '.join(TRIAL_KEYS)}); set it once on the command line, e.g. {dotted}=VALUE"
+        )

@@ -1,0 +1,165 @@
+"""The config schema: each key's type (a dataclass field), its range or allowed values (RULES).
+
+A trial's sections take their keys and types from the seam's own dataclasses (jobs/spec.py), so a field added
+there is checked without a second list; the driver's switches have small dataclasses here. orchestrator/checks.py
+holds a composed config against this before Ray or a tracking store starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from jobs.cp_rules import LAYOUTS
+from jobs.spec import STRATEGIES, ClusterSpec, ModelSpec, RunSpec, StrategySpec, TrainSpec
+
+# The names jobs.attention.kernel.KERNELS registers (that module imports jax, which the driver must not do
+# before launch; tests/test_schema.py keeps the two equal). There is no GPU flash kernel yet.
+KERNELS = ("xla", "splash")
+REMATS = ("none", "full", "save_attn", "offload")
+DTYPES = ("bfloat16", "float32")
+DATA_KINDS = ("recall", "tokens")
+TOKEN_DTYPES = ("uint16", "uint32")  # jobs/data.py memory-maps a flat file of these
+CLUSTER_KINDS = ("local", "local_multihost", "fake_tpu", "tpu", "address")
+PLATFORMS = ("cpu", "gpu", "tpu")
+OUTPUTS = ("table", "json")
+PROGRESS = ("auto", "rich", "plain")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What a key accepts beyond its type: a range, a set of names, "auto", or any non-empty string."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    choices: tuple[str, ...] = ()
+    auto: bool = False  # "auto" is also accepted (mesh axes grid.resolve_mesh fills from the cluster)
+    nonempty: bool = False
+
+
+POSITIVE, COUNT, NON_NEGATIVE = Rule(gt=0), Rule(ge=1), Rule(ge=0)
+RULES: dict[str, Rule] = {
+    "context_length": COUNT,
+    "model.name": Rule(nonempty=True),
+    **{f"model.{k}": COUNT for k in ("vocab", "embed", "layers", "q_heads", "kv_heads", "head_dim", "mlp")},
+    "model.rope_theta": POSITIVE,
+    "model.norm_eps": POSITIVE,
+    "strategy.name": Rule(choices=STRATEGIES),
+    "strategy.layout": Rule(choices=LAYOUTS),
+    "strategy.kernel": Rule(choices=KERNELS),
+    "strategy.block_q": COUNT,
+    "strategy.block_kv": COUNT,
+    "mesh.data": COUNT,
+    "mesh.fsdp": COUNT,
+    "mesh.tensor": COUNT,
+    "mesh.context": Rule(ge=1, auto=True),
+    "mesh.context_ulysses": Rule(ge=1, auto=True),
+    "train.steps": COUNT,
+    "train.batch": COUNT,
+    "train.dtype": Rule(choices=DTYPES),
+    "train.remat": Rule(choices=REMATS),
+    "train.lr": NON_NEGATIVE,  # 0 is a throughput-only run; a negative one climbs the loss
+    "train.warmup": NON_NEGATIVE,
+    "train.weight_decay": NON_NEGATIVE,
+    "train.grad_clip": POSITIVE,  # optax clips to this global norm: 0 would zero every update
+    "train.grad_accum": COUNT,
+    "train.seed": NON_NEGATIVE,  # numpy's default_rng rejects negative seeds, on the host, mid-trial
+    "train.data.kind": Rule(choices=DATA_KINDS),
+    "train.data.dtype": Rule(choices=TOKEN_DTYPES),
+    "run.checkpoint_every": NON_NEGATIVE,  # 0: no checkpoints
+    "run.report_every": COUNT,
+    "cluster.name": Rule(nonempty=True),
+    "cluster.kind": Rule(choices=CLUSTER_KINDS),
+    "cluster.platform": Rule(choices=PLATFORMS),
+    "cluster.hosts": COUNT,
+    "cluster.devices_per_host": COUNT,
+    "cluster.slices": COUNT,
+    "cluster.peak_tflops_per_device": NON_NEGATIVE,  # 0: measured on the spot
+    "cluster.hbm_bytes_per_device": NON_NEGATIVE,
+    "cluster.ici_bytes_per_s": NON_NEGATIVE,
+    "cluster.max_step_seconds": NON_NEGATIVE,  # 0: no budget
+    "cluster.concurrency": NON_NEGATIVE,  # 0: one trial per slice
+    "tracking.uri": Rule(nonempty=True),
+    "tracking.experiment": Rule(nonempty=True),
+    "output": Rule(choices=OUTPUTS),
+    "progress": Rule(choices=PROGRESS),
+    "retries.preemption": NON_NEGATIVE,
+    "retries.failure": NON_NEGATIVE,
+    "gate.max_drop": Rule(ge=0, le=1),  # a fraction of the baseline; above 1 it could never trip
+}
+
+
+@dataclass(frozen=True)
+class MeshConfig:
+    """conf/mesh/: fixed axis sizes; the context axes may be "auto" until grid.resolve_mesh fills them."""
+
+    data: int
+    fsdp: int
+    tensor: int
+    context: int | str = "auto"
+    context_ulysses: int | str = "auto"
+
+
+@dataclass(frozen=True)
+class PointConfig:
+    """One grid point before it becomes a TrialSpec: the only keys a sweep may set."""
+
+    model: ModelSpec
+    strategy: StrategySpec
+    mesh: MeshConfig
+    cluster: ClusterSpec
+    context_length: int
+    train: TrainSpec
+    run: RunSpec
+
+
+@dataclass(frozen=True)
+class Tracking:
+    uri: str
+    experiment: str
+    artifact_location: str = ""
+
+
+@dataclass(frozen=True)
+class Retries:
+    """Separate budgets: a lost host (preemption) is not a bug (failure)."""
+
+    preemption: int = 3
+    failure: int = 1
+
+
+@dataclass(frozen=True)
+class Gate:
+    enabled: bool = True
+    max_drop: float = 0.10
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """conf/sweep/: the grid's shape (axes, zip, set) is checked by grid.points."""
+
+    name: str = ""
+    id: str = ""
+    axes: dict = field(default_factory=dict)
+    zip: list = field(default_factory=list)
+    set: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Options:
+    """The driver's switches: one value for the whole sweep, never part of a trial."""
+
+    tracking: Tracking
+    dry_run: bool = False
+    output: str = "table"
+    aot: bool = False
+    aot_topology: str = ""
+    skip_invalid: bool = False
+    progress: str = "auto"
+    retries: Retries = field(default_factory=Retries)
+    gate: Gate = field(default_factory=Gate)
+    sweep: SweepConfig | None = None
+
+
+TRIAL_KEYS = tuple(f.name for f in dataclasses.fields(PointConfig))

@@ -1,0 +1,132 @@
+"""Tier 1: the config schema (orchestrator/schema.py, orchestrator/checks.py) in-process: no Ray, no MLflow.
+
+The CLI's side (exit 2, one `error:` line, nothing started) is tests/test_cli.py::test_bad_input_exits_2_before_launch.
+"""
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from orchestrator import checks, schema
+from orchestrator.config import CONF_DIR, ConfigError, load
+from orchestrator.grid import expand
+
+OPTIONS = {
+    g: sorted(p.stem for p in (CONF_DIR / g).glob("*.yaml")) for g in ("model", "strategy", "mesh", "cluster")
+}
+SWEEPS = sorted(p.stem for p in (CONF_DIR / "sweep").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("cluster", OPTIONS["cluster"])
+@pytest.mark.parametrize("model", OPTIONS["model"])
+def test_every_shipped_sweep_passes_on_every_cluster_and_model(cluster, model):
+    for sweep in SWEEPS:
+        assert expand(load([f"+sweep={sweep}", f"cluster={cluster}", f"model={model}"]))
+
+
+@pytest.mark.parametrize("cluster", OPTIONS["cluster"])
+def test_every_strategy_and_mesh_passes(cluster):
+    for strategy in OPTIONS["strategy"]:
+        for mesh in OPTIONS["mesh"]:
+            (spec,) = expand(load([f"strategy={strategy}", f"mesh={mesh}", f"cluster={cluster}"]))
+            assert spec.strategy.name == strategy
+
+
+def test_tracking_server_and_driver_options_pass():
+    opts = checks.check_options(
+        {"tracking": {"uri": "http://mlflow:5000", "experiment": "x"}, "progress": "plain", "output": "json"}
+    )
+    assert opts.progress == "plain" and opts.retries == schema.Retries() and opts.sweep is None
+    load(["tracking=server", "dry_run=true", "output=json", "aot=true", "aot_topology=2x2x1", "skip_invalid=true",
+          "gate.enabled=false", "gate.max_drop=0", "retries.preemption=0", "+sweep=smoke", "sweep.id=s1"])  # fmt: skip
+
+
+def test_kernel_names_are_the_registrys():
+    """The schema cannot import jobs.attention (jax) before launch, so it names the kernels itself."""
+    from jobs.attention.kernel import KERNELS
+    from orchestrator.plan.validate import KERNEL_PLATFORM
+
+    assert set(schema.KERNELS) == set(KERNELS) == set(KERNEL_PLATFORM)
+
+
+def test_every_rule_names_a_real_key():
+    keys = set()
+
+    def walk(cls, prefix=""):
+        for f in schema.dataclasses.fields(cls):
+            sub = checks._section(checks._hints(cls)[f.name])
+            walk(sub, f"{prefix}{f.name}.") if sub else keys.add(f"{prefix}{f.name}")
+
+    walk(schema.PointConfig)
+    walk(schema.Options)
+    assert set(schema.RULES) <= keys, set(schema.RULES) - keys
+
+
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        (["train.seed=-1"], "train.seed=-1 is out of range"),
+        (["train.grad_clip=0"], "allowed: a number > 0"),
+        (["train.lr=nan"], "train.lr=nan has the wrong type"),
+        (["train.steps=2.5"], "allowed: an integer >= 1"),
+        (["train.dtype=fp8"], "allowed: bfloat16, float32"),
+        (["train.remat=some"], "allowed: none, full, save_attn, offload"),
+        (["strategy.layout=striped"], "allowed: contiguous, zigzag"),
+        (["train.data.dtype=int8"], "allowed: uint16, uint32"),
+        (["mesh.context=0"], 'allowed: an integer >= 1 or "auto"'),
+        (["mesh.data=0"], "mesh.data=0 is out of range"),
+        (["~model.vocab"], "model.vocab is missing"),
+        (["+model.moe=true"], "model.moe is not a model key"),
+        (["cluster.kind=k8s"], "allowed: local, local_multihost, fake_tpu, tpu, address"),
+        (["cluster.platform=npu"], "allowed: cpu, gpu, tpu"),
+        (["train.data.path=s3://b/tokens.bin", "train.data.kind=tokens"], "neither a local file nor a gs://"),
+        (["train.data.path=gs://bucket-only", "train.data.kind=tokens"], "is not a gs://bucket/object"),
+        (["tracking.experiment=''"], "tracking.experiment='' is empty"),
+        (["dry_run=maybe"], "allowed: true or false"),
+        (["gate.max_drop=1.5"], "<= 1"),
+        (["+sweep=smoke", "+sweep.axes.progress=[plain,rich]"], "sweep axis 'progress' is a driver option"),
+    ],
+)
+def test_bad_input_is_one_line_with_the_allowed_values(overrides, words):
+    with pytest.raises(ConfigError) as e:
+        expand(load(overrides))
+    msg = str(e.value)
+    assert words in msg and "\n" not in msg
+
+
+def test_data_kind_and_path(tmp_path):
+    tokens = tmp_path / "tokens.bin"
+    tokens.write_bytes(b"\0" * 64)
+    (spec,) = expand(load(["train.data.kind=tokens", f"train.data.path={tokens}"]))
+    assert spec.train.data.path == str(tokens)
+    expand(
+        load(["train.data.kind=tokens", "train.data.path=gs://bucket/data/tokens.bin"])
+    )  # the job checks it
+    with pytest.raises(ConfigError, match="is ignored by train.data.kind=recall"):
+        expand(load([f"train.data.path={tokens}"]))
+    with pytest.raises(ConfigError, match="is not a file"):
+        expand(load(["train.data.kind=tokens", f"train.data.path={tmp_path}"]))
+
+
+def test_per_point_message_names_the_first_bad_point_and_counts_the_rest():
+    with pytest.raises(ConfigError) as e:
+        expand(load(["+sweep=smoke", "+sweep.axes.train.lr=[0.1,-1]"]))
+    msg = str(e.value)
+    assert (
+        "(grid point strategy=all_gather context_length=512 train.lr=-1; 3 more of 8 grid points fail too)"
+        in msg
+    )
+    assert msg.endswith("e.g. train.lr=0.003")
+
+
+def test_unknown_cluster_key_in_a_cluster_file_is_rejected_not_dropped(tmp_path):
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF_DIR, conf)
+    text = (conf / "cluster" / "local.yaml").read_text()
+    Path(conf / "cluster" / "local_gpu.yaml").write_text(text + "gpus_per_host: 8\n")
+    cfg = load(["+sweep=smoke", "+sweep.axes.cluster=[local,local_gpu]"], conf_dir=conf)
+    with pytest.raises(
+        ConfigError, match=r"cluster.gpus_per_host is not a cluster key \(grid point .*cluster=local_gpu"
+    ):
+        expand(cfg, conf_dir=conf)
