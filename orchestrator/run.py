@@ -30,6 +30,8 @@ def run(cfg: DictConfig, specs: list[TrialSpec], rows: list) -> int:
     name, sweep_id = sweep_identity(cfg)
     cluster = specs[0].cluster
     tracker = Tracker(cfg.tracking.uri, cfg.tracking.experiment, cfg.tracking.get("artifact_location", ""))
+    if tracker.use_journal(sweep_id):  # an earlier driver was killed: what it never delivered lands first
+        tracker.flush(timeout=120)
     done = tracker.finished_trials(sweep_id)
     tracker.resume(sweep_id)  # steps an earlier driver of this sweep already logged are not logged twice
     tracker.start_sweep(name, sweep_id, cluster.name)
@@ -76,8 +78,11 @@ def run(cfg: DictConfig, specs: list[TrialSpec], rows: list) -> int:
         "sweep", {"status": "failed" if failed else "finished", "trials_failed": str(len(failed))}
     )
     tracker.end("sweep", "FAILED" if failed else "FINISHED")
-    if not tracker.flush(timeout=300):
-        log.error("tracking store unreachable: %d writes not delivered", len(tracker.ops))
+    delivered = tracker.flush(timeout=300)
+    tracker.close_journal()  # removed when all was delivered; else a rerun of the sweep replays it
+    if not delivered:
+        log.error("tracking store unreachable: %d writes not delivered (journaled for a rerun of sweep %s)",
+                  len(tracker.ops), sweep_id)  # fmt: skip
         return 1
     print(f"sweep {sweep_id}: {sum(o == 'finished' for o in outcomes.values())} finished, "
           f"{len(failed)} failed, {len(done)} skipped (already finished)")  # fmt: skip

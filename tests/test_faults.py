@@ -10,6 +10,7 @@ import time
 
 import pytest
 from conftest import ROOT, run_cli
+from servers import start_mlflow_server
 from mlflow import MlflowClient
 
 PLACED = re.compile(r"attempt (\d+) on (?:\S+: )?0=pid (\d+)@\S+?(?:, 1=pid (\d+)@\S+)?$")
@@ -185,3 +186,39 @@ def test_ctrl_c_cancels_running_trials_and_frees_their_slices(tmp_path):
     client, runs = _trials(tmp_path, "ctrl-c")
     (trial,) = [r for r in runs if r.data.tags["kind"] == "trial"]
     assert trial.data.tags["status"] == "cancelled" and trial.info.status == "KILLED"
+
+
+@pytest.mark.slow
+def test_driver_sigkill_before_the_queue_drains_loses_no_write(tmp_path):
+    """The tracking server is down while a trial finishes; the driver is SIGKILLed right after the trial's last
+    record and its finished status were queued (so journaled). The rerun replays the journal: every step once,
+    the trial finished and not run again."""
+    server = start_mlflow_server(tmp_path / "server")
+    try:
+        args = ["cluster=local", "context_length=512", "train.steps=6", "train.dtype=float32", "progress=plain",
+                "tracking=server", f"tracking.uri={server.url}", "+sweep.id=journal"]  # fmt: skip
+        drv = Driver(args, tmp_path)
+        drv.wait_for(r"attempt 1 on ")  # its runs exist: the driver flushes them before launching
+        server.stop()
+        drv.wait_for(r": done loss=")  # printed after the finished status is queued
+        drv.proc.send_signal(signal.SIGKILL)
+        drv.proc.wait(timeout=60)
+        journals = list((tmp_path / ".cache" / "tracking").iterdir())
+        assert len(journals) == 1 and '"finished"' in journals[0].read_text()
+        server.start()
+        c = MlflowClient(server.url)
+        exp = c.get_experiment_by_name("cp_scaling")
+        (run,) = c.search_runs([exp.experiment_id], "tags.kind = 'trial'")
+        assert run.data.tags["status"] != "finished"  # the store never heard of the end
+        res = run_cli(args, cwd=tmp_path)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        assert "replaying" in res.stderr and "0 finished, 0 failed, 1 skipped" in res.stdout, res.stdout[
+            -2000:
+        ]
+        (run,) = c.search_runs([exp.experiment_id], "tags.kind = 'trial'")
+        assert run.data.tags["status"] == "finished" and run.info.status == "FINISHED"
+        _assert_every_step_once(c, run, 6)
+        assert len(c.get_metric_history(run.info.run_id, "final_loss")) == 1
+        assert not list((tmp_path / ".cache" / "tracking").iterdir())  # delivered: the journal is gone
+    finally:
+        server.stop()

@@ -15,7 +15,8 @@ from mlflow import MlflowClient
 from servers import gcs_client, start_gcs_emulator, start_mlflow_server
 from test_report import fake_records, make_spec
 
-from orchestrator.tracking import STEP_METRICS, Tracker
+from orchestrator.records import STEP_METRICS
+from orchestrator.tracking import Tracker
 
 BUCKET = "mlflow-art"
 
@@ -97,7 +98,7 @@ def test_lost_answers_are_retried_without_duplicates(store, tmp_path, monkeypatc
 
     for name in real:
         monkeypatch.setattr(t.client, name, flaky(name))
-    monkeypatch.setattr("orchestrator.tracking.BACKOFF_S", (0.05,))
+    monkeypatch.setattr("orchestrator.writequeue.BACKOFF_S", (0.05,))
     spec = make_spec("all_gather", 512, steps=5)
     t.start_sweep("smoke", "sw1", "local")
     t.start_trial(spec, "sw1")

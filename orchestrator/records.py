@@ -1,0 +1,73 @@
+"""Metric records from the jobs as MLflow points and params: what a step, start or summary record becomes."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from jobs.spec import TrialSpec
+
+STEP_METRICS = ("loss", "grad_norm", "step_time_s", "tokens_per_s", "tflops_per_s_per_device", "mfu",
+                "peak_bytes_in_use")  # fmt: skip
+FINAL = ("step_time_median_s", "tokens_per_s", "tflops_per_s_per_device", "mfu")
+Point = list  # [key, value, timestamp_ms, step]: JSON-able, for the tracking journal
+
+
+def trial_params(spec: TrialSpec) -> dict[str, str]:
+    p = {
+        "model": spec.model.name, "strategy": spec.strategy.name, "layout": spec.strategy.layout,
+        "mesh": spec.mesh.label(), "cp": spec.mesh.cp, "cp_ring": spec.mesh.context,
+        "cp_ulysses": spec.mesh.context_ulysses, "context_length": spec.context_length, "batch": spec.train.batch,
+        "steps": spec.train.steps, "dtype": spec.train.dtype, "remat": spec.train.remat, "devices": spec.mesh.size,
+        "cluster": spec.cluster.name,
+    }  # fmt: skip
+    p.update({k: v for k, v in spec.axes})
+    return {k: str(v) for k, v in p.items()}
+
+
+def record_points(r: dict[str, Any], now: int, attempt: int = 1) -> list[Point]:
+    """One metric record as MLflow points: step records per step (at the job's own time, so a copy re-sent
+    after a resume is the same point), start records per attempt, summary ones at step 0."""
+    if r.get("kind") == "step":
+        vals = {m: r.get(m) for m in STEP_METRICS}
+        step, now = int(r["step"]), int(r.get("t_ms") or now)
+    elif r.get("kind") == "start":  # compile and restore time of this attempt, never mixed into steps
+        vals, step = dict(r), attempt
+    elif r.get("kind") == "summary":  # end-of-trial figures get final_; memory keeps its names
+        vals = {("final_" + k if k in FINAL else k): v for k, v in r.items() if k != "steps"}
+        mem = r.get("peak_bytes_in_use") or r.get("compiled_bytes_per_device")
+        if mem:  # runtime peak where the backend reports one (TPU/GPU), else the compiler's figure (CPU)
+            vals["memory_bytes_per_device"] = mem
+        step = 0
+    else:
+        return []
+    ok = {k: float(v) for k, v in vals.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    return [[k, v, now, step] for k, v in ok.items() if v == v]
+
+
+def summary_covers(r: dict[str, Any], attempt: int) -> str:
+    """Which steps a summary's step time and MFU come from, e.g. "steps 7-11 of attempt 2 (resumed at 6)"."""
+    if "timed_from_step" not in r:
+        return ""
+    text = f"steps {r['timed_from_step']}-{r['timed_to_step']} of attempt {attempt}"
+    return text + (f" (resumed at step {r['attempt_from_step']})" if r.get("attempt_from_step") else "")
+
+
+@dataclass
+class TrialLog:
+    """What the driver saw of one trial: records per attempt and status lines (the trial log artifact)."""
+
+    attempts: list[list[dict[str, Any]]] = field(default_factory=lambda: [[]])
+    lines: list[str] = field(default_factory=list)
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        return self.attempts[-1]
+
+    def add(self, records: list[dict[str, Any]]) -> None:
+        self.records.extend(records)
+        self.lines.extend(json.dumps(r, default=str) for r in records)
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
