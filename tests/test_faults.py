@@ -10,8 +10,8 @@ import time
 
 import pytest
 from conftest import ROOT, run_cli
-from servers import start_mlflow_server
 from mlflow import MlflowClient
+from servers import start_mlflow_server
 
 PLACED = re.compile(r"attempt (\d+) on (?:\S+: )?0=pid (\d+)@\S+?(?:, 1=pid (\d+)@\S+)?$")
 
