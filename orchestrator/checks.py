@@ -119,13 +119,35 @@ def _make(cls: type, d: dict) -> Any:
     )
 
 
+def _gcs_credentials() -> bool:
+    """Credentials found without a network round trip (an emulator, a key file, gcloud's ADC file). The GCE
+    metadata server is not asked: off GCP that lookup stalls, and a laptop planning a TPU sweep has none."""
+    adc = os.path.join(os.path.expanduser("~"), ".config", "gcloud", "application_default_credentials.json")
+    return bool(
+        os.environ.get("STORAGE_EMULATOR_HOST") or os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+    ) or (os.path.exists(adc))
+
+
+def _gcs_missing(path: str) -> bool:
+    """True only when the store answered that the object is not there; any other outcome leaves it to the job."""
+    if not _gcs_credentials():
+        return False
+    from jobs import storage  # google-cloud-storage: imported only for a gs:// data path
+
+    try:
+        return not storage.exists(path)
+    except Exception:  # noqa: BLE001 - no answer is not a "no": the job reports a real failure itself
+        return False
+
+
 @lru_cache(maxsize=256)
 def _path_problem(path: str) -> str | None:
-    """Why a data path cannot be read (None: fine). A gs:// object's existence is left to the job: checking
-    it here needs the driver's credentials, which a laptop planning a TPU sweep may not have."""
+    """Why a data path cannot be read (None: fine). A gs:// object is looked up when credentials allow."""
     if path.startswith("gs://"):
         bucket, _, name = path[len("gs://") :].partition("/")
-        return None if bucket and name else "is not a gs://bucket/object"
+        if not (bucket and name):
+            return "is not a gs://bucket/object"
+        return "does not exist in the bucket" if _gcs_missing(path) else None
     if "://" in path:
         return "is neither a local file nor a gs:// object"
     if not os.path.exists(path):

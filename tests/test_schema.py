@@ -130,3 +130,25 @@ def test_unknown_cluster_key_in_a_cluster_file_is_rejected_not_dropped(tmp_path)
         ConfigError, match=r"cluster.gpus_per_host is not a cluster key \(grid point .*cluster=local_gpu"
     ):
         expand(cfg, conf_dir=conf)
+
+
+def test_gcs_data_path_is_looked_up_when_credentials_allow(monkeypatch):
+    """Against a GCS emulator (real google-cloud-storage client): a missing object is bad input before launch,
+    an existing one passes; without credentials the lookup is left to the job."""
+    from servers import start_gcs_emulator
+
+    from jobs import storage
+
+    url, stop = start_gcs_emulator(bucket="cp-schema")
+    try:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", url)
+        storage.client.cache_clear()
+        checks._path_problem.cache_clear()
+        storage.write_bytes("gs://cp-schema/data/tokens.bin", b"\0" * 64)
+        expand(load(["train.data.kind=tokens", "train.data.path=gs://cp-schema/data/tokens.bin"]))
+        with pytest.raises(ConfigError, match="does not exist in the bucket"):
+            expand(load(["train.data.kind=tokens", "train.data.path=gs://cp-schema/data/missing.bin"]))
+    finally:
+        stop()
+        storage.client.cache_clear()
+        checks._path_problem.cache_clear()
