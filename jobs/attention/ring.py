@@ -112,6 +112,24 @@ def _hop_bwd(cfg: RingConfig, s, r, q, k, v, o, lse, do, pos):
     return jax.lax.cond(j < r, full, lambda: (zeros(q), zeros(k), zeros(v)))
 
 
+def _hops(cfg: RingConfig, step: Callable, carry: tuple) -> tuple:
+    """Run hops s = 1 .. R-2 as a while loop, not a scan (why: O(L/P) memory under remat).
+
+    The model checkpoints each layer, so JAX partially evaluates this forward again for the backward, and a
+    scan's partial-eval rule stacks per-iteration residuals: the zigzag cond's zero / -inf fillers and the
+    kernel's accumulator inits became [R-2, ...] buffers (f32[126, 1, L/2P, Hq, D] for ring on 128 devices:
+    0.9 GiB per hop at 14M tokens, O(L) per device). A while loop has no residuals: JAX recomputes it.
+
+    Except across CPU processes: XLA's CPU runtime deadlocked (gloo) on the ring's collective-permutes inside
+    a while loop spanning two processes (tests/test_faults.py hung 2 of 2 runs, scan 0 of 5), and host
+    memory is no constraint there. Same step function either way, so the numerics are the same.
+    """
+    if jax.process_count() > 1 and jax.devices()[0].platform == "cpu":
+        body = lambda c, _: (step(c), None)
+        return jax.lax.scan(body, (jnp.int32(1), *carry), None, length=cfg.size - 2)[0]
+    return jax.lax.while_loop(lambda c: c[0] < cfg.size - 1, step, (jnp.int32(1), *carry))
+
+
 def _ring_fwd(cfg: RingConfig, q, k, v):
     r = _index(cfg)
     pos = block_positions(q.shape[1] * cfg.size, cfg.layout, cfg.size, r)
@@ -120,13 +138,13 @@ def _ring_fwd(cfg: RingConfig, q, k, v):
     kv = _shift(cfg, (k, v))
     o, lse = _hop_fwd(cfg, 0, r, q, k, v, pos)
 
-    def step(carry, s):
-        o, lse, k, v = carry
+    def step(carry):
+        s, o, lse, k, v = carry
         kv = _shift(cfg, (k, v))
         o, lse = merge(o, lse, *_hop_fwd(cfg, s, r, q, k, v, pos))
-        return (o, lse, *kv), None
+        return (s + 1, o, lse, *kv)
 
-    (o, lse, k, v), _ = jax.lax.scan(step, (o, lse, *kv), jnp.arange(1, cfg.size - 1))
+    _, o, lse, k, v = _hops(cfg, step, (o, lse, *kv))
     return merge(o, lse, *_hop_fwd(cfg, cfg.size - 1, r, q, k, v, pos))
 
 
@@ -156,14 +174,14 @@ def _ring_core_bwd(cfg, res, do):
     dq, dk, dv = _hop_bwd(cfg, 0, r, q, k, v, o, lse, do, pos)
     dkv = _shift(cfg, (dk, dv))  # our block's gradient travels with our K/V
 
-    def step(carry, s):
-        dq, k, v, dk, dv = carry
+    def step(carry):
+        s, dq, k, v, dk, dv = carry
         kv = _shift(cfg, (k, v))
         dq_s, dk_s, dv_s = _hop_bwd(cfg, s, r, q, k, v, o, lse, do, pos)
         dkv = _shift(cfg, (dk + dk_s, dv + dv_s))
-        return (dq + dq_s, *kv, *dkv), None
+        return (s + 1, dq + dq_s, *kv, *dkv)
 
-    (dq, k, v, dk, dv), _ = jax.lax.scan(step, (dq, *kv, *dkv), jnp.arange(1, cfg.size - 1))
+    _, dq, k, v, dk, dv = _hops(cfg, step, (dq, *kv, *dkv))
     dq_s, dk_s, dv_s = _hop_bwd(cfg, cfg.size - 1, r, q, k, v, o, lse, do, pos)
     dk, dv = _shift(cfg, (dk + dk_s, dv + dv_s))  # final hop home: we held block r+1's gradient
     return (dq + dq_s).astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -56,8 +57,40 @@ def _cache_path(spec: TrialSpec, topology: str | None) -> Path:
     return CACHE_DIR / f"{spec.trial_id}-{tag}.json"
 
 
+# The TPU compiler's own words when a program does not fit, e.g. "RESOURCE_EXHAUSTED: Ran out of memory in
+# memory space hbm. ... the total memory required for HLO temporaries (150.60G) exceeds available HBM (94.75G)".
+_OOM = re.compile(
+    r"total memory required for (?P<what>[\w ]+?) \((?P<need>[\d.]+)\s*(?P<nu>[KMGT]?)i?B?\) exceeds "
+    r"available HBM \((?P<have>[\d.]+)\s*(?P<hu>[KMGT]?)i?B?\)"
+)
+_REJECTED = ("RESOURCE_EXHAUSTED", "Ran out of memory", "exceeds available HBM")
+_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+# Lines of the compiler's "largest program allocations" list worth keeping (size, shape, operator, name).
+_BUFFER_LINE = re.compile(r"^\s*(?:\d+\.\s*)?(Size|Shape|Operator|Allocation type|XLA label)\s*:", re.I)
+
+
+def compiler_rejection(message: str) -> dict[str, Any] | None:
+    """The figures of a compile the TPU compiler refused for lack of HBM; None if `message` is not that."""
+    if not any(m in message for m in _REJECTED):
+        return None
+    out: dict[str, Any] = {"status": "rejected", "error": message.strip().splitlines()[0][:500]}
+    m = _OOM.search(message)
+    if m:
+        out["required_bytes"] = int(float(m["need"]) * _UNITS[m["nu"]])
+        out["available_bytes"] = int(float(m["have"]) * _UNITS[m["hu"]])
+        out["required_for"] = m["what"]
+    lines = [ln.strip() for ln in message.splitlines() if _BUFFER_LINE.match(ln)]
+    out["largest_buffers"] = lines[:24]  # the compiler lists the biggest first; a few are enough to act on
+    return out
+
+
 def compiled_memory(spec: TrialSpec, topology: str | None = None, *, refresh: bool = False) -> dict[str, Any]:
-    """Per-device bytes from the TPU compiler's memory_analysis (argument, output, alias, temp, peak)."""
+    """Per-device bytes from the TPU compiler's memory_analysis (argument, output, alias, temp, peak).
+
+    `status` is "compiled", or "rejected" when the compiler ran out of HBM: then the compiler's own figures
+    (required_bytes, available_bytes, largest_buffers) instead of a traceback. Both are cached: a rejection
+    of the same program on the same topology is as deterministic, and as slow to find, as a success.
+    """
     path = _cache_path(spec, topology)
     if path.exists() and not refresh:
         return json.loads(path.read_text())
@@ -71,37 +104,81 @@ def compiled_memory(spec: TrialSpec, topology: str | None = None, *, refresh: bo
             f"needs {spec.mesh.size}; pass a topology with {spec.mesh.size} devices"
         )
     t0 = time.perf_counter()
-    compiled = lower_train_step(spec, make_mesh(spec.mesh, devices)).compile()
-    ma = compiled.memory_analysis()
-    out = {
-        "trial_id": spec.trial_id,
-        "topology": topology_name(spec, topology),
-        "argument_bytes": int(ma.argument_size_in_bytes),
-        "output_bytes": int(ma.output_size_in_bytes),
-        "alias_bytes": int(ma.alias_size_in_bytes),
-        "temp_bytes": int(ma.temp_size_in_bytes),
-        "compile_s": round(time.perf_counter() - t0, 2),
-    }
-    # Donated state aliases its output: the high-water mark is arguments + fresh outputs + scratch.
-    out["peak_bytes"] = out["argument_bytes"] + out["output_bytes"] - out["alias_bytes"] + out["temp_bytes"]
+    base = {"trial_id": spec.trial_id, "topology": topology_name(spec, topology)}
+    try:
+        compiled = lower_train_step(spec, make_mesh(spec.mesh, devices)).compile()
+    except Exception as e:  # noqa: BLE001 -- jaxlib raises its own XlaRuntimeError; only OOM is an answer
+        rejected = compiler_rejection(str(e))
+        if rejected is None:
+            raise
+        out = {**base, **rejected, "compile_s": round(time.perf_counter() - t0, 2)}
+    else:
+        ma = compiled.memory_analysis()
+        out = {
+            **base,
+            "status": "compiled",
+            "argument_bytes": int(ma.argument_size_in_bytes),
+            "output_bytes": int(ma.output_size_in_bytes),
+            "alias_bytes": int(ma.alias_size_in_bytes),
+            "temp_bytes": int(ma.temp_size_in_bytes),
+            "compile_s": round(time.perf_counter() - t0, 2),
+        }
+        # Donated state aliases its output: the high-water mark is arguments + fresh outputs + scratch.
+        out["peak_bytes"] = (
+            out["argument_bytes"] + out["output_bytes"] - out["alias_bytes"] + out["temp_bytes"]
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(out, indent=1))
     return out
 
 
+def verdict(spec: TrialSpec, got: dict[str, Any]) -> tuple[str, str]:
+    """(run | infeasible | invalid, reason) from a compile: the compiler's refusal, or a peak over the cluster's
+    HBM figure, is infeasible (DESIGN: RESOURCE_EXHAUSTED is never retried)."""
+    gib = memory.gib
+    if got.get("status") == "rejected":
+        need, have = got.get("required_bytes"), got.get("available_bytes")
+        what = got.get("required_for", "the program")
+        figures = f"needs {gib(need)} for {what}, {gib(have)} available" if need and have else got["error"]
+        top = "; ".join(got.get("largest_buffers", [])[:4])
+        return "infeasible", f"TPU compiler: {figures}" + (f" (largest: {top})" if top else "")
+    if got.get("status") == "failed":
+        return "invalid", f"TPU compile failed: {got['error']}"
+    limit = int(spec.cluster.hbm_bytes_per_device)
+    if limit and got["peak_bytes"] > limit:
+        return "infeasible", f"compiled peak {gib(got['peak_bytes'])}/device > {gib(limit)} of HBM"
+    return "run", f"compiled peak {gib(got['peak_bytes'])}/device"
+
+
 def compare(specs: list[TrialSpec], topology: str | None = None) -> list[dict[str, Any]]:
-    """Analytic vs compiled per-device memory, side by side (ratio = analytic / compiled)."""
+    """Analytic vs compiled per-device memory, side by side (ratio = analytic / compiled), with the verdict of
+    the compile. A refused compile counts its required bytes as compiled (a lower bound: the compiler names
+    only the part that overflowed); any other compile error is reported on its row, not raised."""
     rows = []
     for spec in specs:
-        got = compiled_memory(spec, topology)
+        try:
+            got = compiled_memory(spec, topology)
+        except Exception as e:  # noqa: BLE001 -- one broken point must not hide the others' answers
+            msg = (str(e).strip().splitlines() or [type(e).__name__])[0][:500]
+            got = {"status": "failed", "error": f"{type(e).__name__}: {msg}", "compile_s": 0.0}
+            got["topology"] = topology_name(spec, topology) if spec.cluster.accelerator in CHIPS else "-"
         predicted = memory.total(spec)
+        compiled = got.get("peak_bytes", got.get("required_bytes"))
+        v, reason = verdict(spec, got)
         rows.append({
             "trial_id": spec.trial_id, "strategy": spec.strategy.name, "mesh": spec.mesh.label(),
             "context_length": spec.context_length, "remat": spec.train.remat, "topology": got["topology"],
-            "analytic_bytes": predicted, "compiled_bytes": got["peak_bytes"],
-            "ratio": predicted / max(got["peak_bytes"], 1), "compile_s": got["compile_s"],
+            "analytic_bytes": predicted, "compiled_bytes": compiled, "status": got.get("status", "compiled"),
+            "ratio": predicted / compiled if compiled else None, "compile_s": got["compile_s"],
+            "verdict": v, "reason": reason,
         })  # fmt: skip
     return rows
+
+
+def _gib_cell(r: dict[str, Any]) -> str:
+    if r["compiled_bytes"] is None:
+        return "-"
+    return ("≥ " if r["status"] == "rejected" else "") + f"{r['compiled_bytes'] / 2**30:,.1f} GiB"
 
 
 def render_comparison(rows: list[dict[str, Any]], console=None) -> None:
@@ -110,11 +187,13 @@ def render_comparison(rows: list[dict[str, Any]], console=None) -> None:
 
     console = console or Console()
     table = Table(title="analytic vs TPU-compiled memory per device")
-    for h in ("strategy", "mesh", "context", "remat", "topology", "analytic", "compiled", "ratio"):
-        table.add_column(h)
+    heads = "strategy mesh context remat topology analytic compiled ratio verdict reason"
+    for h in heads.split():
+        table.add_column(h, overflow="fold")
     for r in rows:
+        ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "-"
         table.add_row(
             r["strategy"], r["mesh"], f"{r['context_length']:,}", r["remat"], r["topology"],
-            f"{r['analytic_bytes'] / 2**20:,.1f} MiB", f"{r['compiled_bytes'] / 2**20:,.1f} MiB", f"{r['ratio']:.2f}",
+            f"{r['analytic_bytes'] / 2**30:,.1f} GiB", _gib_cell(r), ratio, r["verdict"], r["reason"],
         )  # fmt: skip
     console.print(table)

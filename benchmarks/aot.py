@@ -1,0 +1,103 @@
+"""Planner vs TPU compiler: analytic and compiled GiB per device for strategies x context lengths x clusters.
+
+Run by hand (libtpu, no TPU; minutes per point, one compile at a time, cached under .cache/aot by trial id
+and topology, so a rerun prints at once):
+
+    python benchmarks/aot.py
+    python benchmarks/aot.py --strategies ring usp --lengths 1048576 4194304 --clusters tpu7x_128
+
+Prints a markdown table (for the README) and a closing note with the 14M rows and the worst ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
+from orchestrator.plan import aot, validate
+
+ROOT = Path(__file__).resolve().parent.parent
+L14M = 14_680_064
+LENGTHS = [131_072, 1_048_576, 4_194_304, L14M]
+ULYSSES = 4  # usp's inner degree: 16 q / 4 KV heads of llama3_1_8b_long split 4 ways
+
+
+def conf(group: str, name: str) -> dict:
+    return OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / group / f"{name}.yaml"), resolve=True)
+
+
+def mesh_for(strategy: str, devices: int) -> MeshSpec:
+    """Every device on the sequence: usp as context x 4-way Ulysses, the others one context axis."""
+    if strategy == "usp":
+        return MeshSpec(context=devices // ULYSSES, context_ulysses=ULYSSES)
+    return MeshSpec(context=devices)
+
+
+def spec_for(model: str, cluster: str, strategy: str, length: int, remat: str) -> TrialSpec:
+    c = ClusterSpec(**conf("cluster", cluster))
+    return TrialSpec(
+        model=ModelSpec(**conf("model", model)), mesh=mesh_for(strategy, c.devices),
+        strategy=StrategySpec(**conf("strategy", strategy)), context_length=length,
+        train=TrainSpec(remat=remat), cluster=c,
+    )  # fmt: skip
+
+
+def row_cells(cluster: str, r: dict) -> list[str]:
+    comp = aot._gib_cell(r)
+    ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "-"
+    return [cluster, r["strategy"], r["mesh"], f"{r['context_length']:,}", r["remat"],
+            f"{r['analytic_bytes'] / 2**30:.1f}", comp, ratio, r["verdict"], f"{r['compile_s']:.0f}"]  # fmt: skip
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="llama3_1_8b_long")
+    ap.add_argument("--strategies", nargs="+", default=["ring", "usp", "all_gather", "ulysses"])
+    ap.add_argument("--lengths", nargs="+", type=int, default=LENGTHS)
+    ap.add_argument("--clusters", nargs="+", default=["tpu7x_128", "v5p_128"])
+    ap.add_argument("--remat", default="full")
+    ap.add_argument("--refresh", action="store_true", help="compile again even if cached")
+    a = ap.parse_args(argv)
+    if not aot.available():
+        print("error: needs libtpu: pip install -e '.[tpu]'", file=sys.stderr)
+        return 2
+    head = ["cluster", "strategy", "mesh", "context", "remat", "analytic GiB", "compiled GiB", "ratio",
+            "verdict", "compile s"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    done: list[tuple[str, dict]] = []
+    for cluster in a.clusters:
+        for strategy in a.strategies:
+            for length in a.lengths:
+                spec = spec_for(a.model, cluster, strategy, length, a.remat)
+                bad = validate.problems(spec)
+                if bad:  # not a compile question: say why once, in the log
+                    print(f"skip {cluster} {strategy} {length:,}: {bad[0].message}", file=sys.stderr)
+                    continue
+                t0 = time.perf_counter()
+                if a.refresh:
+                    aot.compiled_memory(spec, refresh=True)
+                [r] = aot.compare([spec])
+                print(f"{cluster} {strategy} {length:,}: {r['verdict']} ({time.perf_counter() - t0:.0f} s)",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                done.append((cluster, r))
+                lines.append("| " + " | ".join(row_cells(cluster, r)) + " |")
+    print("\n".join(lines))
+    ratios = [(r["ratio"], c, r) for c, r in done if r["ratio"] is not None and r["status"] == "compiled"]
+    if ratios:
+        worst = max(ratios, key=lambda t: abs(t[0] - 1.0))
+        print(f"\nWorst analytic/compiled ratio: {worst[0]:.2f} ({worst[1]} {worst[2]['strategy']} "
+              f"{worst[2]['context_length']:,}).")  # fmt: skip
+    for c, r in done:
+        if r["context_length"] == L14M:
+            print(f"14M: {c} {r['strategy']} {r['mesh']}: compiled {aot._gib_cell(r)} ({r['verdict']}), "
+                  f"analytic {r['analytic_bytes'] / 2**30:.1f} GiB; {r['reason']}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

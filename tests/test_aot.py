@@ -1,0 +1,92 @@
+"""aot=true on a small TPU slice: a point the compiler rejects, or whose compiled peak exceeds the cluster's
+HBM, is verdict `infeasible` with the compiler's figures, never a traceback; compiles are cached."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
+from orchestrator.plan import aot
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# What libtpu says (jaxlib XlaRuntimeError text) when a train step does not fit, as seen for ring at 14M.
+TPU_OOM = (
+    "RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space hbm. Used 150.60G "
+    "of 94.75G hbm. Exceeded hbm capacity by 55.85G.\n\nTotal hbm usage >= 151.60G:\n"
+    "    reserved          1.00G\n    program         150.60G\n    arguments            0B\n\n"
+    "Output size 0B; shares 0B with arguments.\n\nProgram hbm requirement 150.60G:\n\n"
+    "  Largest program allocations in hbm:\n\n"
+    '  1. Size: 58.13G\n     Operator: op_name="jit(step)/while/body/dynamic_update_slice"\n'
+    "     Shape: f32[126,1,57344,16,256]{4,3,2,1,0:T(8,128)}\n     Unpadded size: 58.13G\n"
+    "  2. Size: 3.50G\n     Shape: bf16[32,1,114688,4096]\n"
+    "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries (150.60G) "
+    "exceeds available HBM (94.75G)"
+)
+
+
+def conf(group: str, name: str) -> dict:
+    return OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / group / f"{name}.yaml"), resolve=True)
+
+
+def tiny_spec(hbm: int, length: int = 2048, **model) -> TrialSpec:
+    """Tiny llama on a tpu7x 2x2x1 slice (4 chips, 8 devices), ring over all 8."""
+    cluster = replace(ClusterSpec(**conf("cluster", "tpu7x_128")), topology="2x2x1", hbm_bytes_per_device=hbm)
+    strategy = replace(StrategySpec(**conf("strategy", "ring")), block_q=256, block_kv=256)
+    return TrialSpec(
+        model=replace(ModelSpec(**conf("model", "tiny")), **model), mesh=MeshSpec(context=8),
+        strategy=strategy, context_length=length, train=TrainSpec(remat="full"), cluster=cluster,
+    )  # fmt: skip
+
+
+def test_compiler_rejection_keeps_the_compilers_figures():
+    got = aot.compiler_rejection(TPU_OOM)
+    assert got["status"] == "rejected"
+    assert got["required_bytes"] == int(150.60 * 2**30) and got["available_bytes"] == int(94.75 * 2**30)
+    assert got["required_for"] == "HLO temporaries"
+    assert any("f32[126,1,57344,16,256]" in line for line in got["largest_buffers"])
+    assert aot.compiler_rejection("INVALID_ARGUMENT: shapes do not match") is None
+    spec = tiny_spec(hbm=96 * 2**30)
+    verdict, reason = aot.verdict(spec, {**got, "topology": "tpu7x:2x2x1"})
+    assert verdict == "infeasible"
+    assert "150.6 GiB" in reason and "94.8 GiB" in reason and "HLO temporaries" in reason
+
+
+def test_small_slice_verdicts_and_cache(tmp_path, monkeypatch):
+    """Compiled for a real TPU topology (libtpu, no TPU): fits 96 GiB, not a 1 MiB HBM; the second ask is the
+    cached answer (no compile)."""
+    pytest.importorskip("libtpu")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    monkeypatch.setattr(aot, "CACHE_DIR", tmp_path)
+    fits, tight = tiny_spec(hbm=96 * 2**30), tiny_spec(hbm=2**20)
+    assert fits.trial_id == tight.trial_id  # the cluster is not part of the identity: one compile serves both
+    rows = aot.compare([fits, tight])
+    assert [r["verdict"] for r in rows] == ["run", "infeasible"], rows
+    assert rows[0]["status"] == "compiled" and rows[0]["compiled_bytes"] > 2**20
+    assert "1.0 MiB" in rows[1]["reason"] or "0.0 GiB" in rows[1]["reason"]
+    assert len(list(tmp_path.glob("*.json"))) == 1
+
+    def no_compile(*a, **k):
+        raise AssertionError("should have come from the cache")
+
+    monkeypatch.setattr(aot, "_devices", no_compile)
+    assert aot.compiled_memory(fits)["peak_bytes"] == rows[0]["compiled_bytes"]
+
+
+def test_rejected_compile_is_infeasible_not_a_traceback(tmp_path, monkeypatch):
+    """A point far beyond a slice's HBM: the compiler's refusal becomes the verdict, and is cached too."""
+    pytest.importorskip("libtpu")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    monkeypatch.setattr(aot, "CACHE_DIR", tmp_path)
+    # ~4M tokens per device x a 32K-wide MLP: the recomputed gate/up activations alone are ~512 GiB.
+    huge = tiny_spec(hbm=96 * 2**30, length=2**25, embed=1024, mlp=32768)
+    [row] = aot.compare([huge])
+    assert row["verdict"] == "infeasible", row
+    assert row["status"] == "rejected" and row["compiled_bytes"] > 96 * 2**30
+    assert "TPU compiler: needs" in row["reason"]
+    assert aot.compiled_memory(huge)["status"] == "rejected"  # from the cache
