@@ -5,8 +5,10 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from unittest import mock
 
 import ray
 
@@ -39,9 +41,7 @@ def start_fake_tpu(cluster: ClusterSpec):
     exactly as GKE TPU hosts do, so the real slice-reservation path runs on CPU."""
     from ray.cluster_utils import Cluster
 
-    # Cluster writes /tmp/ray/ray_current_cluster, which would make every plain ray.init() on this
-    # machine (other users, other tests) join our fake slices.
-    with mock.patch.object(ray._private.utils, "write_ray_address", lambda *a, **k: None):
+    with _no_address_file():
         c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
     saved = {
         k: os.environ.get(k) for k in ("TPU_ACCELERATOR_TYPE", "TPU_TOPOLOGY", "TPU_NAME", "TPU_WORKER_ID")
@@ -57,6 +57,29 @@ def start_fake_tpu(cluster: ClusterSpec):
         for k, v in saved.items():
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
     return c
+
+
+@contextmanager
+def _no_address_file() -> Iterator[None]:
+    """ray.cluster_utils.Cluster writes /tmp/ray/ray_current_cluster, which would make every plain ray.init()
+    on this machine (other users, other tests) join our fake slices. Ray has no public switch for it: the one
+    private hook is swapped here (tests/test_scheduler.py fails loudly if it moves)."""
+    utils = ray._private.utils
+    real = utils.write_ray_address
+    utils.write_ray_address = lambda *a, **k: None
+    try:
+        yield
+    finally:
+        utils.write_ray_address = real
+
+
+def worker_env(cluster: ClusterSpec) -> dict[str, str]:
+    """The environment of a trial's host processes: the cluster's host env and a shared compilation cache."""
+    # A persistent compilation cache: retries, resumed sweeps and nightly re-runs skip identical compiles.
+    cache = os.environ.get("JAX_COMPILATION_CACHE_DIR") or os.path.join(
+        tempfile.gettempdir(), "cp-orchestrator-jax-cache"
+    )
+    return {"PYTHONUNBUFFERED": "1", "JAX_COMPILATION_CACHE_DIR": cache} | cluster.host_env()
 
 
 def _chips_per_host(cluster: ClusterSpec) -> int:
@@ -89,8 +112,6 @@ def connect(cluster: ClusterSpec) -> None:
         cpus = max(os.cpu_count() or 2, cluster.hosts * max(cluster.concurrency, 1))
         # The workers' environment is the job's, so Ray can start worker processes ahead of the trials
         # (a per-task runtime_env would make every fresh max_calls=1 worker start cold).
-        from orchestrator.scheduler import worker_env  # scheduler imports this module
-
         env = {"env_vars": worker_env(cluster)}
         ray.init(
             address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False, runtime_env=env

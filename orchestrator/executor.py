@@ -10,20 +10,15 @@ import queue
 import signal
 import time
 from collections import deque
-from dataclasses import dataclass
 
 from jobs.spec import TrialSpec
 from orchestrator import scheduler as sched
+from orchestrator.outcomes import Outcome, RetryBudgets
 from orchestrator.progress import Progress
 from orchestrator.tracking import Tracker
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Budgets:
-    preemption: int = 3
-    failure: int = 1
+Budgets = RetryBudgets  # the name callers used before outcomes.py
 
 
 def summary_metrics(summary: dict) -> dict[str, float]:
@@ -58,127 +53,143 @@ def placement_note(hosts: list[dict]) -> str:
     return f"{'+'.join(slices)}: {where}" if slices else where
 
 
+class Executor:
+    """The event loop of a sweep: each Attempt reports on one queue (placed, host, records, outcome), and one
+    small handler per event kind updates progress, tracking and the retry state."""
+
+    def __init__(self, specs: list[TrialSpec], tracker: Tracker, progress: Progress, concurrency: int,
+                 budgets: RetryBudgets, sweep_id: str):  # fmt: skip
+        self.tracker, self.progress, self.concurrency, self.budgets = tracker, progress, concurrency, budgets
+        self.sweep_id = sweep_id
+        self.events: queue.Queue = queue.Queue()
+        self.pending = deque(specs)
+        self.running: dict[str, sched.Attempt] = {}
+        self.by_id = {s.trial_id: s for s in specs}
+        self.used = {s.trial_id: {Outcome.PREEMPTED: 0, Outcome.FAILED: 0} for s in specs}
+        self.attempts = {s.trial_id: 0 for s in specs}
+        self.outcomes: dict[str, str] = {}
+        self.summaries: dict[str, dict] = {}
+        self.history: dict[str, list[dict]] = {s.trial_id: [] for s in specs}  # per attempt: where, when, end
+        self.interrupted = False
+
+    def run(self) -> dict[str, str]:
+        old = signal.signal(signal.SIGINT, self._on_sigint)
+        try:
+            while (self.pending or self.running) and not self.interrupted:
+                self._launch_ready()
+                try:
+                    ev = self.events.get(timeout=0.5)
+                except queue.Empty:
+                    self.tracker.flush()
+                    continue
+                if ev.attempt != self.attempts.get(ev.trial_id):
+                    if ev.kind == "records":  # a late batch of an ended attempt: still data (steps dedup)
+                        self.tracker.log_records(ev.trial_id, ev.records, ev.attempt)
+                    continue
+                getattr(self, f"_on_{ev.kind}")(ev, self.by_id[ev.trial_id], self.history[ev.trial_id][-1])
+        finally:
+            signal.signal(signal.SIGINT, old)
+            if self.interrupted:
+                self._cancel_all()
+        return self.outcomes
+
+    def _on_sigint(self, *_) -> None:
+        self.interrupted = True
+
+    def _launch_ready(self) -> None:
+        while self.pending and len(self.running) < self.concurrency:
+            spec = self.pending.popleft()
+            tid = spec.trial_id
+            self.attempts[tid] += 1
+            self.progress.update(tid, state="starting")
+            self.tracker.set_status(tid, "running")
+            self.history[tid].append({"attempt": self.attempts[tid], "submitted": time.time(), "hosts": []})
+            run_spec = with_checkpoint_dir(spec, self.sweep_id)
+            self.running[tid] = sched.Attempt(run_spec, self.attempts[tid], self.events)
+
+    def _on_placed(self, ev: sched.Event, spec: TrialSpec, att: dict) -> None:
+        att |= {"placed": time.time(), **ev.records[0]}
+        self.progress.update(ev.trial_id, state="running", note=f"on {ev.records[0]['slice'] or 'local'}")
+
+    def _on_host(self, ev: sched.Event, spec: TrialSpec, att: dict) -> None:
+        att["hosts"] += ev.records
+        if len(att["hosts"]) == spec.cluster.hosts:
+            self.progress.event(ev.trial_id, f"attempt {ev.attempt} on {placement_note(att['hosts'])}")
+
+    def _on_records(self, ev: sched.Event, spec: TrialSpec, att: dict) -> None:
+        att.setdefault("first_record", time.time())
+        if "first_step" not in att and any(r["kind"] == "step" for r in ev.records):
+            att["first_step"] = time.time()
+        self.tracker.log_records(ev.trial_id, ev.records, ev.attempt)
+        for r in ev.records:
+            if r["kind"] == "step":
+                self.progress.update(ev.trial_id, state="running", step=r["step"] + 1, loss=r["loss"],
+                                     tokens_per_s=r["tokens_per_s"])  # fmt: skip
+            elif r["kind"] == "summary":
+                self.summaries[ev.trial_id] = r
+            elif r["kind"] == "start":
+                self.progress.update(ev.trial_id, state="running", note=f"compiled in {r['compile_s']:.1f} s")
+
+    def _on_outcome(self, ev: sched.Event, spec: TrialSpec, att: dict) -> None:
+        tid, outcome = ev.trial_id, Outcome(ev.outcome)
+        self.running.pop(tid, None)
+        att |= {"ended": time.time(), "outcome": outcome.value, "error": ev.error[-1000:]}
+        if outcome in self.used[tid] and self.used[tid][outcome] < self.budgets.limit(outcome):
+            self._retry(spec, outcome, ev.error)
+        else:
+            self._finish(spec, outcome, ev.error)
+
+    def _retry(self, spec: TrialSpec, outcome: Outcome, error: str) -> None:
+        tid = spec.trial_id
+        self.used[tid][outcome] += 1
+        n = sum(self.used[tid].values())
+        log.warning("trial %s %s (%s); retry %d", tid, outcome.value, error[-300:], n)
+        self.progress.update(tid, state="queued", retries=n, note=f"{outcome.value}: retrying")
+        self.tracker.set_status(tid, "retrying", f"{outcome.value}: {error[-500:]}")
+        self.pending.append(spec)
+
+    def _finish(self, spec: TrialSpec, outcome: Outcome, error: str) -> None:
+        tid, t = spec.trial_id, self.tracker
+        self.outcomes[tid] = outcome.value
+        t.log_text(tid, json.dumps(self.history[tid], indent=1), "attempts.json")
+        slices = sorted({h["slice"] for a in self.history[tid] for h in a["hosts"] if h["slice"]})
+        t.set_tags(tid, {"attempts": str(self.attempts[tid]), "slices": ",".join(slices)})
+        # the store hears first: a driver killed right after this line must not rerun a finished trial
+        terminal = "FINISHED" if outcome == Outcome.FINISHED else "FAILED"
+        t.set_status(tid, outcome.value, error, terminal=terminal)
+        final = "done" if outcome == Outcome.FINISHED else outcome.value
+        self.progress.update(tid, state=final, note=error[-120:] if error else "")
+        if outcome == Outcome.FINISHED and tid in self.summaries:
+            for k, v in summary_metrics(self.summaries[tid]).items():
+                t.log_metrics("sweep", {f"{k}/{spec.strategy.name}": v}, step=spec.context_length)
+        t.flush()
+
+    def _cancel_all(self) -> None:
+        for attempt in self.running.values():  # all at once: each waits for its slice to be freed
+            attempt.request_cancel()
+        for tid, attempt in self.running.items():
+            attempt.cancel()
+            self.outcomes[tid] = Outcome.CANCELLED.value
+            self.tracker.set_status(tid, "cancelled", "interrupted by the user", terminal="KILLED")
+            self.progress.update(tid, state="cancelled")
+        for spec in self.pending:
+            self.outcomes[spec.trial_id] = Outcome.CANCELLED.value
+            self.tracker.set_status(
+                spec.trial_id, "cancelled", "interrupted before it started", terminal="KILLED"
+            )
+            self.progress.update(spec.trial_id, state="cancelled")
+        print(f"interrupted: {len(self.running)} running and {len(self.pending)} queued trials cancelled; "
+              f"placement groups still reserved: {sched.live_placement_groups()}", flush=True)  # fmt: skip
+
+
 def execute(
     specs: list[TrialSpec],
     tracker: Tracker,
     progress: Progress,
     concurrency: int,
-    budgets: Budgets,
+    budgets: RetryBudgets,
     sweep_id: str = "",
 ) -> dict[str, str]:
     """Run trials (at most `concurrency` at once) with retries; returns trial_id -> final outcome.
     With a sweep id, trials that checkpoint get a per-trial checkpoint directory under it."""
-    events: queue.Queue = queue.Queue()
-    pending = deque(specs)
-    running: dict[str, sched.Trial] = {}
-    used = {s.trial_id: {"preempted": 0, "failed": 0} for s in specs}
-    attempts = {s.trial_id: 0 for s in specs}
-    outcomes: dict[str, str] = {}
-    summaries: dict[str, dict] = {}
-    by_id = {s.trial_id: s for s in specs}
-    history: dict[str, list[dict]] = {s.trial_id: [] for s in specs}  # per attempt: where, when, how it ended
-    interrupted = False
-
-    def on_sigint(*_):
-        nonlocal interrupted
-        interrupted = True
-
-    old = signal.signal(signal.SIGINT, on_sigint)
-    try:
-        while (pending or running) and not interrupted:
-            while pending and len(running) < concurrency:
-                spec = pending.popleft()
-                attempts[spec.trial_id] += 1
-                progress.update(spec.trial_id, state="starting")
-                tracker.set_status(spec.trial_id, "running")
-                history[spec.trial_id].append(
-                    {"attempt": attempts[spec.trial_id], "submitted": time.time(), "hosts": []}
-                )
-                run_spec = with_checkpoint_dir(spec, sweep_id)
-                running[spec.trial_id] = sched.Trial(run_spec, attempts[spec.trial_id], events)
-            try:
-                ev = events.get(timeout=0.5)
-            except queue.Empty:
-                tracker.flush()
-                continue
-            if ev.attempt != attempts.get(ev.trial_id):
-                if ev.kind == "records":  # a late batch of an ended attempt: still data (steps dedup)
-                    tracker.log_records(ev.trial_id, ev.records, ev.attempt)
-                continue
-            spec = by_id[ev.trial_id]
-            att = history[ev.trial_id][-1]
-            if ev.kind == "placed":
-                att |= {"placed": time.time(), **ev.records[0]}
-                progress.update(ev.trial_id, state="running", note=f"on {ev.records[0]['slice'] or 'local'}")
-                continue
-            if ev.kind == "host":
-                att["hosts"] += ev.records
-                if len(att["hosts"]) == spec.cluster.hosts:
-                    progress.event(ev.trial_id, f"attempt {ev.attempt} on {placement_note(att['hosts'])}")
-                continue
-            if ev.kind == "records":
-                att.setdefault("first_record", time.time())
-                if "first_step" not in att and any(r["kind"] == "step" for r in ev.records):
-                    att["first_step"] = time.time()
-                tracker.log_records(ev.trial_id, ev.records, ev.attempt)
-                for r in ev.records:
-                    if r["kind"] == "step":
-                        progress.update(ev.trial_id, state="running", step=r["step"] + 1, loss=r["loss"],
-                                        tokens_per_s=r["tokens_per_s"])  # fmt: skip
-                    elif r["kind"] == "summary":
-                        summaries[ev.trial_id] = r
-                    elif r["kind"] == "start":
-                        progress.update(
-                            ev.trial_id, state="running", note=f"compiled in {r['compile_s']:.1f} s"
-                        )
-                continue
-            running.pop(ev.trial_id, None)
-            att |= {"ended": time.time(), "outcome": ev.outcome, "error": ev.error[-1000:]}
-            budget_key = {"preempted": "preempted", "failed": "failed"}.get(ev.outcome)
-            limit = {"preempted": budgets.preemption, "failed": budgets.failure}.get(ev.outcome, 0)
-            if budget_key and used[ev.trial_id][budget_key] < limit:
-                used[ev.trial_id][budget_key] += 1
-                n = sum(used[ev.trial_id].values())
-                log.warning("trial %s %s (%s); retry %d", ev.trial_id, ev.outcome, ev.error[-300:], n)
-                progress.update(ev.trial_id, state="queued", retries=n, note=f"{ev.outcome}: retrying")
-                tracker.set_status(ev.trial_id, "retrying", f"{ev.outcome}: {ev.error[-500:]}")
-                pending.append(spec)
-                continue
-            outcomes[ev.trial_id] = ev.outcome
-            tracker.log_text(ev.trial_id, json.dumps(history[ev.trial_id], indent=1), "attempts.json")
-            slices = sorted({h["slice"] for a in history[ev.trial_id] for h in a["hosts"] if h["slice"]})
-            tracker.set_tags(
-                ev.trial_id, {"attempts": str(attempts[ev.trial_id]), "slices": ",".join(slices)}
-            )
-            # the store hears first: a driver killed right after this line must not rerun a finished trial
-            tracker.set_status(
-                ev.trial_id,
-                ev.outcome,
-                ev.error,
-                terminal="FINISHED" if ev.outcome == "finished" else "FAILED",
-            )
-            final = {"finished": "done"}.get(ev.outcome, ev.outcome)
-            progress.update(ev.trial_id, state=final, note=ev.error[-120:] if ev.error else "")
-            if ev.outcome == "finished" and ev.trial_id in summaries:
-                for k, v in summary_metrics(summaries[ev.trial_id]).items():
-                    tracker.log_metrics("sweep", {f"{k}/{spec.strategy.name}": v}, step=spec.context_length)
-            tracker.flush()
-    finally:
-        signal.signal(signal.SIGINT, old)
-        if interrupted:
-            for trial in running.values():  # all at once: each waits for its slice to be freed
-                trial.request_cancel()
-            for tid, trial in running.items():
-                trial.cancel()
-                outcomes[tid] = "cancelled"
-                tracker.set_status(tid, "cancelled", "interrupted by the user", terminal="KILLED")
-                progress.update(tid, state="cancelled")
-            for spec in pending:
-                outcomes[spec.trial_id] = "cancelled"
-                tracker.set_status(
-                    spec.trial_id, "cancelled", "interrupted before it started", terminal="KILLED"
-                )
-                progress.update(spec.trial_id, state="cancelled")
-            print(f"interrupted: {len(running)} running and {len(pending)} queued trials cancelled; "
-                  f"placement groups still reserved: {sched.live_placement_groups()}", flush=True)  # fmt: skip
-    return outcomes
+    return Executor(specs, tracker, progress, concurrency, budgets, sweep_id).run()

@@ -10,7 +10,6 @@ import logging
 import os
 import queue
 import socket
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -22,18 +21,9 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from jobs.spec import ClusterSpec, TrialSpec
 from orchestrator import cluster as clusters
+from orchestrator.outcomes import Outcome, classify, combine
 
 log = logging.getLogger(__name__)
-FINISHED, PREEMPTED, FAILED, INFEASIBLE, CANCELLED = (
-    "finished",
-    "preempted",
-    "failed",
-    "infeasible",
-    "cancelled",
-)
-INFEASIBLE_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory")
-# A job exception caused by a lost peer (gloo / coordination service) is the peer's preemption, not a bug.
-PEER_LOST_MARKERS = ("Connection closed by peer", "Connection reset by peer", "stopped sending heartbeats")
 GRACE_S = 2.0  # after a host's error, how long the others get to report their own cause before we cancel
 SLICE_WAIT_S = 60.0  # a reserved slice head whose workers stay busy this long is released and re-chosen
 
@@ -85,43 +75,13 @@ def _probe() -> dict[str, str]:
     return {"address": f"{info['node_ip']}:{port}", "worker_id": info["worker_id"], "slice": info["slice"]}
 
 
-def worker_env(cluster: ClusterSpec) -> dict[str, str]:
-    # A persistent compilation cache: retries, resumed sweeps and nightly re-runs skip identical compiles.
-    cache = os.environ.get("JAX_COMPILATION_CACHE_DIR") or os.path.join(
-        tempfile.gettempdir(), "cp-orchestrator-jax-cache"
-    )
-    env = {"PYTHONUNBUFFERED": "1", "JAX_COMPILATION_CACHE_DIR": cache}
-    return env | cluster.host_env()
-
-
-def classify(err: BaseException) -> str:
-    """Typed outcome of an exception from a host task."""
-    text = f"{err} {getattr(err, 'cause', '')}"
-    if isinstance(err, ray.exceptions.OutOfMemoryError) or any(m in text for m in INFEASIBLE_MARKERS):
-        return INFEASIBLE
-    if isinstance(err, ray.exceptions.TaskCancelledError):
-        return CANCELLED
-    if isinstance(err, ray.exceptions.RayTaskError):
-        return PREEMPTED if any(m in text for m in PEER_LOST_MARKERS) else FAILED
-    # worker or node died, task lost with its node: the slice is gone, not the code
-    return PREEMPTED
-
-
-def combine(outcomes: list[str]) -> str:
-    """One trial outcome from its hosts': a lost host explains its peers' errors; OOM beats a crash."""
-    for o in (PREEMPTED, INFEASIBLE, FAILED, CANCELLED):
-        if o in outcomes:
-            return o
-    return FINISHED
-
-
 @dataclass
 class Event:
     trial_id: str
     attempt: int
     kind: str  # "placed" | "host" | "records" | "outcome"
     records: list[dict[str, Any]] = field(default_factory=list)
-    outcome: str = ""
+    outcome: Outcome | str = ""
     error: str = ""
 
 
@@ -138,8 +98,8 @@ def live_placement_groups() -> int:
     return sum(table.get(pid.hex(), {}).get("state", "REMOVED") != "REMOVED" for pid in _reserved)
 
 
-class Trial:
-    """A launched attempt of one trial: its slice reservation, host tasks, and reader threads.
+class Attempt:
+    """One attempt of one trial: its slice reservation, host tasks, and reader threads.
 
     Everything blocking (waiting for a free slice, the hosts' streams) happens on the trial's own thread,
     so the executor loop never waits on one trial. Every exit path releases the placement groups."""
@@ -162,23 +122,29 @@ class Trial:
 
     # --- the attempt, on its own thread -----------------------------------------------------------
     def _run(self) -> None:
-        outcome, error = FINISHED, ""
+        outcome, error = Outcome.FINISHED, ""
         try:
             strategies, opts = self._place()
             self._launch(strategies, opts)
             outcome, error = self._wait()
         except Cancelled:
-            outcome = CANCELLED
+            outcome = Outcome.CANCELLED
         except Exception as e:  # noqa: BLE001 - every failure becomes a typed outcome
             # ValueError: no such topology / accelerator here; anything else from placement is Ray's
             outcome = (
-                CANCELLED if self.cancelled else INFEASIBLE if isinstance(e, ValueError) else classify(e)
+                Outcome.CANCELLED
+                if self.cancelled
+                else Outcome.INFEASIBLE
+                if isinstance(e, ValueError)
+                else classify(e)
             )
             error = f"{type(e).__name__}: {e}"
         finally:
             self.release()
         self._emit(
-            "outcome", outcome=CANCELLED if self.cancelled else outcome, error=" ".join(error.split())[-4000:]
+            "outcome",
+            outcome=Outcome.CANCELLED if self.cancelled else outcome,
+            error=" ".join(error.split())[-4000:],
         )
 
     def _check(self) -> None:
@@ -193,7 +159,7 @@ class Trial:
             "local",
             "local_multihost",
         ):  # a local Ray has it job-wide (cluster.py)
-            opts["runtime_env"] = {"env_vars": worker_env(c)}
+            opts["runtime_env"] = {"env_vars": clusters.worker_env(c)}
         if c.kind in clusters.TPU_KINDS:
             pg = self._reserve_tpu_slice(c)
             res = dict(self.spg.bundle_resources)
@@ -279,7 +245,7 @@ class Trial:
                     self.errors.append((pid, e))
             self.first_error.set()
 
-    def _wait(self) -> tuple[str, str]:
+    def _wait(self) -> tuple[Outcome, str]:
         while not self.first_error.wait(0.5) and any(t.is_alive() for t in self.readers):
             pass
         if self.first_error.is_set():
@@ -290,7 +256,7 @@ class Trial:
             for t in self.readers:
                 t.join(30)
         if not self.errors:
-            return FINISHED, ""
+            return Outcome.FINISHED, ""
         outcome = combine([classify(e) for _, e in self.errors])
         error = "; ".join(f"host {pid}: {type(e).__name__}: {e}" for pid, e in self.errors)
         return outcome, error
@@ -326,8 +292,3 @@ class Trial:
                 remove_placement_group(pg)
             except Exception:  # noqa: BLE001 - already removed
                 pass
-
-
-def connect(cluster: ClusterSpec) -> None:
-    """Start or join the Ray cluster for `cluster` (see orchestrator.cluster)."""
-    clusters.connect(cluster)
