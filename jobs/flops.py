@@ -32,8 +32,3 @@ def train_tflops_per_device(model: ModelSpec, length: int, batch: int, devices: 
     """Training TFLOPs per device per step: 3x forward (fwd + 2x bwd); remat recompute is not counted."""
     weights, attention = layer_flops(model, length)
     return 3 * (weights + attention) * batch / devices / 1e12
-
-
-def attention_fraction(model: ModelSpec, length: int) -> float:
-    weights, attention = layer_flops(model, length)
-    return attention / (weights + attention)

@@ -45,13 +45,6 @@ def exists(uri: str) -> bool:
     )
 
 
-def read_bytes(uri: str) -> bytes:
-    if not is_gcs(uri):
-        return Path(uri).read_bytes()
-    bucket, name = split(uri)
-    return client().bucket(bucket).blob(name).download_as_bytes()
-
-
 def write_bytes(uri: str, data: bytes) -> None:
     if not is_gcs(uri):
         Path(uri).parent.mkdir(parents=True, exist_ok=True)

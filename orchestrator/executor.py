@@ -15,6 +15,7 @@ from jobs.spec import TrialSpec
 from orchestrator import scheduler as sched
 from orchestrator.outcomes import Outcome, RetryBudgets
 from orchestrator.progress import Progress
+from orchestrator.records import memory_bytes
 from orchestrator.tracking import Tracker
 
 log = logging.getLogger(__name__)
@@ -29,8 +30,7 @@ def summary_metrics(summary: dict) -> dict[str, float]:
         "step_time_s": summary.get("step_time_median_s", float("nan")),
         "tflops_per_s_per_device": summary.get("tflops_per_s_per_device", float("nan")),
     }
-    mem = summary.get("peak_bytes_in_use") or summary.get("compiled_bytes_per_device")
-    if mem:
+    if mem := memory_bytes(summary):
         out["memory_gib"] = mem / 2**30
     return out
 

@@ -26,6 +26,12 @@ def trial_params(spec: TrialSpec) -> dict[str, str]:
     return {k: str(v) for k, v in p.items()}
 
 
+def memory_bytes(summary: dict[str, Any]) -> int | None:
+    """A trial's memory per device: the runtime peak where the backend reports one (TPU/GPU), else the
+    compiler's figure (CPU reports no runtime peak)."""
+    return summary.get("peak_bytes_in_use") or summary.get("compiled_bytes_per_device")
+
+
 def record_points(r: dict[str, Any], now: int, attempt: int = 1) -> list[Point]:
     """One metric record as MLflow points: step records per step (at the job's own time, so a copy re-sent
     after a resume is the same point), start records per attempt, summary ones at step 0."""
@@ -36,8 +42,7 @@ def record_points(r: dict[str, Any], now: int, attempt: int = 1) -> list[Point]:
         vals, step = dict(r), attempt
     elif r.get("kind") == "summary":  # end-of-trial figures get final_; memory keeps its names
         vals = {("final_" + k if k in FINAL else k): v for k, v in r.items() if k != "steps"}
-        mem = r.get("peak_bytes_in_use") or r.get("compiled_bytes_per_device")
-        if mem:  # runtime peak where the backend reports one (TPU/GPU), else the compiler's figure (CPU)
+        if mem := memory_bytes(r):
             vals["memory_bytes_per_device"] = mem
         step = 0
     else:
