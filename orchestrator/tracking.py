@@ -268,9 +268,9 @@ class Tracker:
         return self.run_ids.get(key)
 
     def records(self, key: str) -> list[dict[str, Any]]:
-        """The last attempt's metric records of a trial, as the driver received them."""
+        """A trial's metric records as the driver logged them, every attempt in order (each step once)."""
         j = self.logs.get(key)
-        return list(j.records) if j else []
+        return [r for attempt in j.attempts for r in attempt] if j else []
 
     def dashboard_hint(self) -> str:
         if self.uri.startswith(("http://", "https://")):
