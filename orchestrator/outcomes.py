@@ -17,8 +17,11 @@ class Outcome(StrEnum):
 
 
 INFEASIBLE_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory")
-# A job exception caused by a lost peer (gloo / coordination service) is the peer's preemption, not a bug.
-PEER_LOST_MARKERS = ("Connection closed by peer", "Connection reset by peer", "stopped sending heartbeats")
+# A job exception caused by a lost peer (gloo / coordination service) is the peer's preemption, not a bug. So is
+# a peer that came too late to a new gloo communicator: XLA's CPU runtime gives it a fixed 30 s (no flag), which
+# a host starved of CPU can miss.
+PEER_LOST_MARKERS = ("Connection closed by peer", "Connection reset by peer", "stopped sending heartbeats",
+                     "Gloo context initialization failed")  # fmt: skip
 
 
 def classify(err: BaseException) -> Outcome:

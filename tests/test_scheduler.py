@@ -31,6 +31,10 @@ def _task_error(text: str) -> ray.exceptions.RayTaskError:
         (_task_error("XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory allocating 12 GiB"), "infeasible"),
         (_task_error("ValueError: bad shape"), "failed"),
         (_task_error("Gloo: Connection closed by peer [127.0.0.1]:4455"), "preempted"),
+        (
+            _task_error("Gloo context initialization failed: DEADLINE_EXCEEDED: GetKeyValue() timed out"),
+            "preempted",
+        ),
         (ray.exceptions.WorkerCrashedError(), "preempted"),
         (ray.exceptions.NodeDiedError("node 1 died"), "preempted"),
         (ray.exceptions.TaskCancelledError(), "cancelled"),
