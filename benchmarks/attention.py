@@ -24,6 +24,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from jobs.attention import attention  # noqa: E402
+from jobs.attention.kernel import KERNELS, resolve  # noqa: E402
 from jobs.attention.sharding import qkv_spec  # noqa: E402
 
 
@@ -105,6 +106,9 @@ def main() -> None:
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--block", type=int, default=512)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument(
+        "--kernel", default="auto", choices=list(KERNELS), help="local kernel (auto: per backend)"
+    )
     ap.add_argument("--iters", type=int, default=3)
     ap.add_argument("--devices", type=int, default=8)
     ap.add_argument(
@@ -132,7 +136,7 @@ def main() -> None:
     print(
         f"B={B} L={L} Hq={H} Hkv={K} D={D} dtype={a.dtype} block={a.block} devices={len(jax.devices())} causal"
     )
-    header = f"{'strategy':<12}{'mesh':<14}{'layout':<12}{'ms/step':>10}{'cpu ms':>9}{'x dense':>9}{'compile s':>11}{'MiB/dev':>10}{'work%':>7}"
+    header = f"{'strategy':<12}{'mesh':<14}{'layout':<12}{'kernel':<8}{'ms/step':>10}{'cpu ms':>9}{'x dense':>9}{'compile s':>11}{'MiB/dev':>10}{'work%':>7}"
     print(header)
     print("-" * len(header))
     results: dict[tuple[str, str], tuple[float, float]] = {}
@@ -143,26 +147,27 @@ def main() -> None:
         if not keep(strategy, layout):
             continue
         if strategy == "reference" and L > a.dense_max_length:
-            print(f"{strategy:<12}{'1 device':<14}{layout:<12}  skipped (L > --dense-max-length)")
+            print(f"{strategy:<12}{'1 device':<14}{layout:<12}{'-':<8}  skipped (L > --dense-max-length)")
             continue
         mesh = make_mesh(shape)
         fn = lambda q, k, v, s=strategy, m=mesh, lay=layout: attention(
-            q, k, v, strategy=s, mesh=m, layout=lay, block_q=a.block, block_kv=a.block
+            q, k, v, strategy=s, mesh=m, layout=lay, kernel=a.kernel, block_q=a.block, block_kv=a.block
         )
         sec, cpu, comp, mb = measure(fn, mesh, qkv_spec(mesh, strategy), shapes, dtype, a.iters)
         base = base or sec
         results[(strategy, layout)] = (sec, cpu)
         label = "x".join(str(v) for v in shape.values())
         work = busiest_device_work(strategy, layout, int(np.prod(list(shape.values()))))
+        kern = "-" if strategy == "reference" else resolve(a.kernel)  # the dense reference has no kernel
         print(
-            f"{strategy:<12}{label:<14}{layout:<12}{sec * 1e3:>10.1f}{cpu * 1e3:>9.0f}{sec / base:>9.2f}{comp:>11.1f}{mb:>10.1f}{100 * work:>7.1f}"
+            f"{strategy:<12}{label:<14}{layout:<12}{kern:<8}{sec * 1e3:>10.1f}{cpu * 1e3:>9.0f}{sec / base:>9.2f}{comp:>11.1f}{mb:>10.1f}{100 * work:>7.1f}"
         )
     mesh = make_mesh({"context": P})
     peer, why = (None, "not selected") if not keep("peer", "contiguous") else (1, "")
     if peer:
         peer, why = ringattention_peer(mesh, a.block)
     if peer is None or K != H:
-        print(f"{'peer':<12}{'-':<14}{'-':<12}  {why or 'ringattention needs Hkv == Hq (MHA)'}")
+        print(f"{'peer':<12}{'-':<14}{'-':<12}{'-':<8}  {why or 'ringattention needs Hkv == Hq (MHA)'}")
     else:
         sec, cpu, comp, mb = measure(
             peer, mesh, PartitionSpec(None, "context", None, None), shapes, dtype, a.iters
@@ -170,7 +175,7 @@ def main() -> None:
         results[("peer", "contiguous")] = (sec, cpu)
         work = busiest_device_work("peer", "contiguous", P)
         print(
-            f"{'ringattn-pypi':<12}{P:<14}{'contiguous':<12}{sec * 1e3:>10.1f}{cpu * 1e3:>9.0f}{sec / base:>9.2f}{comp:>11.1f}{mb:>10.1f}{100 * work:>7.1f}"
+            f"{'ringattn-pypi':<12}{P:<14}{'contiguous':<12}{'own':<8}{sec * 1e3:>10.1f}{cpu * 1e3:>9.0f}{sec / base:>9.2f}{comp:>11.1f}{mb:>10.1f}{100 * work:>7.1f}"
         )
     zz, cont, peer_r = (
         results.get(k) for k in (("ring", "zigzag"), ("ring", "contiguous"), ("peer", "contiguous"))

@@ -72,7 +72,9 @@ class StrategySpec:
 
     name: str = "ring"
     layout: str = "zigzag"  # zigzag | contiguous (ring and usp only)
-    kernel: str = "xla"  # xla (every backend) | splash (TPU) | flash (GPU)
+    kernel: str = (
+        "auto"  # auto (splash on TPU, flash on GPU, else xla) | xla (every backend) | splash | flash
+    )
     block_q: int = 512
     block_kv: int = 512
 
@@ -117,6 +119,15 @@ class ClusterSpec:
     max_step_seconds: float = 0.0  # planner: predicted-slower points are infeasible here (0: no budget)
     concurrency: int = 0  # trials at once (0: one per slice)
     address: str = ""  # Ray address: "" starts a local Ray, "auto" or ray://... connects
+    # Step-time model (orchestrator/plan/steptime.py); the defaults price every FLOP at peak (the roofline).
+    matmul_efficiency: float = 1.0  # fraction of peak the layer matmuls reach
+    attention_efficiency: float = 1.0  # attention kernel's fraction of peak at large head_dim and blocks
+    attention_head_dim_half: float = 0.0  # head_dim at which softmax work halves the kernel's rate
+    attention_block_half: float = 0.0  # tokens per hop at which per-hop cost halves the kernel's rate
+    attention_recompute: float = 1.0  # attention forwards replayed in backward when its output is not saved
+    collective_links: float = 1.0  # ICI links an all-gather / all-to-all drives at once (a ring hop: one)
+    step_overhead_s: float = 0.0  # fixed cost per step (dispatch, optimizer update, host loop)
+    host_bytes_per_s: float = 0.0  # host offload bandwidth per device (0: transfers not modelled)
 
     @property
     def devices(self) -> int:

@@ -28,8 +28,11 @@ def main(argv: list[str]) -> int:
             from rich.console import Console
 
             render_table(rows, Console(width=max(Console().width, 180)))
+        compiled, code = _aot(specs, rows, cfg) if cfg.get("aot") else ({}, 0)
+        if cfg.get("record") and code == 0:
+            _record(cfg, specs, rows, compiled)
         if cfg.get("aot"):
-            return _aot(specs, rows, cfg)
+            return code
         return 2 if invalid and not cfg.skip_invalid else 0
     if invalid and not cfg.skip_invalid:
         _report_invalid(specs, rows)
@@ -52,19 +55,35 @@ def _report_invalid(specs: list, rows: list) -> None:
         print(f"  also {line}", file=sys.stderr)
 
 
-def _aot(specs: list, rows: list, cfg) -> int:
-    """dry_run=true aot=true: compile the runnable points for the cluster's TPU topology, analytic vs compiled."""
+def _aot(specs: list, rows: list, cfg) -> tuple[dict, int]:
+    """dry_run=true aot=true: compile the runnable points for the cluster's TPU topology, analytic vs compiled.
+    Returns (trial id -> comparison row, exit code)."""
     from orchestrator.plan import aot
 
     if not aot.available():
         print("error: aot=true needs libtpu on this host: pip install -e '.[tpu]'", file=sys.stderr)
-        return 2
+        return {}, 2
     runnable = [s for s, r in zip(specs, rows, strict=True) if r.verdict == "run"]
     from rich.console import Console
 
     console = Console(width=max(Console().width, 140))
-    aot.render_comparison(aot.compare(runnable, cfg.get("aot_topology") or None), console)
-    return 0
+    compared = aot.compare(runnable, cfg.get("aot_topology") or None)
+    aot.render_comparison(compared, console)
+    return {r["trial_id"]: r for r in compared}, 0
+
+
+def _record(cfg, specs: list, rows: list, compiled: dict) -> None:
+    """dry_run=true record=true: the plan as planned MLflow runs (tag planned=true), with plots."""
+    from orchestrator import planrecord
+    from orchestrator.run import sweep_identity
+    from orchestrator.tracking import Tracker
+
+    name, sweep_id = sweep_identity(cfg)
+    tracker = Tracker(cfg.tracking.uri, cfg.tracking.experiment, cfg.tracking.get("artifact_location", ""))
+    sid = planrecord.record(tracker, name, sweep_id, specs, rows, compiled)
+    if not tracker.flush(timeout=300):
+        print(f"warning: {len(tracker.ops)} planned-run writes not delivered", file=sys.stderr)
+    print(f"recorded the plan as sweep {sid} (tag planned=true): {tracker.dashboard_hint()}")
 
 
 if __name__ == "__main__":

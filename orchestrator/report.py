@@ -27,6 +27,10 @@ class TrialResult:
     losses: list[tuple[int, float]] = field(default_factory=list)
     predicted_bytes: int | None = None
     peak_source: str = ""
+    predicted_step_s: float | None = None  # the planner's step-time model (orchestrator/plan/steptime.py)
+    # The same model at the matmul rate the trial itself measured (CPU: the host's load moves between plan
+    # time and run time; this separates the model's error from the load's).
+    predicted_step_at_run_s: float | None = None
 
     @property
     def measured_bytes(self) -> float | None:
@@ -38,6 +42,7 @@ def collect(
     specs: Iterable[TrialSpec],
     records_of: Callable[[str], list[dict[str, Any]]],
     predicted: dict[str, int | None] | None = None,
+    predicted_step: dict[str, float | None] | None = None,
 ) -> list[TrialResult]:
     """TrialResults for the specs whose records include a summary (finished trials)."""
     out = []
@@ -49,8 +54,19 @@ def collect(
         start = next((r for r in recs if r.get("kind") == "start"), {})
         losses = [(int(r["step"]), float(r["loss"])) for r in recs if r.get("kind") == "step"]
         pred = (predicted or {}).get(spec.trial_id)
-        out.append(TrialResult(spec, summary, losses, pred, str(start.get("peak_source", ""))))
+        step = (predicted_step or {}).get(spec.trial_id)
+        at_run = _at_run_peak(spec, start) if step is not None else None
+        out.append(TrialResult(spec, summary, losses, pred, str(start.get("peak_source", "")), step, at_run))
     return out
+
+
+def _at_run_peak(spec: TrialSpec, start: dict[str, Any]) -> float | None:
+    peak = start.get("peak_tflops_per_device")
+    if spec.cluster.peak_tflops_per_device > 0 or not peak or peak != peak:
+        return None  # a spec-sheet peak: the plan already used it
+    from orchestrator.plan.steptime import step_time
+
+    return step_time(spec, peak=float(peak)).step_s
 
 
 def _series(trials: list[TrialResult]) -> dict[str, list[TrialResult]]:
@@ -119,9 +135,16 @@ def memory_figure(trials: list[TrialResult]) -> Figure:
 
 def step_time_figure(trials: list[TrialResult]) -> Figure:
     fig, ax = _axes(f"Step time vs context length — {_where(trials)}", "median step time (s)", logy=True)
-    for name, ts in _series(trials).items():
+    for i, (name, ts) in enumerate(_series(trials).items()):
+        xs = [t.spec.context_length for t in ts]
         ys = [t.summary.get("step_time_median_s", float("nan")) for t in ts]
-        ax.plot([t.spec.context_length for t in ts], ys, marker="o", label=name)
+        ax.plot(xs, ys, marker="o", color=f"C{i}", label=f"{name} measured")
+        pred = [t.predicted_step_s if t.predicted_step_s is not None else float("nan") for t in ts]
+        if any(p == p for p in pred):  # the planner's forecast, dashed in the same colour
+            ax.plot(xs, pred, ls="--", marker="x", color=f"C{i}", alpha=0.7, label=f"{name} predicted")
+        at_run = [t.predicted_step_at_run_s or float("nan") for t in ts]
+        if any(p == p for p in at_run):
+            ax.plot(xs, at_run, ls=":", color=f"C{i}", alpha=0.7, label=f"{name} predicted at run-time rate")
     return _finish(fig, ax)
 
 
@@ -157,9 +180,20 @@ def make_figures(trials: list[TrialResult]) -> dict[str, Figure]:
     }
 
 
-def publish(tracker, specs: Iterable[TrialSpec], predicted: dict[str, int | None] | None = None) -> list[str]:
+def publish(
+    tracker,
+    specs: Iterable[TrialSpec],
+    predicted: dict[str, int | None] | None = None,
+    predicted_step: dict[str, float | None] | None = None,
+) -> list[str]:
     """Make the figures for the finished trials and queue them on the parent run as plots/NAME.png."""
-    figs = make_figures(collect(specs, tracker.records, predicted))
+    trials = collect(specs, tracker.records, predicted, predicted_step)
+    for t in trials:  # next to predicted_step_time_s, which the driver logged at plan time
+        if t.predicted_step_at_run_s is not None:
+            tracker.log_metrics(
+                t.spec.trial_id, {"predicted_step_time_at_run_peak_s": t.predicted_step_at_run_s}
+            )
+    figs = make_figures(trials)
     for name, fig in figs.items():
         tracker.log_figure("sweep", fig, f"plots/{name}.png")
     return [f"plots/{n}.png" for n in figs]

@@ -58,6 +58,8 @@ def run(cfg: DictConfig, specs: list[TrialSpec], rows: list) -> int:
             else:
                 progress.add(tid, label, spec.train.steps)
                 tracker.start_trial(spec, sweep_id, predicted_bytes=row.predicted_hbm_bytes_per_device)
+                if row.predicted_step_s is not None:  # next to the measured final_step_time_median_s
+                    tracker.log_metrics(tid, {"predicted_step_time_s": row.predicted_step_s})
                 todo.append(spec)
         tracker.flush(timeout=30)
         outcomes: dict[str, str] = {}
@@ -69,8 +71,10 @@ def run(cfg: DictConfig, specs: list[TrialSpec], rows: list) -> int:
                 todo, tracker, progress, conc, Budgets(b.get("preemption", 3), b.get("failure", 1)), sweep_id
             )
     predicted = {s.trial_id: r.predicted_hbm_bytes_per_device for s, r in zip(specs, rows, strict=True)}
+    step_s = {s.trial_id: r.predicted_step_s for s, r in zip(specs, rows, strict=True)}
     try:  # a plot must never cost a sweep its exit code
-        report.publish(tracker, [s for s in todo if outcomes.get(s.trial_id) == "finished"], predicted)
+        finished = [s for s in todo if outcomes.get(s.trial_id) == "finished"]
+        report.publish(tracker, finished, predicted, step_s)
     except Exception:
         log.exception("sweep report failed")
     failed = [t for t, o in outcomes.items() if o not in ("finished", "infeasible")]

@@ -14,8 +14,8 @@ from jobs.cp_rules import LAYOUTS
 from jobs.spec import STRATEGIES, ClusterSpec, ModelSpec, RunSpec, StrategySpec, TrainSpec
 
 # The names jobs.attention.kernel.KERNELS registers (that module imports jax, which the driver must not do
-# before launch; tests/test_schema.py keeps the two equal). There is no GPU flash kernel yet.
-KERNELS = ("xla", "splash")
+# before launch; tests/test_schema.py keeps the two equal). auto: splash on TPU, flash on GPU, xla elsewhere.
+KERNELS = ("auto", "xla", "splash", "flash")
 REMATS = ("none", "full", "save_attn", "offload")
 DTYPES = ("bfloat16", "float32")
 DATA_KINDS = ("recall", "tokens")
@@ -80,6 +80,14 @@ RULES: dict[str, Rule] = {
     "cluster.ici_bytes_per_s": NON_NEGATIVE,
     "cluster.max_step_seconds": NON_NEGATIVE,  # 0: no budget
     "cluster.concurrency": NON_NEGATIVE,  # 0: one trial per slice
+    "cluster.matmul_efficiency": Rule(gt=0, le=1),  # a fraction of peak
+    "cluster.attention_efficiency": Rule(gt=0, le=1),
+    "cluster.attention_head_dim_half": NON_NEGATIVE,
+    "cluster.attention_block_half": NON_NEGATIVE,
+    "cluster.attention_recompute": NON_NEGATIVE,
+    "cluster.collective_links": Rule(gt=0),
+    "cluster.step_overhead_s": NON_NEGATIVE,
+    "cluster.host_bytes_per_s": NON_NEGATIVE,  # 0: offload transfers not modelled
     "tracking.uri": Rule(nonempty=True),
     "tracking.experiment": Rule(nonempty=True),
     "output": Rule(choices=OUTPUTS),
@@ -155,6 +163,7 @@ class Options:
     output: str = "table"
     aot: bool = False
     aot_topology: str = ""
+    record: bool = False  # with dry_run: the plan as planned MLflow runs
     skip_invalid: bool = False
     progress: str = "auto"
     retries: Retries = field(default_factory=Retries)

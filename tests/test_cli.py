@@ -76,7 +76,7 @@ BAD_INPUT = [
     (["+cluster.gpus=8"], "cluster.gpus is not a cluster key"),
     (["+foo=1"], "foo is not a config key"),
     (["train.steps=abc"], "has the wrong type"),
-    (["strategy.kernel=flash"], "allowed: xla, splash"),
+    (["strategy.kernel=cudnn"], "allowed: auto, xla, splash, flash"),
     (["+sweep=smoke", "+sweep.set.progress=plain"], "is a driver option, not a trial key"),
 ]
 

@@ -48,6 +48,8 @@ def test_kernel_names_are_the_registrys():
     from orchestrator.plan.validate import KERNEL_PLATFORM
 
     assert set(schema.KERNELS) == set(KERNELS) == set(KERNEL_PLATFORM)
+    # auto resolves per platform at trace time, so it (and xla) pass on every cluster; the others need theirs
+    assert KERNEL_PLATFORM == {"auto": None, "xla": None, "splash": "tpu", "flash": "gpu"}
 
 
 def test_every_rule_names_a_real_key():

@@ -7,6 +7,7 @@ from collections.abc import Callable
 import jax
 from jax.sharding import Mesh
 
+from jobs.attention.hop import Order
 from jobs.attention.kernel import attend
 from jobs.attention.layout import global_positions
 from jobs.attention.sharding import Options, axis_size
@@ -20,7 +21,10 @@ def all_gather_local(mesh: Mesh, L: int, o: Options) -> Callable:
 
     def local(q_BxLlxHxD, k_BxLlxKxD, v_BxLlxKxD):
         pos_L = global_positions(L, o.layout, P)
-        run = lambda q, k, v, qpos: attend(q, k, v, qpos, pos_L, o.causal, o.kernel, o.block_q, o.block_kv)
+        order = Order(o.layout, P)  # keys: the whole sequence in layout order (static-mask kernels need it)
+        run = lambda q, k, v, qpos: attend(
+            q, k, v, qpos, pos_L, o.causal, o.kernel, o.block_q, o.block_kv, order
+        )
         if P == 1:
             return run(q_BxLlxHxD, k_BxLlxKxD, v_BxLlxKxD, pos_L)
         Ll = L // P

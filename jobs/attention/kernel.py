@@ -2,7 +2,9 @@
 
 A kernel is a pair (fwd -> (out, lse), bwd -> (dq, dk, dv)) over local arrays with explicit token positions
 (the causal mask is `q_pos >= kv_pos`, so permuted layouts need no special case). "xla" runs everywhere;
-hardware kernels (TPU splash, GPU flash) plug in here without touching the strategies.
+hardware kernels (TPU splash, GPU flash) plug in here without touching the strategies. Kernels with static
+masks also get `order` (jobs.attention.hop.Order), which says how the key positions are laid out.
+"auto" (the default) is splash on TPU, flash on GPU, xla elsewhere.
 """
 
 from __future__ import annotations
@@ -13,15 +15,35 @@ from typing import Protocol
 
 import jax
 
+from jobs.attention.flash_kernel import flash_bwd, flash_fwd
+from jobs.attention.hop import MONOTONIC, Order
+from jobs.attention.splash_kernel import splash_bwd, splash_fwd
 from jobs.attention.xla_kernel import xla_bwd, xla_fwd
 
 
 class FwdFn(Protocol):
-    def __call__(self, q, k, v, q_pos, kv_pos, *, causal: bool, block_q: int, block_kv: int): ...
+    def __call__(
+        self, q, k, v, q_pos, kv_pos, *, causal: bool, block_q: int, block_kv: int, order: Order = MONOTONIC
+    ): ...
 
 
 class BwdFn(Protocol):
-    def __call__(self, q, k, v, o, lse, do, q_pos, kv_pos, *, causal: bool, block_q: int, block_kv: int): ...
+    def __call__(
+        self,
+        q,
+        k,
+        v,
+        o,
+        lse,
+        do,
+        q_pos,
+        kv_pos,
+        *,
+        causal: bool,
+        block_q: int,
+        block_kv: int,
+        order: Order = MONOTONIC,
+    ): ...
 
 
 @dataclass(frozen=True)
@@ -33,19 +55,41 @@ class Kernel:
     bwd: BwdFn
 
 
-def _splash_unavailable(*args, **kwargs):
-    # Splash's public API takes a static mask object and returns no lse we can merge across ring hops with
-    # per-hop positions; wrapping it cleanly (custom residuals, block-sparse mask per hop) is future work.
-    raise NotImplementedError(
-        "kernel='splash' is not wired yet: jax.experimental.pallas.ops.tpu.splash_attention needs per-hop "
-        "masks and an lse output; use kernel='xla' (runs on TPU too)"
-    )
+def _positional(fn):
+    """The xla kernel masks by positions alone, so it needs no `order`."""
+    return lambda *args, order=MONOTONIC, **kw: fn(*args, **kw)
+
+
+def _auto(phase: str):
+    """splash on TPU, flash on GPU, xla elsewhere.
+
+    lax.platform_dependent keeps only the target platform's branch when lowering, so an AOT compile for a
+    TPU topology from a CPU host picks splash too; GPU is chosen on the host (a GPU is compiled where it runs).
+    """
+
+    def call(*args, **kw):
+        other = "flash" if jax.default_backend() == "gpu" else "xla"
+        tpu, rest = getattr(KERNELS["splash"], phase), getattr(KERNELS[other], phase)
+        return jax.lax.platform_dependent(
+            *args, tpu=lambda *a: tpu(*a, **kw), default=lambda *a: rest(*a, **kw)
+        )
+
+    return call
 
 
 KERNELS: dict[str, Kernel] = {
-    "xla": Kernel("xla", xla_fwd, xla_bwd),
-    "splash": Kernel("splash", _splash_unavailable, _splash_unavailable),
+    "xla": Kernel("xla", _positional(xla_fwd), _positional(xla_bwd)),
+    "splash": Kernel("splash", splash_fwd, splash_bwd),
+    "flash": Kernel("flash", flash_fwd, flash_bwd),
+    "auto": Kernel("auto", _auto("fwd"), _auto("bwd")),
 }
+
+
+def resolve(name: str, platform: str | None = None) -> str:
+    """The kernel that runs for `name` on `platform` (default: this host's backend); for reports."""
+    if name != "auto":
+        return name
+    return {"tpu": "splash", "gpu": "flash"}.get(platform or jax.default_backend(), "xla")
 
 
 def get_kernel(name: str) -> Kernel:
@@ -59,7 +103,7 @@ def register_kernel(kernel: Kernel) -> None:
     KERNELS[kernel.name] = kernel
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
+@partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8, 9))
 def attend(
     q_BxLqxHxD: jax.Array,
     k_BxLkxKxD: jax.Array,
@@ -70,6 +114,7 @@ def attend(
     kernel: str,
     block_q: int,
     block_kv: int,
+    order: Order = MONOTONIC,
 ) -> jax.Array:
     """Attention of local queries over the given keys; out like q. Backward recomputes (saves q,k,v,out,lse)."""
     o, _ = get_kernel(kernel).fwd(
@@ -81,20 +126,22 @@ def attend(
         causal=causal,
         block_q=block_q,
         block_kv=block_kv,
+        order=order,
     )
     return o.astype(q_BxLqxHxD.dtype)
 
 
-def _attend_fwd(q, k, v, q_pos, kv_pos, causal, kernel, block_q, block_kv):
-    o, lse = get_kernel(kernel).fwd(q, k, v, q_pos, kv_pos, causal=causal, block_q=block_q, block_kv=block_kv)
+def _attend_fwd(q, k, v, q_pos, kv_pos, causal, kernel, block_q, block_kv, order=MONOTONIC):
+    kern = get_kernel(kernel)
+    o, lse = kern.fwd(q, k, v, q_pos, kv_pos, causal=causal, block_q=block_q, block_kv=block_kv, order=order)
     o = o.astype(q.dtype)
     return o, (q, k, v, o, lse, q_pos, kv_pos)
 
 
-def _attend_bwd(causal, kernel, block_q, block_kv, res, do):
+def _attend_bwd(causal, kernel, block_q, block_kv, order, res, do):
     q, k, v, o, lse, q_pos, kv_pos = res
     dq, dk, dv = get_kernel(kernel).bwd(
-        q, k, v, o, lse, do, q_pos, kv_pos, causal=causal, block_q=block_q, block_kv=block_kv
+        q, k, v, o, lse, do, q_pos, kv_pos, causal=causal, block_q=block_q, block_kv=block_kv, order=order
     )
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None
 

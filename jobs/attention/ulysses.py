@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
+from jobs.attention.hop import Order
 from jobs.attention.kernel import attend
 from jobs.attention.layout import global_positions
 from jobs.attention.sharding import Options, axis_size
@@ -56,7 +57,16 @@ def ulysses_local(mesh: Mesh, L: int, o: Options) -> Callable:
     def full_sequence(q_BxLxHuxD, k_BxLxKuxD, v_BxLxKuxD):
         pos_L = global_positions(L, o.layout, P)  # after the exchange every device holds all tokens
         return attend(
-            q_BxLxHuxD, k_BxLxKuxD, v_BxLxKuxD, pos_L, pos_L, o.causal, o.kernel, o.block_q, o.block_kv
+            q_BxLxHuxD,
+            k_BxLxKuxD,
+            v_BxLxKuxD,
+            pos_L,
+            pos_L,
+            o.causal,
+            o.kernel,
+            o.block_q,
+            o.block_kv,
+            Order(o.layout, P),  # the whole sequence in layout order (static-mask kernels need it)
         )
 
     return lambda q, k, v: ulysses_exchange(q, k, v, axis=AXIS, size=P, inner=full_sequence)

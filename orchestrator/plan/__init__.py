@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from jobs.spec import TrialSpec
-from orchestrator.plan import memory, roofline, validate
+from orchestrator.plan import memory, roofline, steptime, validate
 from orchestrator.plan.validate import Problem, point_label, trial_id
 
 VERDICTS = ("run", "infeasible", "invalid")
@@ -27,11 +27,14 @@ class PlanRow:
     reason: str
     tflops_per_device_per_step: float
     predicted_hbm_bytes_per_device: int | None = None
-    predicted_step_s: float | None = None
+    predicted_step_s: float | None = None  # the step-time model (steptime.py), calibrated on published runs
     predicted_mfu: float | None = None
     memory: dict[str, int] = field(default_factory=dict)
     comm_bytes_per_layer: int | None = None
     point: str = ""
+    roofline_step_s: float | None = None  # every FLOP at peak: a bound, not a forecast
+    roofline_mfu: float | None = None
+    limiter: str = ""  # what the model says the step spends most of its time on
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -48,6 +51,7 @@ def plan_one(spec: TrialSpec, problems: list[Problem] | None = None) -> PlanRow:
         context_length=spec.context_length, cluster=spec.cluster.name, point=point_label(spec),
     )  # fmt: skip
     roof = None if problems else roofline.roofline(spec)
+    st = None if problems else steptime.step_time(spec)
     tflops = roof.tflops_per_device if roof else _tflops(spec)
     if problems:
         reason = "; ".join(f"{p.rule}: {p.message}" for p in problems)
@@ -69,18 +73,20 @@ def plan_one(spec: TrialSpec, problems: list[Problem] | None = None) -> PlanRow:
             why[-1] += (
                 f"; all_gather holds the full K,V of {spec.context_length:,} tokens: {memory.gib(kv)}/layer"
             )
-    if budget > 0 and roof.step_s > budget:
-        why.append(f"predicted step {roof.step_s:,.3g} s > this cluster's {budget:g} s budget")
+    if budget > 0 and st.step_s > budget:
+        why.append(f"predicted step {st.step_s:,.3g} s > this cluster's {budget:g} s budget")
     verdict = "infeasible" if why else "run"
     if not why:
         cap = f" of {memory.gib(limit)}" if limit else ""
         why.append(
-            f"fits: {memory.gib(hbm)}{cap}; roofline step {roof.step_s:,.3g} s, MFU ≤ {roof.mfu:.2f}; {roof.note}"
+            f"fits: {memory.gib(hbm)}{cap}; predicted step {st.step_s:,.3g} s at MFU {st.mfu:.2f} "
+            f"(roofline ≤ {roof.mfu:.2f}), limited by {st.limiter}"
         )
     return PlanRow(
         **base, verdict=verdict, reason="; ".join(why), tflops_per_device_per_step=tflops,
-        predicted_hbm_bytes_per_device=hbm, predicted_step_s=roof.step_s, predicted_mfu=roof.mfu,
-        memory=mem, comm_bytes_per_layer=roof.attention_comm_bytes_per_layer,
+        predicted_hbm_bytes_per_device=hbm, predicted_step_s=st.step_s, predicted_mfu=st.mfu,
+        memory=mem, comm_bytes_per_layer=roof.attention_comm_bytes_per_layer, roofline_step_s=roof.step_s,
+        roofline_mfu=roof.mfu, limiter=st.limiter,
     )  # fmt: skip
 
 
@@ -105,7 +111,8 @@ def _cells(r: PlanRow) -> list[str]:
     )
     step = f"{r.predicted_step_s:,.3g}" if r.predicted_step_s is not None else "-"
     mfu = f"{r.predicted_mfu:.2f}" if r.predicted_mfu is not None else "-"
-    return [r.cluster, r.strategy, r.mesh, f"{r.context_length:,}", r.verdict, hbm, step, mfu,
+    bound = f"{r.roofline_mfu:.2f}" if r.roofline_mfu is not None else "-"
+    return [r.cluster, r.strategy, r.mesh, f"{r.context_length:,}", r.verdict, hbm, step, mfu, bound,
             f"{r.tflops_per_device_per_step:,.4g}", r.reason]  # fmt: skip
 
 
@@ -117,7 +124,8 @@ HEADER = [
     "verdict",
     "HBM/device",
     "step s",
-    "MFU (roofline)",
+    "MFU",
+    "MFU ≤ (roofline)",
     "TFLOP/dev",
     "reason",
 ]
@@ -132,7 +140,9 @@ def render_table(rows: list[PlanRow], console=None, title: str = "plan") -> None
     table = Table(title=title, show_lines=False)
     for h in HEADER:
         table.add_column(
-            h, overflow="fold", justify="right" if h in ("context", "step s", "MFU (roofline)") else "left"
+            h,
+            overflow="fold",
+            justify="right" if h in ("context", "step s", "MFU", "MFU ≤ (roofline)") else "left",
         )
     colour = {"run": "green", "infeasible": "yellow", "invalid": "red"}
     for r in rows:

@@ -61,7 +61,10 @@ def candidates(
 def recommend(
     model: ModelSpec, cluster: ClusterSpec, context_length: int, train: TrainSpec | None = None
 ) -> Recommendation:
-    """Plan every candidate; pick the fastest predicted step among the `run` verdicts, and say why."""
+    """Plan every candidate; pick the fastest step the model predicts among the `run` verdicts, and say why.
+
+    Ranked by the calibrated step-time model (steptime.py), not the roofline: the roofline prices attention
+    at peak, so it cannot see that a small ring hop or a head_dim of 128 costs a layout its lead."""
     specs = candidates(model, cluster, context_length, train)
     rows = plan(specs)
     ok = [(r, s) for r, s in zip(rows, specs, strict=True) if r.verdict == "run"]
@@ -77,7 +80,8 @@ def recommend(
     hbm = memory.gib(best.predicted_hbm_bytes_per_device)
     why = (
         f"{best.strategy} on {best.mesh}: fastest of {len(ok)} feasible layouts, predicted {best.predicted_step_s:,.3g} s"
-        f"/step at MFU {best.predicted_mfu:.2f} using {hbm}/device"
+        f"/step at MFU {best.predicted_mfu:.2f} (roofline ≤ {best.roofline_mfu:.2f}) using {hbm}/device; "
+        f"limited by {best.limiter}"
     )
     others = {}
     for r, _ in ok[1:]:

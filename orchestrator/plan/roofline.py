@@ -8,14 +8,14 @@ from jobs.flops import layer_flops, train_tflops_per_device
 from jobs.spec import TrialSpec
 from orchestrator.plan.memory import BF16, FP32, Local, layer_params, local_sizes
 
-# cluster=local has no spec sheet (peak 0 = measured at run time). Planning needs a number before any
-# device exists: a bf16 matmul on this 2-core host measures ~0.06 TFLOP/s in all, ~0.0075 per simulated
-# device of 8. So the tiny cp_scaling points up to 8K tokens fit the local 3 s budget and 16K do not.
+# cluster=local has no spec sheet (peak 0 = measured at run time). The planner measures the host the same way,
+# once per process (steptime.measured_cpu_tflops); this nominal figure (a bf16 matmul on this 2-core host:
+# ~0.06-0.09 TFLOP/s in all, ~0.01 per simulated device of 8) stands in where no probe can run.
 NOMINAL_CPU_TFLOPS = 0.01
 # Training traffic per forward pass's worth: forward once, backward twice (dK, dV travel or are reduced)...
 TRAIN_PASSES = 3
 # ...and once more when full remat recomputes the forward (collectives included).
-RECOMPUTE = {"full": 1, "save_attn": 0, "none": 0}
+RECOMPUTE = {"full": 1, "offload": 1, "save_attn": 0, "none": 0}  # offload replays the layer like full
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,11 @@ class Roofline:
 def peak_tflops(spec: TrialSpec) -> float:
     c = spec.cluster
     peak = float(c.peak_tflops_per_device)
-    return peak if peak > 0 else NOMINAL_CPU_TFLOPS
+    if peak > 0:
+        return peak
+    from orchestrator.plan.steptime import measured_cpu_tflops  # imports this module
+
+    return measured_cpu_tflops(c.devices_per_host, spec.train.dtype)
 
 
 def attention_comm_bytes(spec: TrialSpec, x: Local | None = None) -> tuple[int, int]:
@@ -62,7 +66,7 @@ def roofline(spec: TrialSpec) -> Roofline:
     weights, attn = layer_flops(m, spec.context_length)
     per_dev = t.batch / devices / 1e12
     # Hardware FLOPs: full remat replays the whole forward, save_attn all but the attention.
-    redo = {"full": (1, 1), "save_attn": (1, 0)}.get(t.remat, (0, 0))
+    redo = {"full": (1, 1), "offload": (1, 1), "save_attn": (1, 0)}.get(t.remat, (0, 0))
     weights_s = (3 + redo[0]) * weights * per_dev / peak
     attn_s = (3 + redo[1]) * attn * per_dev / peak
     passes = TRAIN_PASSES + RECOMPUTE.get(t.remat, 0)

@@ -10,7 +10,7 @@ from jobs.spec import STRATEGIES, TrialSpec
 from orchestrator.schema import DTYPES, REMATS
 
 # orchestrator/schema.py owns the names (KERNELS); this adds where each kernel runs (None: everywhere).
-KERNEL_PLATFORM = {"xla": None, "splash": "tpu"}
+KERNEL_PLATFORM = {"auto": None, "xla": None, "splash": "tpu", "flash": "gpu"}
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,100 @@
+"""GPU kernel: cuDNN flash attention behind the (out, lse) / (dq, dk, dv) kernel interface.
+
+Why the private module: the public jax.nn.dot_product_attention(implementation="cudnn", return_residual=True)
+casts the softmax stats to the output dtype and its VJP drops their gradient, so merging hops through it is
+silently wrong. jax 0.10.2 jax/_src/cudnn/fused_attention_stablehlo.py: `dot_product_attention(...,
+return_residual=True)` (line 1939) returns (out, stats) with stats fp32 [B, N, T], the natural-log logsumexp
+of the scaled scores; the backward primitive `_dot_product_attention_bwd_p_wrapper` (line 1170, bound like
+`_dot_product_attention_bwd_rule`, line 466) takes (q, k, v, bias, q_seqlen, kv_seqlen, q_offsets,
+kv_offsets, page_table_k, page_table_v, stats, out, dout), so a hop's backward gets the GLOBAL out and lse
+(what Transformer Engine's JAX ring does). tests/test_kernels_flash.py checks those names on any host.
+
+cuDNN has no fp32 flash path and no offset-causal mask: fp32 inputs and a device's query block against the
+whole sequence (all_gather) run the xla kernel, which is exact for any positions.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jobs import cp_rules
+from jobs.attention.hop import MONOTONIC, Order
+from jobs.attention.xla_kernel import xla_bwd, xla_fwd
+
+try:  # a private module: absent or moved means "no flash kernel", never an import error for the project
+    from jax._src.cudnn import fused_attention_stablehlo as _fa
+except ImportError:  # pragma: no cover
+    _fa = None
+
+
+def _supported(q: jax.Array, k: jax.Array, causal: bool) -> bool:
+    return (
+        _fa is not None
+        and q.dtype in (jnp.bfloat16, jnp.float16)
+        and (not causal or q.shape[1] == k.shape[1])
+    )
+
+
+def _mask(causal: bool):
+    return _fa.MaskType.CAUSAL if causal else _fa.MaskType.NO_MASK
+
+
+def _perm(k: jax.Array, causal: bool, order: Order):
+    """Zigzag whole sequences go to natural order (the cuDNN causal mask is by index)."""
+    if not (causal and order.permuted):
+        return None, None
+    perm = cp_rules.zigzag_permutation(k.shape[1], order.ring)
+    return jnp.asarray(perm, jnp.int32), jnp.asarray(cp_rules.inverse_permutation(perm), jnp.int32)
+
+
+def _take(x: jax.Array, idx) -> jax.Array:
+    return x if idx is None else jnp.take(x, idx, axis=1)
+
+
+def flash_fwd(q, k, v, q_pos, kv_pos, *, causal: bool, block_q: int, block_kv: int, order: Order = MONOTONIC):
+    """(out fp32 [B, Lq, H, D], lse fp32 [B, Lq, H])."""
+    if not _supported(q, k, causal):
+        return xla_fwd(q, k, v, q_pos, kv_pos, causal=causal, block_q=block_q, block_kv=block_kv)
+    perm, inv = _perm(k, causal, order)
+    q, k, v = (_take(x, inv) for x in (q, k, v))
+    out, stats_BxHxL = _fa.dot_product_attention(
+        q, k, v, scale=q.shape[-1] ** -0.5, mask_type=_mask(causal), qkv_layout="BTNH", return_residual=True
+    )
+    lse = jnp.swapaxes(stats_BxHxL.astype(jnp.float32), 1, 2)
+    return _take(out.astype(jnp.float32), perm), _take(lse, perm)
+
+
+def flash_bwd(
+    q, k, v, o, lse, do, q_pos, kv_pos, *, causal: bool, block_q: int, block_kv: int, order: Order = MONOTONIC
+):
+    """dq, dk, dv (fp32) from the given (global) out and lse."""
+    if not _supported(q, k, causal):
+        return xla_bwd(q, k, v, o, lse, do, q_pos, kv_pos, causal=causal, block_q=block_q, block_kv=block_kv)
+    perm, inv = _perm(k, causal, order)
+    q, k, v, do = (_take(x, inv) for x in (q, k, v, do.astype(q.dtype)))
+    o, lse = _take(o.astype(q.dtype), inv), _take(lse.astype(jnp.float32), inv)
+    unused = jnp.zeros(0, q.dtype)
+    dq, dk, dv = _fa._dot_product_attention_bwd_p_wrapper.bind(
+        q,
+        k,
+        v,
+        unused,  # bias
+        unused,  # q_seqlen
+        unused,  # kv_seqlen
+        unused,  # q_offsets
+        unused,  # kv_offsets
+        unused,  # page_table_k
+        unused,  # page_table_v
+        jnp.swapaxes(lse, 1, 2),  # softmax stats [B, N, T]
+        o,
+        do,
+        scale=q.shape[-1] ** -0.5,
+        seed=42,  # the public API's default; no dropout, so unused
+        dropout_rate=0.0,
+        variadic_args=(False, False),  # (has_bias, has_dbias)
+        mask_type=_mask(causal),
+        layout=_fa.AttentionLayout.BTNH.value,
+        sliding_window_length=None,
+    )
+    return tuple(_take(g.astype(jnp.float32), perm) for g in (dq, dk, dv))

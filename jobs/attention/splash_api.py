@@ -1,0 +1,109 @@
+"""The one place that touches jax's Pallas splash attention, including its private backward.
+
+Why private: a ring hop's backward must use the GLOBAL out and lse (merged over all hops), which the public
+`make_splash_mha(..., save_residuals=True)` cannot take; `_splash_attention_bwd(..., res, do)` can (the same
+route MaxText takes on its Tokamax fork). Verified against jax 0.10.2
+(jax/experimental/pallas/ops/tpu/splash_attention/splash_attention_kernel.py): `_splash_attention_bwd`
+(line 2255) takes static (save_residuals, mask_value, is_mqa, block_sizes, residual_checkpoint_name,
+mask_function, attn_logits_soft_cap, interpret) then res = (q, k, v, segment_ids, sinks, out, lse,
+dq_mask_info, dkv_mask_info) and do, and returns (None, None, None, dq, dk, dv, None, dsinks).
+Also private: splash builds its pallas_call out_shapes without shard_map's varying-axes type, so under
+shard_map(check_vma=True) it raises; we trace it with the check off (config._check_vma, as pallas_call does
+for its own kernel body) and pcast the results to vary like the inputs, which is what they are.
+tests/test_kernels_splash.py::test_private_api_shape fails loudly when any of this moves.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax._src import config as _config
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as _sk
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as _sm
+
+from jobs.attention.core import match_varying
+
+LANES = 128  # splash tiles sequence blocks in multiples of the TPU lane width
+
+
+@functools.lru_cache(maxsize=256)
+def make(
+    kind: str, offset: int, shape: tuple[int, int], heads: int, block_q: int, block_kv: int, interpret: bool
+) -> _sk.SplashAttentionKernel:
+    """A splash MHA kernel (GQA via fewer KV heads) with a static mask: "full", or "causal" at `offset`.
+
+    Cached: building the block-sparse mask info is numpy work we do once per (mask, shape, blocks).
+    """
+    mask = _sm.FullMask(shape) if kind == "full" else _sm.CausalMask(shape, offset=offset)
+    blocks = _sk.BlockSizes(
+        block_q=block_q,
+        block_kv=block_kv,
+        block_kv_compute=block_kv,
+        block_q_dkv=block_q,
+        block_kv_dkv=block_kv,
+        block_kv_dkv_compute=block_kv,
+        block_q_dq=block_q,
+        block_kv_dq=block_kv,
+    )
+    # Concrete mask-info arrays even when first built inside a trace: the cache outlives that trace.
+    with jax.ensure_compile_time_eval():
+        return _sk.make_splash_mha(
+            _sm.MultiHeadMask([mask] * heads),
+            block_sizes=blocks,
+            save_residuals=True,
+            head_shards=1,
+            q_seq_shards=1,
+            interpret=interpret,
+        )
+
+
+def fwd(kernel: _sk.SplashAttentionKernel, q_HxLqxD, k_KxLkxD, v_KxLkxD) -> tuple[jax.Array, jax.Array]:
+    """(out [H, Lq, D] in q's dtype, lse [H, Lq] fp32 natural log); q must be pre-scaled by D**-0.5."""
+    with _config._check_vma(False):
+        out, (lse,) = kernel(q_HxLqxD, k_KxLkxD, v_KxLkxD)
+    refs = (q_HxLqxD, k_KxLkxD, v_KxLkxD)
+    return match_varying(out, *refs), match_varying(lse, *refs)
+
+
+def _collapse(info):
+    # _splash_attention (the jitted public path) flattens the leading block dims before the kernels run;
+    # calling the backward directly we must do the same.
+    if info is None or info.partial_mask_blocks is None:
+        return info
+    pmb = info.partial_mask_blocks
+    return info._replace(partial_mask_blocks=pmb.reshape(-1, *pmb.shape[-2:]))
+
+
+def bwd(
+    kernel: _sk.SplashAttentionKernel, q_HxLqxD, k_KxLkxD, v_KxLkxD, o_HxLqxD, lse_HxLq, do_HxLqxD
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """dq (w.r.t. the pre-scaled q), dk, dv given the given (global) out and lse."""
+    kw = kernel.kwargs
+    res = (
+        q_HxLqxD,
+        k_KxLkxD,
+        v_KxLkxD,
+        None,  # segment_ids
+        None,  # sinks
+        o_HxLqxD,
+        lse_HxLq.astype(jnp.float32),
+        _collapse(kernel.dq_mask_info),
+        _collapse(kernel.dkv_mask_info),
+    )
+    with _config._check_vma(False):
+        grads = _sk._splash_attention_bwd(
+            False,  # save_residuals
+            kw["mask_value"],
+            kw["is_mqa"],
+            kw["block_sizes"],
+            None,  # residual_checkpoint_name
+            kw["mask_function"],
+            kw["attn_logits_soft_cap"],
+            kw["interpret"],
+            res,
+            do_HxLqxD,
+        )
+    refs = (q_HxLqxD, k_KxLkxD, v_KxLkxD, o_HxLqxD, lse_HxLq, do_HxLqxD)
+    return tuple(match_varying(g, *refs) for g in grads[3:6])

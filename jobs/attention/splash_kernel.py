@@ -1,0 +1,170 @@
+"""TPU kernel: Pallas splash attention behind the (out, lse) / (dq, dk, dv) kernel interface.
+
+Splash masks are static, so a call is cut into pieces that each use a prebuilt mask (jobs.attention.hop.Order
+says how the keys are laid out): a full hop is FullMask; a causal call over one monotonic sequence (every ring
+hop, zigzag blocks included) is CausalMask; a zigzag-ordered whole sequence (ulysses) is put back in natural
+order first; a device's query block against the whole sequence (all_gather) picks CausalMask(offset=start)
+for its chunk's start with lax.switch. On TPU the Mosaic kernel runs; on any other backend the same kernel
+runs in Pallas interpret mode (for tests: lax.platform_dependent keeps only the branch of the target
+platform, so an AOT compile for a TPU topology from a CPU host gets the Mosaic kernel). Shapes splash cannot
+tile (lengths not multiples of 128) fall back to the xla kernel, which is exact for any positions, and so do
+masks with more than MAX_MASK_BLOCKS blocks: jax builds a mask's block map in numpy, block by block (~0.6 ms
+per causal block here), which at 4M local tokens and 256-blocks would take days.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import partial
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jobs import cp_rules
+from jobs.attention import splash_api
+from jobs.attention.hop import MONOTONIC, Order
+from jobs.attention.xla_kernel import xla_bwd, xla_fwd
+
+log = logging.getLogger(__name__)
+# 131,072 blocks: 512-blocks up to ~185K local tokens, ~80 s of mask building (tpu7x_128 ring at 14M: 50,176).
+MAX_MASK_BLOCKS = 2**17
+
+
+class _Piece(NamedTuple):
+    """Queries [q0, q0+length) (after any reordering) against all keys with one kind of mask."""
+
+    q0: int
+    length: int
+    kind: str  # "full" | "causal" (offset 0) | "chunk" (CausalMask(offset=start), start from q positions)
+
+
+class _Plan(NamedTuple):
+    perm: np.ndarray | None  # layout index -> natural position; None when no reordering is needed
+    q_reordered: bool  # queries are the whole sequence and get the same reordering as the keys
+    pieces: tuple[_Piece, ...]
+    block_kv: int
+    blocks_q: tuple[int, ...]
+
+
+def _fit(length: int, block: int) -> int | None:
+    """Largest multiple of 128 that divides length and is <= block (splash tiles in lanes)."""
+    b = min(block, length) // splash_api.LANES * splash_api.LANES
+    while b > 0 and length % b:
+        b -= splash_api.LANES
+    return b or None
+
+
+def _plan(Lq: int, Lk: int, causal: bool, order: Order, block_q: int, block_kv: int) -> _Plan | None:
+    perm = cp_rules.zigzag_permutation(Lk, order.ring) if causal and order.permuted else None
+    if not causal:
+        pieces: tuple[_Piece, ...] = (_Piece(0, Lq, "full"),)
+    elif Lq == Lk:
+        pieces = (_Piece(0, Lq, "causal"),)
+    else:  # one device's block: zigzag holds two chunks, each contiguous in position
+        n = 2 if order.permuted else 1
+        if Lq % n or Lk % (Lq // n):
+            return None
+        c = Lq // n
+        pieces = tuple(_Piece(i * c, c, "chunk") for i in range(n))
+    bk = _fit(Lk, block_kv)
+    bqs = tuple(_fit(p.length, block_q) for p in pieces)
+    if bk is None or None in bqs:
+        return None
+    blocks = sum(p.length // bq for p, bq in zip(pieces, bqs, strict=True)) * (Lk // bk)
+    if blocks > MAX_MASK_BLOCKS:
+        log.warning(
+            "splash: %d mask blocks (> %d) for %dx%d; using the xla kernel", blocks, MAX_MASK_BLOCKS, Lq, Lk
+        )
+        return None
+    return _Plan(perm, perm is not None and Lq == Lk, pieces, bk, bqs)
+
+
+def _heads(x_BxLxHxD: jax.Array) -> jax.Array:
+    return jnp.swapaxes(x_BxLxHxD, 1, 2)
+
+
+def _on_platform(kind: str, offset: int, shape, heads: int, bq: int, bk: int, body, *args):
+    """Run body(kernel, *args) with the Mosaic kernel on TPU, the interpreted one elsewhere."""
+
+    def branch(interpret: bool):
+        kern = splash_api.make(kind, offset, shape, heads, bq, bk, interpret)
+        return lambda *a: body(kern, *a)
+
+    return jax.lax.platform_dependent(*args, tpu=branch(False), default=branch(True))
+
+
+def _fwd_body(kern, q, k, v):
+    o, lse = jax.vmap(partial(splash_api.fwd, kern))(_heads(q), _heads(k), _heads(v))
+    return _heads(o).astype(jnp.float32), jnp.swapaxes(lse, 1, 2)
+
+
+def _bwd_body(kern, q, k, v, o, lse, do):
+    dq, dk, dv = jax.vmap(partial(splash_api.bwd, kern))(
+        _heads(q), _heads(k), _heads(v), _heads(o), jnp.swapaxes(lse, 1, 2), _heads(do)
+    )
+    return tuple(_heads(g).astype(jnp.float32) for g in (dq, dk, dv))
+
+
+def _run_piece(plan: _Plan, i: int, body, q_pos, q, k, *rest):
+    """body on piece i: its static mask, or for a "chunk" the CausalMask of the chunk's start (lax.switch)."""
+    p, bq, bk = plan.pieces[i], plan.blocks_q[i], plan.block_kv
+    shape, heads = (p.length, k.shape[1]), q.shape[2]
+    if p.kind != "chunk":
+        return _on_platform(p.kind, 0, shape, heads, bq, bk, body, q, k, *rest)
+    branches = [
+        partial(_on_platform, "causal", n * p.length, shape, heads, bq, bk, body)
+        for n in range(k.shape[1] // p.length)
+    ]
+    return jax.lax.switch(q_pos[p.q0] // p.length, branches, q, k, *rest)
+
+
+def _take(x: jax.Array, idx: np.ndarray | None) -> jax.Array:
+    return x if idx is None else jnp.take(x, jnp.asarray(idx, jnp.int32), axis=1)
+
+
+def _split(plan: _Plan, x: jax.Array) -> list[jax.Array]:
+    return [x[:, p.q0 : p.q0 + p.length] for p in plan.pieces]
+
+
+def splash_fwd(
+    q, k, v, q_pos, kv_pos, *, causal: bool, block_q: int, block_kv: int, order: Order = MONOTONIC
+):
+    """(out fp32 [B, Lq, H, D], lse fp32 [B, Lq, H]); positions only pick the mask (see module doc)."""
+    plan = _plan(q.shape[1], k.shape[1], causal, order, block_q, block_kv)
+    if plan is None:
+        return xla_fwd(q, k, v, q_pos, kv_pos, causal=causal, block_q=block_q, block_kv=block_kv)
+    inv = None if plan.perm is None else cp_rules.inverse_permutation(plan.perm)
+    q_s = (q * q.shape[-1] ** -0.5).astype(q.dtype)  # splash applies no softmax scale
+    q_s = _take(q_s, inv if plan.q_reordered else None)
+    k, v = _take(k, inv), _take(v, inv)
+    outs = [_run_piece(plan, i, _fwd_body, q_pos, q_i, k, v) for i, q_i in enumerate(_split(plan, q_s))]
+    o = jnp.concatenate([x[0] for x in outs], 1)
+    lse = jnp.concatenate([x[1] for x in outs], 1)
+    back = plan.perm if plan.q_reordered else None
+    return _take(o, back), _take(lse, back)
+
+
+def splash_bwd(
+    q, k, v, o, lse, do, q_pos, kv_pos, *, causal: bool, block_q: int, block_kv: int, order: Order = MONOTONIC
+):
+    """dq, dk, dv (fp32) from the given (global) out and lse, piece by piece like the forward."""
+    plan = _plan(q.shape[1], k.shape[1], causal, order, block_q, block_kv)
+    if plan is None:
+        return xla_bwd(q, k, v, o, lse, do, q_pos, kv_pos, causal=causal, block_q=block_q, block_kv=block_kv)
+    scale = q.shape[-1] ** -0.5
+    inv = None if plan.perm is None else cp_rules.inverse_permutation(plan.perm)
+    q_inv = inv if plan.q_reordered else None
+    q_s = _take((q * scale).astype(q.dtype), q_inv)
+    o, lse, do = (_take(x, q_inv) for x in (o.astype(q.dtype), lse, do.astype(q.dtype)))
+    k, v = _take(k, inv), _take(v, inv)
+    dqs, dk, dv = [], 0.0, 0.0
+    parts = zip(_split(plan, q_s), _split(plan, o), _split(plan, lse), _split(plan, do), strict=True)
+    for i, (q_i, o_i, lse_i, do_i) in enumerate(parts):
+        dq_i, dk_i, dv_i = _run_piece(plan, i, _bwd_body, q_pos, q_i, k, v, o_i, lse_i, do_i)
+        dqs.append(dq_i)
+        dk, dv = dk + dk_i, dv + dv_i
+    dq = jnp.concatenate(dqs, 1) * scale  # the kernel differentiated w.r.t. the pre-scaled q
+    back = None if plan.perm is None else plan.perm
+    return _take(dq, plan.perm if plan.q_reordered else None), _take(dk, back), _take(dv, back)

@@ -1,0 +1,135 @@
+"""Splash (Pallas TPU) kernel under every CP strategy, in Pallas interpret mode on simulated CPU devices.
+
+Parity with the dense reference (forward and dQ/dK/dV, fp32, 2e-5) like tests/test_attention.py does for the
+xla kernel; the xla fallback is disabled so a silently skipped splash would fail. Splash tiles in multiples of
+128 tokens, so local lengths here are 128 or 256 and head counts small (interpret mode is slow on 2 cores).
+"""
+
+import inspect
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from jobs.attention import attention, from_zigzag, reference_attention, splash_kernel, to_zigzag
+from tests.test_attention import FP32_TOL, make_inputs, make_mesh, out_and_grads, reference
+
+splash_api = pytest.importorskip("jobs.attention.splash_api")
+
+
+def _no_fallback(*args, **kwargs):
+    raise AssertionError("splash fell back to the xla kernel: the test shapes do not exercise splash")
+
+
+def check_splash(monkeypatch, strategy, mesh_shape, B, L, H, K, D, layout, block=128):
+    monkeypatch.setattr(splash_kernel, "xla_fwd", _no_fallback)
+    monkeypatch.setattr(splash_kernel, "xla_bwd", _no_fallback)
+    mesh = make_mesh(mesh_shape)
+    ring = mesh_shape.get("context", 1)
+
+    def f(q, k, v):
+        if layout == "zigzag":
+            q, k, v = (to_zigzag(x, ring) for x in (q, k, v))
+        out = attention(
+            q,
+            k,
+            v,
+            strategy=strategy,
+            mesh=mesh,
+            layout=layout,
+            kernel="splash",
+            block_q=block,
+            block_kv=block,
+        )
+        return from_zigzag(out, ring) if layout == "zigzag" else out
+
+    q, k, v, ct = make_inputs(B, L, H, K, D)
+    got = jax.jit(lambda q, k, v, ct: out_and_grads(f, q, k, v, ct))(q, k, v, ct)
+    want = reference(q, k, v, ct, True)
+    for name, g, w in zip(("out", "dq", "dk", "dv"), got, want, strict=True):
+        err = float(jnp.max(jnp.abs(g - w)))
+        assert err < FP32_TOL, f"splash {strategy} {mesh_shape} {layout}: {name} max abs error {err:.2e}"
+
+
+def test_private_api_shape():
+    """Fails loudly when jax moves the private splash backward this project's adapter calls."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+
+    params = list(inspect.signature(sk._splash_attention_bwd).parameters)
+    assert params == [
+        "save_residuals",
+        "mask_value",
+        "is_mqa",
+        "block_sizes",
+        "residual_checkpoint_name",
+        "mask_function",
+        "attn_logits_soft_cap",
+        "interpret",
+        "res",
+        "do",
+    ], params
+    kern = splash_api.make("causal", 0, (128, 128), 2, 128, 128, True)
+    assert {
+        "mask_value",
+        "is_mqa",
+        "block_sizes",
+        "mask_function",
+        "attn_logits_soft_cap",
+        "interpret",
+    } <= set(kern.kwargs)
+
+
+def test_single_call_matches_reference():
+    """One causal call, GQA, against the dense reference: out, lse and the three gradients."""
+    q, k, v, do = make_inputs(1, 256, 4, 2, 16)
+    pos = jnp.arange(256)
+    kw = dict(causal=True, block_q=128, block_kv=128)
+    o, lse = splash_kernel.splash_fwd(q, k, v, pos, pos, **kw)
+    want = reference_attention(q, k, v)
+    assert float(jnp.max(jnp.abs(o - want))) < FP32_TOL
+    got = splash_kernel.splash_bwd(q, k, v, o, lse, do, pos, pos, **kw)
+    _, vjp = jax.vjp(lambda q, k, v: reference_attention(q, k, v), q, k, v)
+    for g, w in zip(got, vjp(do), strict=True):
+        assert float(jnp.max(jnp.abs(g - w))) < FP32_TOL
+
+
+# (strategy, mesh, B, L, Hq, Hkv, D, layout): P in {2, 4}, MHA and GQA; every splash call's length is a
+# multiple of 128 (zigzag ring hops use half blocks: L/(2R) >= 128).
+CASES = [
+    ("all_gather", {"context": 2}, 1, 256, 2, 2, 16, "contiguous"),
+    pytest.param("all_gather", {"context": 4}, 1, 1024, 4, 2, 16, "zigzag", marks=pytest.mark.slow),
+    ("ulysses", {"context": 2}, 1, 256, 2, 2, 16, "contiguous"),
+    pytest.param("ulysses", {"context": 4}, 1, 512, 4, 2, 16, "zigzag", marks=pytest.mark.slow),
+    ("ring", {"context": 2}, 1, 512, 2, 2, 16, "zigzag"),
+    pytest.param("ring", {"context": 4}, 1, 512, 4, 2, 16, "contiguous", marks=pytest.mark.slow),
+    pytest.param("ring", {"context": 4}, 1, 1024, 2, 1, 16, "zigzag", marks=pytest.mark.slow),
+    ("usp", {"context": 2, "context_ulysses": 2}, 1, 512, 4, 2, 16, "zigzag"),
+    pytest.param(
+        "usp", {"context": 1, "context_ulysses": 2}, 1, 256, 2, 2, 16, "contiguous", marks=pytest.mark.slow
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "strategy,mesh_shape,B,L,H,K,D,layout",
+    CASES,
+    ids=lambda x: "x".join(map(str, x.values())) if isinstance(x, dict) else None,
+)
+def test_splash_matches_reference_causal_fp32(monkeypatch, strategy, mesh_shape, B, L, H, K, D, layout):
+    check_splash(monkeypatch, strategy, mesh_shape, B, L, H, K, D, layout)
+
+
+@pytest.mark.parametrize("strategy,L", [("ring", 512), ("ulysses", 64)])
+def test_auto_is_xla_on_cpu(strategy, L):
+    """kernel=auto (the default) traces the TPU branch too, but a CPU compile keeps only xla's: same numbers."""
+    mesh = make_mesh({"context": 2})
+    q, k, v, ct = make_inputs(1, L, 2, 2, 16)
+
+    def run(kernel):
+        f = lambda q, k, v: attention(
+            q, k, v, strategy=strategy, mesh=mesh, kernel=kernel, block_q=128, block_kv=128
+        )
+        return jax.jit(lambda q, k, v, ct: out_and_grads(f, q, k, v, ct))(q, k, v, ct)
+
+    for a, b in zip(run("auto"), run("xla"), strict=True):
+        assert float(jnp.max(jnp.abs(a - b))) == 0.0

@@ -1,0 +1,64 @@
+"""dry_run=true record=true: the plan as planned MLflow runs, marked as such, never gated as measured ones."""
+
+import pytest
+from conftest import run_cli
+from mlflow import MlflowClient
+
+from orchestrator import regress
+
+
+def _runs(tmp_path, sweep_id: str) -> tuple[MlflowClient, str, list, list]:
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    eid = client.get_experiment_by_name("cp_scaling").experiment_id
+    runs = client.search_runs([eid], f"tags.sweep_id = '{sweep_id}'", max_results=1000)
+    parents = [r for r in runs if r.data.tags["kind"] == "sweep"]
+    return client, eid, parents, [r for r in runs if r.data.tags["kind"] == "trial"]
+
+
+def test_planned_sweep_to_14m_on_tpu7x_without_a_tpu(tmp_path):
+    args = ["+sweep=cp_scaling", "cluster=tpu7x_128", "model=llama3_1_8b_long", "dry_run=true", "record=true",
+            "sweep.id=plan14m", "skip_invalid=true"]  # fmt: skip
+    res = run_cli(args, cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "recorded the plan as sweep plan14m-plan" in res.stdout
+    client, _, (parent,), children = _runs(tmp_path, "plan14m-plan")
+    assert parent.data.tags["planned"] == "true" and parent.data.tags["status"] == "planned"
+    assert len(children) == int(parent.data.tags["points"]) and all(
+        r.data.tags["planned"] == "true" for r in children
+    )
+    statuses = {r.data.tags["status"] for r in children}
+    assert "planned" in statuses and "finished" not in statuses  # a verdict, never a measured outcome
+    ring14 = [
+        r
+        for r in children
+        if r.data.params["strategy"] == "ring" and r.data.params["context_length"] == "14680064"
+    ]
+    assert (
+        ring14 and ring14[0].data.metrics["predicted_mfu"] > 0 and ring14[0].data.metrics["roofline_mfu"] > 0
+    )
+    steps = {m.step for m in client.get_metric_history(parent.info.run_id, "predicted_mfu/ring")}
+    assert 14680064 in steps and min(steps) <= 131072  # stepped by context length, up to 14M
+    assert {a.path for a in client.list_artifacts(parent.info.run_id, "plots")} == {
+        "plots/planned_mfu_vs_context.png", "plots/planned_memory_vs_context.png"}  # fmt: skip
+
+
+@pytest.mark.slow
+def test_planned_runs_are_never_a_regression_baseline(tmp_path):
+    one = [
+        "+sweep=smoke",
+        "progress=plain",
+        "sweep.axes.strategy=[all_gather]",
+        "sweep.axes.context_length=[512]",
+    ]
+    plan = run_cli([*one, "dry_run=true", "record=true", "sweep.id=s"], cwd=tmp_path)
+    assert plan.returncode == 0, plan.stdout[-2000:] + plan.stderr[-2000:]
+    real = run_cli([*one, "sweep.id=s"], cwd=tmp_path)
+    assert real.returncode == 0, real.stdout[-2000:] + real.stderr[-2000:]
+    client, eid, _, planned = _runs(tmp_path, "s-plan")
+    _, _, _, measured = _runs(tmp_path, "s")
+    assert (
+        planned[0].data.tags["trial_id"] == measured[0].data.tags["trial_id"]
+    )  # same point, two kinds of run
+    assert measured[0].info.run_id != planned[0].info.run_id  # the real sweep did not reuse the planned run
+    gate = regress.compare(client, eid, "s")
+    assert gate.changes == [] and len(gate.new) == 1  # the planned run is no baseline
