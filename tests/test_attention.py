@@ -42,17 +42,16 @@ def make_inputs(B, L, H, K, D, dtype=jnp.float32, seed=0):
     return q.astype(dtype), k.astype(dtype), v.astype(dtype), ct.astype(dtype)
 
 
-def natural_order_fn(strategy, mesh_shape, *, layout="contiguous", causal=True):
+def natural_order_fn(strategy, mesh_shape, *, layout="contiguous", causal=True, **attention_kw):
     """attention in natural token order; zigzag inputs are permuted in and out like the training job does."""
     mesh = make_mesh(mesh_shape)
     ring = mesh_shape.get("context", 1)
+    kw = {"block_q": BLOCK, "block_kv": BLOCK} | attention_kw
 
     def f(q, k, v):
         if layout == "zigzag":
             q, k, v = (to_zigzag(x, ring) for x in (q, k, v))
-        out = attention(
-            q, k, v, strategy=strategy, mesh=mesh, causal=causal, layout=layout, block_q=BLOCK, block_kv=BLOCK
-        )
+        out = attention(q, k, v, strategy=strategy, mesh=mesh, causal=causal, layout=layout, **kw)
         return from_zigzag(out, ring) if layout == "zigzag" else out
 
     return f, mesh

@@ -11,8 +11,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jobs.attention import attention, from_zigzag, reference_attention, splash_kernel, to_zigzag
-from tests.test_attention import FP32_TOL, make_inputs, make_mesh, out_and_grads, reference
+from jobs.attention import attention, reference_attention, splash_kernel
+from tests.test_attention import FP32_TOL, make_inputs, make_mesh, natural_order_fn, out_and_grads, reference
 
 splash_api = pytest.importorskip("jobs.attention.splash_api")
 
@@ -24,25 +24,9 @@ def _no_fallback(*args, **kwargs):
 def check_splash(monkeypatch, strategy, mesh_shape, B, L, H, K, D, layout, block=128):
     monkeypatch.setattr(splash_kernel, "xla_fwd", _no_fallback)
     monkeypatch.setattr(splash_kernel, "xla_bwd", _no_fallback)
-    mesh = make_mesh(mesh_shape)
-    ring = mesh_shape.get("context", 1)
-
-    def f(q, k, v):
-        if layout == "zigzag":
-            q, k, v = (to_zigzag(x, ring) for x in (q, k, v))
-        out = attention(
-            q,
-            k,
-            v,
-            strategy=strategy,
-            mesh=mesh,
-            layout=layout,
-            kernel="splash",
-            block_q=block,
-            block_kv=block,
-        )
-        return from_zigzag(out, ring) if layout == "zigzag" else out
-
+    f, _ = natural_order_fn(
+        strategy, mesh_shape, layout=layout, kernel="splash", block_q=block, block_kv=block
+    )
     q, k, v, ct = make_inputs(B, L, H, K, D)
     got = jax.jit(lambda q, k, v, ct: out_and_grads(f, q, k, v, ct))(q, k, v, ct)
     want = reference(q, k, v, ct, True)
