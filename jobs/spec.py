@@ -149,7 +149,6 @@ class RunSpec:
 
     checkpoint_dir: str = ""
     checkpoint_every: int = 0
-    report_every: int = 1
 
 
 @dataclass(frozen=True)

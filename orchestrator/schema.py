@@ -68,7 +68,6 @@ RULES: dict[str, Rule] = {
     "train.data.kind": Rule(choices=DATA_KINDS),
     "train.data.dtype": Rule(choices=TOKEN_DTYPES),
     "run.checkpoint_every": NON_NEGATIVE,  # 0: no checkpoints
-    "run.report_every": COUNT,
     "cluster.name": Rule(nonempty=True),
     "cluster.kind": Rule(choices=CLUSTER_KINDS),
     "cluster.platform": Rule(choices=PLATFORMS),

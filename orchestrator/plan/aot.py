@@ -1,6 +1,6 @@
 """Optional ground truth: compile the real train step for the cluster's TPU topology and read its memory.
 
-libtpu compiles for a virtual TPU slice on a CPU host (DESIGN section 6). jax is imported only inside
+libtpu compiles for a virtual TPU slice on a CPU host. jax is imported only inside
 functions: the control plane stays importable without it. Results are cached on disk by trial id and
 topology, because a large compile takes minutes.
 """

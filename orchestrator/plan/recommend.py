@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
 from orchestrator.plan import PlanRow, memory, plan
@@ -102,7 +102,3 @@ def recommend(
         if top is not None:
             why += f"; {name} never {'fits' if top.verdict == 'infeasible' else 'is valid'}: {top.reason}"
     return Recommendation(spec, best, why, tuple(rows))
-
-
-def with_cluster(spec: TrialSpec, cluster: ClusterSpec) -> TrialSpec:
-    return replace(spec, cluster=cluster)
