@@ -170,35 +170,39 @@ def train(spec: TrialSpec) -> Iterator[Record]:
     bsh = batch_shardings(spec, mesh)
     tokens = spec.tokens_per_step
     faults = Faults(jax.process_index())
-    times: list[tuple[int, float]] = []  # (step, seconds) of this attempt
     last = time.perf_counter()
 
     def finish(step: int, m: dict) -> Record:
+        """Step `step`'s record, appended to `history` (what the next checkpoint carries)."""
         nonlocal last
         loss = float(m["loss"])  # blocks until `step` is done; the next step is already queued
         now = time.perf_counter()
         dt, last = now - last, now
-        times.append((step, dt))
         tf = tflops_step / dt
-        return {
-            "kind": "step",
-            "step": step,
-            "t_ms": int(time.time() * 1000),  # the record's own time: a re-sent copy is the same point
-            "loss": loss,
-            "grad_norm": float(m["grad_norm"]),
-            "step_time_s": dt,
-            "tokens_per_s": tokens / dt,
-            "tflops_per_s_per_device": tf,
-            "mfu": tf / peak if peak == peak and peak > 0 else float("nan"),
-            "peak_bytes_in_use": runtime_peak_bytes(),
-        }
+        history.append(
+            {
+                "kind": "step",
+                "step": step,
+                "t_ms": int(time.time() * 1000),  # the record's own time: a re-sent copy is the same point
+                "loss": loss,
+                "grad_norm": float(m["grad_norm"]),
+                "step_time_s": dt,
+                "tokens_per_s": tokens / dt,
+                "tflops_per_s_per_device": tf,
+                "mfu": tf / peak if peak == peak and peak > 0 else float("nan"),
+                "peak_bytes_in_use": runtime_peak_bytes()
+                if lead
+                else None,  # only process 0's records are sent
+            }
+        )
+        return history[-1]
 
     prev = None  # (step, metrics) dispatched but not yet reported
     for step in range(first, spec.train.steps):
         state, metrics = compiled(state, _put(batches(step), bsh))
         faults.slow_step()
         if prev is not None:
-            history.append(rec := finish(*prev))
+            rec = finish(*prev)
             if lead:
                 yield rec
             faults.at(rec["step"], "after_report")
@@ -207,7 +211,7 @@ def train(spec: TrialSpec) -> Iterator[Record]:
             # Report this step before saving, so the checkpoint holds every record up to the step it
             # covers: whatever the driver has not received yet, a resumed trial re-sends.
             faults.at(step, "before_save")
-            history.append(rec := finish(*prev))
+            rec = finish(*prev)
             prev = None
             ckpt.save(step, state, history)
             faults.at(step, "after_save")
@@ -216,7 +220,7 @@ def train(spec: TrialSpec) -> Iterator[Record]:
             faults.at(step, "after_report")
             last = time.perf_counter()  # the save is not part of the next step's time
     if prev is not None:
-        history.append(rec := finish(*prev))
+        rec = finish(*prev)
         if lead:
             yield rec
     if ckpt:
@@ -225,17 +229,18 @@ def train(spec: TrialSpec) -> Iterator[Record]:
         # The first step of an attempt includes warm-up (allocation, first transfer): the median of the
         # others is the step time, and the summary says which steps (of which attempt) it covers. An
         # attempt that resumed after the last step times the steps its checkpoint carried instead.
-        timed = times or [(r["step"], r["step_time_s"]) for r in history]
+        ran = [r for r in history if r["step"] >= first]  # this attempt's steps
+        timed = ran or history
         timed = timed[1:] if len(timed) > 1 else timed
-        med = float(np.median([dt for _, dt in timed]))
+        med = float(np.median([r["step_time_s"] for r in timed]))
         yield {
             "kind": "summary",
             "steps": spec.train.steps,
             "final_loss": history[-1]["loss"],
-            "steps_run": len(times),
+            "steps_run": len(ran),
             "attempt_from_step": first,
-            "timed_from_step": timed[0][0],
-            "timed_to_step": timed[-1][0],
+            "timed_from_step": timed[0]["step"],
+            "timed_to_step": timed[-1]["step"],
             "step_time_median_s": med,
             "tokens_per_s": tokens / med,
             "tflops_per_s_per_device": tflops_step / med,

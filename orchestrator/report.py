@@ -14,6 +14,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from jobs.spec import TrialSpec
+from orchestrator.records import memory_bytes
 
 GIB = 2**30
 
@@ -34,8 +35,7 @@ class TrialResult:
 
     @property
     def measured_bytes(self) -> float | None:
-        # runtime peak where the backend reports it (TPU/GPU); the compiler's figure on CPU
-        return self.summary.get("peak_bytes_in_use") or self.summary.get("compiled_bytes_per_device")
+        return memory_bytes(self.summary)
 
 
 def collect(
