@@ -46,13 +46,19 @@ def _index(cfg: RingConfig) -> jax.Array:
 
 def _hop_fwd(cfg: RingConfig, s, r, q, k, v, pos):
     """(out, lse) of local queries against the K/V block that started on device (r - s) mod R."""
+    return hop_fwd(cfg, (r - s) % cfg.size, r, q, k, v, pos, own=isinstance(s, int) and s == 0)
+
+
+def hop_fwd(cfg: RingConfig, j, r, q, k, v, pos, *, own: bool = False):
+    """(out, lse) of the queries of ring position r against the K/V block of ring position j (j == r only
+    when `own`, the one hop that needs a causal mask); any ring order whose blocks are zigzag or
+    contiguous positions of one ring (double_ring's too) calls this."""
     kern = get_kernel(cfg.kernel)
     fwd = partial(kern.fwd, block_q=cfg.block_q, block_kv=cfg.block_kv)
-    if isinstance(s, int) and s == 0:  # own block: the only one that needs a causal mask
+    if own:
         return fwd(q, k, v, pos, pos, causal=cfg.causal)
     if not cfg.causal:
         return fwd(q, k, v, pos, pos, causal=False)
-    j = (r - s) % cfg.size
     refs = (q, k, v, pos, r)
     Ll = q.shape[1]
     shape = ((q.shape[0], Ll, q.shape[2], q.shape[3]), (q.shape[0], Ll, q.shape[2]))
@@ -80,14 +86,17 @@ def _hop_fwd(cfg: RingConfig, s, r, q, k, v, pos):
 
 
 def _hop_bwd(cfg: RingConfig, s, r, q, k, v, o, lse, do, pos):
-    """(dq, dk, dv) fp32 of one hop, recomputed from the saved global out and lse."""
+    return hop_bwd(cfg, (r - s) % cfg.size, r, q, k, v, o, lse, do, pos, own=isinstance(s, int) and s == 0)
+
+
+def hop_bwd(cfg: RingConfig, j, r, q, k, v, o, lse, do, pos, *, own: bool = False):
+    """(dq, dk, dv) fp32 of one hop (as hop_fwd), recomputed from the saved global out and lse."""
     kern = get_kernel(cfg.kernel)
     bwd = partial(kern.bwd, block_q=cfg.block_q, block_kv=cfg.block_kv)
-    if isinstance(s, int) and s == 0:
+    if own:
         return bwd(q, k, v, o, lse, do, pos, pos, causal=cfg.causal)
     if not cfg.causal:
         return bwd(q, k, v, o, lse, do, pos, pos, causal=False)
-    j = (r - s) % cfg.size
     refs = (q, k, v, o, lse, do, pos, r)
 
     def zeros(x):
@@ -113,7 +122,13 @@ def _hop_bwd(cfg: RingConfig, s, r, q, k, v, o, lse, do, pos):
 
 
 def _hops(cfg: RingConfig, step: Callable, carry: tuple) -> tuple:
-    """Run hops s = 1 .. R-2 as a while loop, not a scan (why: O(L/P) memory under remat).
+    """Hops s = 1 .. R-2 (carry leads with s)."""
+    return loop(1, cfg.size - 1, step, carry)
+
+
+def loop(lo: int, hi: int, step: Callable, carry: tuple) -> tuple:
+    """step(c) for c[0] = lo .. hi-1 (c = (i, *carry), step returns the next c) as a while loop, not a
+    scan (why: O(L/P) memory under remat).
 
     The model checkpoints each layer, so JAX partially evaluates this forward again for the backward, and a
     scan's partial-eval rule stacks per-iteration residuals: the zigzag cond's zero / -inf fillers and the
@@ -126,8 +141,8 @@ def _hops(cfg: RingConfig, step: Callable, carry: tuple) -> tuple:
     """
     if jax.process_count() > 1 and jax.devices()[0].platform == "cpu":
         body = lambda c, _: (step(c), None)
-        return jax.lax.scan(body, (jnp.int32(1), *carry), None, length=cfg.size - 2)[0]
-    return jax.lax.while_loop(lambda c: c[0] < cfg.size - 1, step, (jnp.int32(1), *carry))
+        return jax.lax.scan(body, (jnp.int32(lo), *carry), None, length=hi - lo)[0]
+    return jax.lax.while_loop(lambda c: c[0] < hi, step, (jnp.int32(lo), *carry))
 
 
 def _ring_fwd(cfg: RingConfig, q, k, v):
