@@ -18,30 +18,27 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
+from jobs import strategies
+from jobs.spec import ClusterSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
+from orchestrator import grid
 from orchestrator.plan import aot, validate
 
 ROOT = Path(__file__).resolve().parent.parent
 L14M = 14_680_064
 LENGTHS = [131_072, 1_048_576, 4_194_304, L14M]
-ULYSSES = 4  # usp's inner degree: 16 q / 4 KV heads of llama3_1_8b_long split 4 ways
 
 
 def conf(group: str, name: str) -> dict:
     return OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / group / f"{name}.yaml"), resolve=True)
 
 
-def mesh_for(strategy: str, devices: int) -> MeshSpec:
-    """Every device on the sequence: usp as context x 4-way Ulysses, the others one context axis."""
-    if strategy == "usp":
-        return MeshSpec(context=devices // ULYSSES, context_ulysses=ULYSSES)
-    return MeshSpec(context=devices)
-
-
 def spec_for(model: str, cluster: str, strategy: str, length: int, remat: str) -> TrialSpec:
-    c = ClusterSpec(**conf("cluster", cluster))
+    """Every device on the sequence, the context axes split as `mesh=auto` splits them (usp: 4-way Ulysses
+    for the 4 KV heads of llama3_1_8b_long)."""
+    c, m = ClusterSpec(**conf("cluster", cluster)), conf("model", model)
+    auto = {"data": 1, "fsdp": 1, "tensor": 1, "context": "auto", "context_ulysses": "auto"}
     return TrialSpec(
-        model=ModelSpec(**conf("model", model)), mesh=mesh_for(strategy, c.devices),
+        model=ModelSpec(**m), mesh=grid.resolve_mesh(auto, strategy, m, c.devices),
         strategy=StrategySpec(**conf("strategy", strategy)), context_length=length,
         train=TrainSpec(remat=remat), cluster=c,
     )  # fmt: skip
@@ -57,7 +54,7 @@ def row_cells(cluster: str, r: dict) -> list[str]:
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="llama3_1_8b_long")
-    ap.add_argument("--strategies", nargs="+", default=["ring", "usp", "all_gather", "ulysses"])
+    ap.add_argument("--strategies", nargs="+", default=list(strategies.CP_NAMES))
     ap.add_argument("--lengths", nargs="+", type=int, default=LENGTHS)
     ap.add_argument("--clusters", nargs="+", default=["tpu7x_128", "v5p_128"])
     ap.add_argument("--remat", default="full")

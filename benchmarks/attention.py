@@ -23,6 +23,7 @@ import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from jobs import strategies  # noqa: E402
 from jobs.attention import attention  # noqa: E402
 from jobs.attention.kernel import KERNELS, resolve  # noqa: E402
 from jobs.attention.sharding import qkv_spec  # noqa: E402
@@ -92,7 +93,10 @@ def measure(fn, mesh, spec, shapes, dtype, iters):
 
 def busiest_device_work(strategy: str, layout: str, p: int) -> float:
     """Share of the L x L score matrix the busiest device computes under a causal mask (dense: 1/2)."""
-    if strategy in ("ring", "peer") and layout == "contiguous":
+    rotates = strategy == "peer" or (
+        strategy in strategies.NAMES and strategies.get(strategy).default_layout == "zigzag"
+    )
+    if rotates and layout == "contiguous":
         return (p - 0.5) / p**2  # last device: its diagonal block plus every earlier block
     return 0.5 / p  # zigzag ring, all_gather, ulysses, dense on one device: 1/P of the causal triangle
 
@@ -122,17 +126,16 @@ def main() -> None:
     B, L, H, K, D, P = a.batch, a.length, a.q_heads, a.kv_heads, a.head_dim, a.devices
     q_shape, kv_shape = (B, L, H, D), (B, L, K, D)
     shapes = (q_shape, kv_shape, kv_shape, q_shape)
-    u = 2 if P % 2 == 0 and P > 2 else 1
     one = {"context": 1}
-    rows = [
-        ("reference", one, "contiguous"),
-        ("none", one, "contiguous"),
-        ("all_gather", {"context": P}, "contiguous"),
-        ("ulysses", {"context": P}, "contiguous"),
-        ("ring", {"context": P}, "contiguous"),
-        ("ring", {"context": P}, "zigzag"),
-        ("usp", {"context": P // u, "context_ulysses": u}, "zigzag"),
-    ]
+    rows = [("reference", one, "contiguous"), ("none", one, "contiguous")]
+    for name in strategies.CP_NAMES:  # every registered strategy: its first split, its layout (+ contiguous)
+        st = strategies.get(name)
+        splits = st.mesh_splits(P)
+        if not splits:
+            continue
+        c, u = splits[0]
+        shape = {"context": c, "context_ulysses": u} if "context_ulysses" in st.axes else {"context": c}
+        rows += [(name, shape, lay) for lay in dict.fromkeys(("contiguous", st.default_layout))]
     print(
         f"B={B} L={L} Hq={H} Hkv={K} D={D} dtype={a.dtype} block={a.block} devices={len(jax.devices())} causal"
     )

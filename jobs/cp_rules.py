@@ -9,43 +9,30 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from jobs.spec import MESH_AXES, STRATEGIES
+from jobs import strategies
+from jobs.spec import MESH_AXES
 
 # "reference" is the dense fp32 check used by tests and benchmarks; it is not a sweep strategy.
-ATTENTION_STRATEGIES = (*STRATEGIES, "reference")
+ATTENTION_STRATEGIES = (*strategies.NAMES, "reference")
 LAYOUTS = ("contiguous", "zigzag")
 
-_SEQUENCE_AXES: dict[str, tuple[str, ...]] = {
-    "none": (),
-    "reference": (),
-    "all_gather": ("context",),
-    "ulysses": ("context",),
-    "ring": ("context",),
-    "usp": ("context", "context_ulysses"),  # ring (outer, major) x Ulysses (inner, minor)
-}
 
-
-def _check_strategy(strategy: str) -> None:
-    if strategy not in _SEQUENCE_AXES:
+def _get(strategy: str) -> strategies.Strategy:
+    if strategy not in ATTENTION_STRATEGIES:
         raise ValueError(
             f"unknown attention strategy {strategy!r}; use one of {', '.join(ATTENTION_STRATEGIES)}"
         )
+    return strategies.get("none" if strategy == "reference" else strategy)
 
 
 def sequence_axes(strategy: str) -> tuple[str, ...]:
     """Mesh axes the sequence dimension is sharded over, major first."""
-    _check_strategy(strategy)
-    return _SEQUENCE_AXES[strategy]
+    return _get(strategy).axes
 
 
-def ulysses_axis(strategy: str) -> str | None:
-    """The mesh axis whose all-to-all trades sequence for heads (None when the strategy has none)."""
-    return {"ulysses": "context", "usp": "context_ulysses"}.get(strategy)
-
-
-def ring_size(mesh: Mapping[str, int]) -> int:
-    """Size of the ring that zigzag is defined by: the `context` axis for every strategy."""
-    return int(mesh.get("context", 1))
+def ring_size(strategy: str, mesh: Mapping[str, int]) -> int:
+    """Ring positions the strategy's zigzag layout is cut for (the data loader permutes by it)."""
+    return _get(strategy).ring_size(mesh)
 
 
 def validate(
@@ -59,7 +46,7 @@ def validate(
     batch: int | None = None,
 ) -> None:
     """Raise ValueError (one line: the numbers and the fix) if the attention cannot run as configured."""
-    _check_strategy(strategy)
+    s = _get(strategy)
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
     unknown = sorted(set(mesh) - set(MESH_AXES))
@@ -89,11 +76,18 @@ def validate(
                 f"batch is sharded over data x fsdp = {b}: batch {batch} % {b} = {batch % b}; "
                 f"use a batch that is a multiple of {b}"
             )
-    seq = sequence_axes(strategy)
-    if strategy != "usp" and size["context_ulysses"] > 1:
+    if layout not in s.layouts:
+        raise ValueError(f"{strategy} does not support layout={layout}; use one of {', '.join(s.layouts)}")
+    seq = s.axes
+    # A context axis the strategy does not shard over would replicate its work (none and the reference
+    # are exempt: they run the whole sequence anyway, and the reference reads zigzag positions off `context`).
+    idle = [(a, n) for a, n in size.items() if n > 1 and a.startswith("context") and a not in seq]
+    if seq and idle:
+        a, n = idle[0]
+        users = [n_ for n_ in strategies.CP_NAMES if a in strategies.get(n_).axes]
         raise ValueError(
-            f"{strategy} does not shard over context_ulysses={size['context_ulysses']} (work would be "
-            f"replicated); set context_ulysses=1 or use strategy=usp"
+            f"{strategy} does not shard over {a}={n} (work would be replicated); set {a}=1"
+            + (f" or use strategy={' or '.join(users)}" if users else "")
         )
     cp = int(np.prod([size[a] for a in seq])) if seq else 1
     if L % cp:
@@ -102,25 +96,13 @@ def validate(
             f"{strategy} shards the sequence over {axes} = {cp}: context_length % {cp} = {L % cp} "
             f"({L}); use a multiple of {cp}"
         )
-    r = size["context"]
+    r = s.ring_size(size)
     if layout == "zigzag" and L % (2 * r):
         raise ValueError(
-            f"{strategy} zigzag needs context_length % (2*context) == 0: {L} % {2 * r} = {L % (2 * r)}; "
-            f"use a multiple of {2 * r} or layout=contiguous"
+            f"{strategy} zigzag needs context_length % (2*{r} ring positions) == 0: {L} % {2 * r} = "
+            f"{L % (2 * r)}; use a multiple of {2 * r} or layout=contiguous"
         )
-    u_axis = ulysses_axis(strategy)
-    if u_axis is not None:
-        u, hq_loc, hkv_loc = size[u_axis], hq // t, hkv // t
-        if hq_loc % u:
-            raise ValueError(
-                f"{strategy} splits q heads over {u_axis}={u}: q_heads/tensor = {hq_loc} % {u} = {hq_loc % u}; "
-                f"use {u_axis} dividing {hq_loc}"
-            )
-        if hkv_loc % u and u % hkv_loc:
-            raise ValueError(
-                f"{strategy} splits kv heads over {u_axis}={u}: kv_heads/tensor = {hkv_loc} neither divides "
-                f"nor is a multiple of {u}; use {u_axis} dividing or a multiple of {hkv_loc}"
-            )
+    s.check(L=L, hq=hq // t, hkv=hkv // t, size=size, layout=layout)
 
 
 def zigzag_permutation(length: int, ring_size: int) -> np.ndarray:

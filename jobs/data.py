@@ -81,10 +81,13 @@ def token_file_batch(
 
 
 def layout(spec: TrialSpec, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Apply the strategy's load-balanced token order once per batch (tokens, targets, positions, mask)."""
-    if spec.strategy.name not in ("ring", "usp") or spec.strategy.layout != "zigzag":
+    """Apply the strategy's load-balanced token order once per batch (tokens, targets, positions, mask): the
+    zigzag permutation for the ring positions the strategy names, whatever the strategy (the attention's
+    mask assumes it for every strategy that accepts layout=zigzag)."""
+    ring = cp_rules.ring_size(spec.strategy.name, spec.mesh.shape())
+    if spec.strategy.layout != "zigzag" or ring == 1:
         return batch
-    perm = np.asarray(cp_rules.zigzag_permutation(spec.context_length, spec.mesh.context))
+    perm = np.asarray(cp_rules.zigzag_permutation(spec.context_length, ring))
     return {k: v[:, perm] for k, v in batch.items()}
 
 

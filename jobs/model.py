@@ -7,6 +7,7 @@ context-parallel library, so the same model runs with every strategy.
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +15,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jobs import cp_rules
 from jobs.attention import attention
 from jobs.mesh import BATCH_AXES, activation_spec
 from jobs.spec import ModelSpec, StrategySpec
@@ -131,8 +133,7 @@ def loss_fn(params: dict, batch: dict, **kw) -> tuple[jax.Array, jax.Array]:
     LOSS_CHUNK tokens under remat (at 14M tokens over 64 devices they would be ~270 GiB per device)."""
     x_BxLxE = forward(params, batch["tokens"], batch["positions"], **kw)
     B, L, E = x_BxLxE.shape
-    cp = kw["mesh"].shape["context"] * kw["mesh"].shape["context_ulysses"]
-    P = cp if kw["strategy"].name != "none" else 1
+    P = math.prod(kw["mesh"].shape[a] for a in cp_rules.sequence_axes(kw["strategy"].name))
     Ll = L // P
     c = min(Ll, LOSS_CHUNK)
     while Ll % c:

@@ -13,7 +13,6 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-STRATEGIES = ("none", "all_gather", "ulysses", "ring", "usp")
 MESH_AXES = ("data", "fsdp", "context", "context_ulysses", "tensor")
 
 
@@ -43,7 +42,8 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class MeshSpec:
-    """Sizes of the fixed mesh axes. USP uses context_ulysses (inner) x context (ring, outer)."""
+    """Sizes of the fixed mesh axes. Two-axis strategies shard the sequence over context (outer, major) x
+    context_ulysses (inner): usp's Ulysses groups, double_ring's inner rings (the name is usp's)."""
 
     data: int = 1
     fsdp: int = 1
@@ -71,7 +71,7 @@ class StrategySpec:
     """Which context-parallel attention, its layout and its local kernel."""
 
     name: str = "ring"
-    layout: str = "zigzag"  # zigzag | contiguous (ring and usp only)
+    layout: str = "zigzag"  # zigzag (load-balanced causal order) | contiguous
     kernel: str = (
         "auto"  # auto (splash on TPU, flash on GPU, else xla) | xla (every backend) | splash | flash
     )

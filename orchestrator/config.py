@@ -6,10 +6,16 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+
+from jobs import strategies
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("model", "strategy", "mesh", "cluster", "tracking", "sweep")
+
+
+# `${cp_strategies:}` in a sweep: every CP strategy of the registry, so a new one joins the sweeps by itself.
+OmegaConf.register_new_resolver("cp_strategies", lambda: list(strategies.CP_NAMES), replace=True)
 
 
 class ConfigError(ValueError):
@@ -19,8 +25,6 @@ class ConfigError(ValueError):
 def load(overrides: list[str], conf_dir: Path = CONF_DIR) -> DictConfig:
     """Compose `config.yaml` with command-line overrides (Hydra's own grammar), then check the top-level
     options against the schema; trial keys are checked per grid point by grid.expand."""
-    from omegaconf import OmegaConf
-
     from orchestrator import checks  # imports ConfigError from here
 
     GlobalHydra.instance().clear()
@@ -47,8 +51,6 @@ def _one_line(e: Exception, overrides: list[str]) -> str:
 
 def group_option(group: str, name: str, conf_dir: Path = CONF_DIR) -> dict:
     """One option of a config group as a plain dict (loaded once per grid axis value, not per point)."""
-    from omegaconf import OmegaConf
-
     path = conf_dir / group / f"{name}.yaml"
     if not path.exists():
         opts = sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))

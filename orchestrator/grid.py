@@ -9,6 +9,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from jobs import strategies
 from jobs.spec import ClusterSpec, MeshSpec, TrialSpec
 from orchestrator import checks
 from orchestrator.config import CONF_DIR, ConfigError, group_option
@@ -67,25 +68,15 @@ def points(sweep: dict | None) -> list[tuple[tuple[str, Any], ...]]:
 
 
 def resolve_mesh(mesh: dict, strategy: str, model: dict, devices: int) -> MeshSpec:
-    """Fill "auto" axes: every device not on data/fsdp/tensor goes to the context axes; USP takes the
-    largest Ulysses degree the KV heads allow (keeping a ring of at least 2)."""
+    """Fill "auto" axes: every device not on data/fsdp/tensor goes to the strategy's context axes, split as
+    its registry entry says (usp: the largest Ulysses degree the KV heads allow, keeping a ring of 2)."""
     m = dict(mesh)
     fixed = m["data"] * m["fsdp"] * m["tensor"]
-    free = max(devices // fixed, 1)
-    u, c = m.get("context_ulysses", "auto"), m.get("context", "auto")
-    if strategy != "usp":
-        u = 1 if u == "auto" else u
-    elif u == "auto":
-        hq, hkv = model["q_heads"] // m["tensor"], max(model["kv_heads"] // m["tensor"], 1)
-        base = free // c if c != "auto" else free
-        cands = [d for d in range(1, base + 1) if base % d == 0 and hq % d == 0 and d <= hkv]
-        cands = [d for d in cands if base // d >= 2] or cands or [1]
-        u = max(cands)
-    if c == "auto":
-        c = 1 if strategy == "none" else max(free // u, 1)
-    return MeshSpec(
-        data=m["data"], fsdp=m["fsdp"], context=int(c), context_ulysses=int(u), tensor=m["tensor"]
+    hq, hkv = model["q_heads"] // m["tensor"], max(model["kv_heads"] // m["tensor"], 1)
+    c, u = strategies.get(strategy).resolve_mesh(
+        max(devices // fixed, 1), m.get("context", "auto"), m.get("context_ulysses", "auto"), hq, hkv
     )
+    return MeshSpec(data=m["data"], fsdp=m["fsdp"], context=c, context_ulysses=u, tensor=m["tensor"])
 
 
 def expand(cfg: DictConfig, conf_dir=CONF_DIR) -> list[TrialSpec]:

@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from jobs import strategies
 from jobs.cp_rules import LAYOUTS
-from jobs.spec import STRATEGIES, ClusterSpec, ModelSpec, RunSpec, StrategySpec, TrainSpec
+from jobs.spec import ClusterSpec, ModelSpec, RunSpec, StrategySpec, TrainSpec
 
 # The names jobs.attention.kernel.KERNELS registers (that module imports jax, which the driver must not do
 # before launch; tests/test_schema.py keeps the two equal). auto: splash on TPU, flash on GPU, xla elsewhere.
@@ -45,7 +46,7 @@ RULES: dict[str, Rule] = {
     **{f"model.{k}": COUNT for k in ("vocab", "embed", "layers", "q_heads", "kv_heads", "head_dim", "mlp")},
     "model.rope_theta": POSITIVE,
     "model.norm_eps": POSITIVE,
-    "strategy.name": Rule(choices=STRATEGIES),
+    "strategy.name": Rule(choices=strategies.NAMES),
     "strategy.layout": Rule(choices=LAYOUTS),
     "strategy.kernel": Rule(choices=KERNELS),
     "strategy.block_q": COUNT,

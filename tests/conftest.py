@@ -1,6 +1,8 @@
 """Shared test setup: 8 simulated CPU devices for in-process JAX, a fresh MLflow store per test."""
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -13,11 +15,13 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
     ).strip()
 
 # One compilation cache for the session: in-process jobs, CLI subprocesses and their Ray workers all
-# inherit it, so the same tiny trial compiled by several tests compiles once.
-os.environ.setdefault(
-    "JAX_COMPILATION_CACHE_DIR",
-    os.path.join(tempfile.gettempdir(), f"cp-orchestrator-test-jax-cache-{os.getuid()}"),
-)
+# inherit it, so the same tiny trial compiled by several tests compiles once. Fresh per session: a cache
+# shared across sessions once served an executable that deadlocked XLA:CPU's collectives (all-gather vs
+# all-reduce rendezvous on different devices), which a fresh cache never reproduced.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    _cache = tempfile.mkdtemp(prefix="cp-orchestrator-test-jax-cache-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
+    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 
 # The planner measures a CPU host's matmul rate per run, and on a shared 2-core machine one probe swings ~10x;
 # tests pin it (the nominal 2-core figure) so a point's verdict does not depend on the neighbours' load.

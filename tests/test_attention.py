@@ -12,6 +12,7 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from jax.sharding import Mesh, NamedSharding  # noqa: E402
 
+from jobs import cp_rules, strategies  # noqa: E402
 from jobs.attention import attention, from_zigzag, reference_attention, to_zigzag  # noqa: E402
 from jobs.attention.sharding import qkv_spec  # noqa: E402
 
@@ -19,12 +20,6 @@ FP32_TOL = 2e-5
 # bf16 inputs (8-bit mantissa, rel. step 2^-8 = 3.9e-3) with fp32 softmax statistics and accumulators: the
 # error is dominated by rounding q/k/v/p to bf16, measured <= ~1e-2 abs on unit-normal inputs; allow 3e-2.
 BF16_TOL = 3e-2
-COLLECTIVES = {
-    "all_gather": ("all-gather",),
-    "ulysses": ("all-to-all",),
-    "ring": ("collective-permute",),
-    "usp": ("collective-permute", "all-to-all"),
-}
 BLOCK = 16  # small blocks so every local kernel runs several q and kv blocks
 
 
@@ -45,7 +40,7 @@ def make_inputs(B, L, H, K, D, dtype=jnp.float32, seed=0):
 def natural_order_fn(strategy, mesh_shape, *, layout="contiguous", causal=True, **attention_kw):
     """attention in natural token order; zigzag inputs are permuted in and out like the training job does."""
     mesh = make_mesh(mesh_shape)
-    ring = mesh_shape.get("context", 1)
+    ring = cp_rules.ring_size(strategy, mesh_shape)
     kw = {"block_q": BLOCK, "block_kv": BLOCK} | attention_kw
 
     def f(q, k, v):
@@ -75,7 +70,9 @@ def check(strategy, mesh_shape, B, L, H, K, D, *, layout="contiguous", causal=Tr
     q, k, v, ct = make_inputs(B, L, H, K, D, dtype)
     compiled = jax.jit(lambda q, k, v, ct: out_and_grads(f, q, k, v, ct)).lower(q, k, v, ct).compile()
     text = compiled.as_text()
-    for coll in COLLECTIVES[strategy]:  # a silently disabled CP would still give the right numbers
+    for coll in strategies.get(
+        strategy
+    ).collectives:  # a silently disabled CP would still give the right numbers
         assert coll in text, f"{strategy}: no {coll} in the compiled HLO"
     got = compiled(q, k, v, ct)
     want = reference(q, k, v, ct, causal)
@@ -162,7 +159,7 @@ def test_full_mesh_inside_outer_jit(strategy, mesh_shape):
         )
         return out_and_grads(f, q, k, v, ct)
 
-    ring = mesh_shape["context"]
+    ring = cp_rules.ring_size(strategy, mesh_shape)
     ct_zigzag = to_zigzag(ct, ring)
     got = step(*(to_zigzag(x, ring) for x in (q, k, v)), ct_zigzag)
     want = reference(q, k, v, ct)

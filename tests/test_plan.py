@@ -69,7 +69,6 @@ def test_14m_points_all_gather_and_ulysses(cluster):
     ag = rows["all_gather"]
     assert ag.verdict == "infeasible"
     assert "needs" in ag.reason and "full K,V of 14,680,064 tokens: 56.0 GiB/layer" in ag.reason
-    assert memory.full_kv_bytes(spec(strategy="all_gather")) == pytest.approx(60.1e9, rel=1e-2)
     uly = rows["ulysses"]
     P = ClusterSpec(**conf("cluster", cluster)).devices
     assert uly.verdict == "invalid"

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from servers import start_gcs_emulator
 
-from jobs import storage
+from jobs import storage, strategies
 from jobs.data import chance_loss
 from jobs.spec import DataSpec, MeshSpec, RunSpec
 from jobs.train import train
@@ -157,9 +157,25 @@ def test_every_strategy_trains_like_no_cp_in_bf16():
     """The same trial (bf16 compute) with each CP strategy on 8 devices vs dense attention on one device."""
     base = ["context_length=256", "train.steps=5", "train.batch=2", "train.dtype=bfloat16"]
     _, ref, _ = run(spec_of("strategy=none", "cluster.devices_per_host=1", *base))
-    for strategy in ("all_gather", "ulysses", "ring", "usp"):
+    for strategy in strategies.CP_NAMES:
         s = spec_of(f"strategy={strategy}", *base)
         assert s.mesh.cp == 8
         _, losses, _ = run(s)
         # bf16 noise: different reduction orders round differently; a wrong mask or shard is off by ~0.1-1
         np.testing.assert_allclose(losses, ref, rtol=0, atol=3e-2, err_msg=strategy)
+
+
+@pytest.mark.parametrize("strategy", ["all_gather", "ulysses"])
+def test_zigzag_matches_contiguous_on_recall(strategy):
+    """layout=zigzag permutes the tokens the way the attention mask assumes, for every strategy (it used to
+    permute only for ring and usp: all_gather and ulysses attended natural-order tokens with a zigzag mask)."""
+    base = [
+        f"strategy={strategy}",
+        "context_length=128",
+        "train.steps=3",
+        "train.batch=2",
+        "train.dtype=float32",
+    ]
+    _, zigzag, _ = run(spec_of(*base, "strategy.layout=zigzag"))
+    _, contiguous, _ = run(spec_of(*base, "strategy.layout=contiguous"))
+    np.testing.assert_allclose(zigzag, contiguous, rtol=0, atol=1e-4)

@@ -5,31 +5,12 @@ from __future__ import annotations
 import jax
 from jax.sharding import Mesh
 
-from jobs import cp_rules
-from jobs.attention.all_gather import all_gather_local
-from jobs.attention.kernel import attend, get_kernel
+from jobs import cp_rules, strategies
+from jobs.attention.kernel import get_kernel
 from jobs.attention.layout import global_positions
+from jobs.attention.none import none_local
 from jobs.attention.reference import reference_attention
-from jobs.attention.ring import ring_local
 from jobs.attention.sharding import Options, mesh_shape, qkv_spec
-from jobs.attention.ulysses import ulysses_local
-from jobs.attention.usp import usp_local
-
-
-def _none_local(mesh: Mesh | None, L: int, o: Options):
-    """No CP: the blockwise kernel per device, batch and heads sharded, the sequence whole."""
-    pos = global_positions(L, o.layout, cp_rules.ring_size(mesh_shape(mesh)))
-    return lambda q, k, v: attend(q, k, v, pos, pos, o.causal, o.kernel, o.block_q, o.block_kv)
-
-
-# strategy -> per-device body (mesh, global length, options) -> fn(q, k, v); run under one shard_map below
-_LOCAL = {
-    "none": _none_local,
-    "all_gather": all_gather_local,
-    "ulysses": ulysses_local,
-    "ring": ring_local,
-    "usp": usp_local,
-}
 
 
 def _check_shapes(q, k, v) -> None:
@@ -56,8 +37,8 @@ def attention(
 ) -> jax.Array:
     """Attention of global q [B, L, Hq, D] over k, v [B, L, Hkv, D]; out like q, in the same token order.
 
-    layout="zigzag": inputs are already permuted by cp_rules.zigzag_permutation(L, mesh["context"]) (every
-    strategy accepts it; the mask uses true positions). Works eagerly and inside an outer jit.
+    layout="zigzag": inputs are already permuted by cp_rules.zigzag_permutation(L, cp_rules.ring_size(strategy,
+    mesh)) (every strategy accepts it; the mask uses true positions). Works eagerly and inside an outer jit.
     """
     _check_shapes(q, k, v)
     B, L, Hq, _ = q.shape
@@ -68,12 +49,12 @@ def attention(
     get_kernel(kernel)
     o = Options(causal, layout, kernel, block_q, block_kv)
     if strategy == "reference":
-        pos = global_positions(L, layout, cp_rules.ring_size(shape))
+        pos = global_positions(L, layout, cp_rules.ring_size(strategy, shape))
         return reference_attention(q, k, v, causal=causal, q_pos=pos, kv_pos=pos)
     if mesh is None:
         if strategy == "none":
-            return _none_local(mesh, L, o)(q, k, v)
+            return none_local(mesh, L, o)(q, k, v)
         raise ValueError(f"strategy {strategy} needs a mesh with a 'context' axis; pass mesh=")
     spec = qkv_spec(mesh, strategy)
-    local = _LOCAL[strategy](mesh, L, o)
+    local = strategies.get(strategy).local_fn()(mesh, L, o)  # per-device body under one shard_map
     return jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec)(q, k, v)

@@ -6,6 +6,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from jobs import strategies
 from jobs.spec import TrialSpec
 from orchestrator.plan import memory, roofline, steptime, validate
 from orchestrator.plan.validate import Problem, point_label, trial_id
@@ -68,11 +69,9 @@ def plan_one(spec: TrialSpec, problems: list[Problem] | None = None) -> PlanRow:
             f"needs {memory.gib(hbm)}/device, {_accel(spec)} has {memory.gib(limit)} "
             f"(largest term: {top.replace('_', ' ')} {memory.gib(mem[top])})"
         )
-        if spec.strategy.name == "all_gather":
-            kv = memory.full_kv_bytes(spec)
-            why[-1] += (
-                f"; all_gather holds the full K,V of {spec.context_length:,} tokens: {memory.gib(kv)}/layer"
-            )
+        hint = strategies.get(spec.strategy.name).overflow_hint(memory.local_sizes(spec))
+        if hint:
+            why[-1] += f"; {hint}"
     if budget > 0 and st.step_s > budget:
         why.append(f"predicted step {st.step_s:,.3g} s > this cluster's {budget:g} s budget")
     verdict = "infeasible" if why else "run"

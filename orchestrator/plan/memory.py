@@ -2,49 +2,28 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
 
+from jobs import strategies
 from jobs.spec import ModelSpec, TrialSpec
+from jobs.strategies.base import BF16, FP32, Local
 
 # Mirrors jobs.model.LOSS_CHUNK (not imported: that pulls in jax): jobs/model.loss_fn unembeds each device's
 # local sequence in chunks of this many tokens; unchunked, the logits are the largest term at 14M tokens.
 LOSS_CHUNK_TOKENS = 8192
-BF16, FP32 = 2, 4
-TILE_BYTES = 15  # per score element of the attention kernel's working tile, see _kernel
-
-
-@dataclass(frozen=True)
-class Local:
-    """Per-device sizes of one trial: what the memory and comm models are written in."""
-
-    B: int  # sequences per device per microbatch
-    Ll: int  # tokens per device along the sequence (L / P)
-    L: int
-    P: int  # context-parallel degree (all sequence axes)
-    U: int  # Ulysses degree (ulysses: P; usp: context_ulysses; else 1)
-    R: int  # ring degree (ring: P; usp: context; else 1)
-    T: int  # tensor
-    S: int  # mesh size
-    hq: int  # q heads per device after tensor sharding
-    hkv: int  # kv heads per device after tensor sharding
-    M: int  # mlp width per device after tensor sharding
-    V: int  # vocab per device after tensor sharding
-
-    @property
-    def tokens(self) -> int:
-        return self.B * self.Ll
 
 
 def local_sizes(spec: TrialSpec) -> Local:
-    m, mesh, name = spec.model, spec.mesh, spec.strategy.name
-    T, P = mesh.tensor, mesh.cp
+    m, mesh = spec.model, spec.mesh
+    T = mesh.tensor
+    s = strategies.get(spec.strategy.name)
+    P = math.prod(getattr(mesh, a) for a in s.axes)
+    U, R = s.degrees(mesh.shape())
     dp = mesh.data * mesh.fsdp * max(spec.train.grad_accum, 1)
-    U = {"ulysses": mesh.context, "usp": mesh.context_ulysses}.get(name, 1)
-    R = {"ring": mesh.context, "all_gather": mesh.context, "usp": mesh.context}.get(name, 1)
     return Local(
         B=max(spec.train.batch // dp, 1), Ll=max(spec.context_length // P, 1), L=spec.context_length, P=P,
         U=U, R=R, T=T, S=mesh.size, hq=max(m.q_heads // T, 1), hkv=max(m.kv_heads // T, 1),
-        M=max(m.mlp // T, 1), V=max(m.vocab // T, 1),
+        M=max(m.mlp // T, 1), V=max(m.vocab // T, 1), D=m.head_dim,
     )  # fmt: skip
 
 
@@ -52,45 +31,10 @@ def layer_params(m: ModelSpec) -> int:
     return m.embed * m.head_dim * (2 * m.q_heads + 2 * m.kv_heads) + 3 * m.embed * m.mlp + 2 * m.embed
 
 
-def _kernel(x: Local, tq: int, tk: int, hq: int, hkv: int, D: int, block_q: int, block_kv: int) -> int:
-    """The blockwise kernel on tq queries x tk keys: fp32 out/dq accumulators, fp32 dk/dv, one score tile.
-
-    The tile is one (block_q, block_kv) pair's scores, probabilities, dP and dS (fp32) and causal mask; the
-    TPU compiler fuses some of them: 15 bytes per element fits its compiles of ring, all_gather and usp
-    (13-17 seen; ulysses compiles to ~6).
-    """
-    acc = x.B * (tq * hq * (2 * D + 1) * FP32 + tk * hkv * 2 * D * FP32)
-    tile = x.B * hq * min(block_q, tq) * min(block_kv, tk) * TILE_BYTES
-    return acc + tile
-
-
-def full_kv_bytes(spec: TrialSpec) -> int:
-    """K and V of the whole sequence for one layer in bf16 (what all_gather puts on every device)."""
-    x = local_sizes(spec)
-    return 2 * x.B * x.L * x.hkv * spec.model.head_dim * BF16
-
-
 def attention_bytes(spec: TrialSpec, x: Local | None = None) -> int:
-    """Transient bytes of the strategy's attention for one layer (the larger of forward and backward)."""
-    x = x or local_sizes(spec)
-    s, D = spec.strategy, spec.model.head_dim
-    bq, bk = s.block_q, s.block_kv
-    kv_elem = x.B * x.hkv * D  # one token's K (or V) on this device, times batch
-    if s.name == "all_gather":
-        # Every device holds the whole sequence's K,V (bf16), and in backward their full fp32 gradients.
-        return 2 * x.L * kv_elem * BF16 + _kernel(x, x.Ll, x.L, x.hq, x.hkv, D, bq, bk)
-    if s.name in ("ulysses", "usp"):
-        hq_u = max(x.hq // x.U, 1)
-        hkv_u = max(x.hkv // x.U, 1)  # fewer kv heads than U: each device gets one replicated head
-        tr = x.L // x.R  # tokens per device after the all-to-all (whole sequence for ulysses)
-        # q, k, v, out in the head layout, plus the all-to-all's send buffers of the same size.
-        a2a = 2 * x.B * tr * (2 * hq_u + 2 * hkv_u) * D * BF16
-        ring = 2 * x.B * tr * hkv_u * D * (2 * BF16 + 2 * FP32) if s.name == "usp" and x.R > 1 else 0
-        return a2a + ring + _kernel(x, tr, tr, hq_u, hkv_u, D, bq, bk)
-    if s.name == "ring":
-        # Two blocks in flight (current + next); in backward K,V (bf16) travel with dK,dV (fp32).
-        return 2 * x.Ll * kv_elem * (2 * BF16 + 2 * FP32) + _kernel(x, x.Ll, x.Ll, x.hq, x.hkv, D, bq, bk)
-    return _kernel(x, x.Ll, x.Ll, x.hq, x.hkv, D, bq, bk)  # none: local attention over the whole sequence
+    """Transient bytes of the strategy's attention for one layer (its registry entry's term)."""
+    s = spec.strategy
+    return strategies.get(s.name).attention_bytes(x or local_sizes(spec), s.block_q, s.block_kv)
 
 
 def breakdown(spec: TrialSpec, *, loss_chunk_tokens: int | None = None) -> dict[str, int]:

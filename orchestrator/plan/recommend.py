@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from jobs import strategies
 from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
 from orchestrator.plan import PlanRow, memory, plan
-
-CP_STRATEGIES = ("all_gather", "ulysses", "ring", "usp")
 
 
 @dataclass(frozen=True)
@@ -34,14 +33,8 @@ def candidate_meshes(strategy: str, devices: int, batch: int, max_tensor: int = 
             cp = devices // (fsdp * tensor)
             if cp < 2:
                 continue
-            if strategy == "usp":
-                out += [
-                    MeshSpec(fsdp=fsdp, tensor=tensor, context_ulysses=u, context=cp // u)
-                    for u in _pow2_divisors(cp)
-                    if 1 < u < cp
-                ]
-            else:
-                out.append(MeshSpec(fsdp=fsdp, tensor=tensor, context=cp))
+            for c, u in strategies.get(strategy).mesh_splits(cp):
+                out.append(MeshSpec(fsdp=fsdp, tensor=tensor, context=c, context_ulysses=u))
     return out
 
 
@@ -50,9 +43,8 @@ def candidates(
 ) -> list[TrialSpec]:
     train = train or TrainSpec()
     out = []
-    for name in CP_STRATEGIES:
-        # Zigzag balances causal work for the strategies that ring; the others shard contiguously.
-        strat = StrategySpec(name=name, layout="zigzag" if name in ("ring", "usp") else "contiguous")
+    for name in strategies.CP_NAMES:
+        strat = StrategySpec(name=name, layout=strategies.get(name).default_layout)
         for mesh in candidate_meshes(name, cluster.devices, train.batch):
             out.append(TrialSpec(model, mesh, strat, context_length, train=train, cluster=cluster))
     return out
@@ -91,7 +83,7 @@ def recommend(
             f"{r.strategy} {r.mesh} {r.predicted_step_s / best.predicted_step_s:.2f}x slower"
             for r in others.values()
         )
-    missing = [n for n in CP_STRATEGIES if n != best.strategy and n not in others]
+    missing = [n for n in strategies.CP_NAMES if n != best.strategy and n not in others]
     for name in missing:
         mine = [r for r in rows if r.strategy == name]
         top = min(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from jobs import strategies
 from jobs.flops import layer_flops, train_tflops_per_device
 from jobs.spec import TrialSpec
 from orchestrator.plan.memory import BF16, FP32, Local, layer_params, local_sizes
@@ -42,20 +43,7 @@ def peak_tflops(spec: TrialSpec) -> float:
 
 def attention_comm_bytes(spec: TrialSpec, x: Local | None = None) -> tuple[int, int]:
     """Forward bytes one device sends per layer: (not overlappable, overlappable by the ring)."""
-    x = x or local_sizes(spec)
-    D, name = spec.model.head_dim, spec.strategy.name
-    B, L, P = x.B, x.L, x.P
-    if name == "all_gather":
-        return int(2 * (P - 1) / P * L * x.hkv * D * B * BF16), 0
-    if name == "ring":
-        return 0, int(2 * (P - 1) / P * L * x.hkv * D * B * BF16)
-    if name in ("ulysses", "usp"):
-        U, R = x.U, x.R
-        hkv = max(x.hkv, U)  # kv heads replicated up to U before the all-to-all when Hkv < U
-        a2a = int((U - 1) / U**2 * (L / R) * D * (2 * x.hq + 2 * hkv) * B * BF16)
-        ring = int(2 * (R - 1) / R * L * max(x.hkv // U, 1) * D * B * BF16) if R > 1 else 0
-        return a2a, ring
-    return 0, 0
+    return strategies.get(spec.strategy.name).comm_bytes(x or local_sizes(spec))
 
 
 def roofline(spec: TrialSpec) -> Roofline:

@@ -23,6 +23,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from jobs import strategies
 from jobs.flops import layer_flops, train_tflops_per_device
 from jobs.spec import ClusterSpec, TrialSpec
 from orchestrator.plan import roofline
@@ -97,22 +98,15 @@ def peak_tflops(spec: TrialSpec) -> float:
 
 def hop_tokens(spec: TrialSpec, x: Local) -> int:
     """Keys one kernel call sees: a ring hop's block, or the whole gathered sequence."""
-    name = spec.strategy.name
-    if name == "ring":
-        return x.Ll
-    if name == "usp":
-        return x.L // max(x.R, 1) if x.R > 1 else x.L
-    return x.L  # all_gather, ulysses, none: one call over every key
+    return strategies.get(spec.strategy.name).hop_tokens(x)
 
 
 def imbalance(spec: TrialSpec, x: Local) -> float:
-    """Busiest device's causal work over the mean: contiguous shards leave the last device (2R-1)/R of it."""
-    name, layout = spec.strategy.name, spec.strategy.layout
+    """Busiest device's causal work over the mean (zigzag: 1; contiguous shards leave the last device more)."""
     # Simulated CPU devices share the host's cores: what a light device leaves idle the busiest one gets.
-    if spec.cluster.platform == "cpu" or layout == "zigzag" or name in ("ulysses", "none"):
+    if spec.cluster.platform == "cpu":
         return 1.0
-    R = x.P if name == "all_gather" else x.R
-    return (2 * R - 1) / R if R > 1 else 1.0
+    return strategies.get(spec.strategy.name).imbalance(x, spec.strategy.layout)
 
 
 def kernel_efficiency(c: ClusterSpec, head_dim: int, block: int) -> float:

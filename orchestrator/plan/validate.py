@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from jobs import cp_rules
-from jobs.spec import STRATEGIES, TrialSpec
+from jobs import cp_rules, strategies
+from jobs.spec import TrialSpec
 from orchestrator.schema import DTYPES, REMATS
 
 # orchestrator/schema.py owns the names (KERNELS); this adds where each kernel runs (None: everywhere).
@@ -46,8 +46,8 @@ def point_label(spec: TrialSpec) -> str:
 def _names(spec: TrialSpec) -> list[tuple[str, str]]:
     s, t, c = spec.strategy, spec.train, spec.cluster
     out = []
-    if s.name not in STRATEGIES:
-        out.append(("unknown name", f"strategy {s.name!r} is not one of {', '.join(STRATEGIES)}"))
+    if s.name not in strategies.NAMES:
+        out.append(("unknown name", f"strategy {s.name!r} is not one of {', '.join(strategies.NAMES)}"))
     if s.layout not in cp_rules.LAYOUTS:
         out.append(("unknown name", f"layout {s.layout!r} is not one of {', '.join(cp_rules.LAYOUTS)}"))
     if s.kernel not in KERNEL_PLATFORM:
@@ -109,7 +109,7 @@ def _attention(spec: TrialSpec) -> list[tuple[str, str]]:
     size) and then the heads (a multiple of every split) report head and length problems independently.
     """
     s, m, mesh = spec.strategy, spec.model, spec.mesh.shape()
-    if s.name not in STRATEGIES or s.layout not in cp_rules.LAYOUTS:
+    if s.name not in strategies.NAMES or s.layout not in cp_rules.LAYOUTS:
         return []
     big = 2 * spec.mesh.size
     probes = {

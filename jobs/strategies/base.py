@@ -1,0 +1,142 @@
+"""What a CP strategy is, apart from its JAX body: mesh axes, rules, data layout, planner terms, words.
+
+Pure Python (no jax): the control plane plans and validates with it before asking for a device, and the data
+plane shards, permutes and dispatches with the same object. A subclass overrides only what differs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+BF16, FP32 = 2, 4
+TILE_BYTES = 15  # per score element of the attention kernel's working tile, see kernel_bytes
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class Local:
+    """Per-device sizes of one trial: what the memory and comm terms are written in."""
+
+    B: int  # sequences per device per microbatch
+    Ll: int  # tokens per device along the sequence (L / P)
+    L: int
+    P: int  # context-parallel degree (all sequence axes)
+    U: int  # Ulysses degree (heads traded for sequence; 1 without an all-to-all)
+    R: int  # ring degree (positions K/V travel through, or gather over; 1 without)
+    T: int  # tensor
+    S: int  # mesh size
+    hq: int  # q heads per device after tensor sharding
+    hkv: int  # kv heads per device after tensor sharding
+    M: int  # mlp width per device after tensor sharding
+    V: int  # vocab per device after tensor sharding
+    D: int  # head_dim
+
+    @property
+    def tokens(self) -> int:
+        return self.B * self.Ll
+
+    @property
+    def kv_token(self) -> int:
+        """Elements of one token's K (or V) on this device, times batch."""
+        return self.B * self.hkv * self.D
+
+
+def kernel_bytes(x: Local, tq: int, tk: int, hq: int, hkv: int, block_q: int, block_kv: int) -> int:
+    """The blockwise kernel on tq queries x tk keys: fp32 out/dq accumulators, fp32 dk/dv, one score tile.
+
+    The tile is one (block_q, block_kv) pair's scores, probabilities, dP and dS (fp32) and causal mask; the
+    TPU compiler fuses some of them: 15 bytes per element fits its compiles of ring, all_gather and usp
+    (13-17 seen; ulysses compiles to ~6).
+    """
+    acc = x.B * (tq * hq * (2 * x.D + 1) * FP32 + tk * hkv * 2 * x.D * FP32)
+    tile = x.B * hq * min(block_q, tq) * min(block_kv, tk) * TILE_BYTES
+    return acc + tile
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+class Strategy:
+    """A single-axis CP strategy over `context` (the defaults); subclasses override what differs."""
+
+    name: str = ""
+    body: str = ""  # "module:function" of the per-device JAX body (mesh, L, Options) -> fn(q, k, v)
+    axes: tuple[str, ...] = ("context",)  # mesh axes the sequence is sharded over, major first
+    ulysses_axis: str | None = None  # the axis whose all-to-all trades sequence for heads
+    layouts: tuple[str, ...] = ("contiguous", "zigzag")
+    default_layout: str = "contiguous"  # what the recommender and the benchmarks pick
+    collectives: tuple[str, ...] = ()  # HLO ops its compiled step must contain (a silent no-CP would not)
+    summary: str = ""  # one line for the recommender and the README
+
+    # -- mesh -----------------------------------------------------------------------------------------
+    def ring_size(self, mesh: Mapping[str, int]) -> int:
+        """Ring positions the zigzag layout is cut for (1: the layout is the identity)."""
+        return int(mesh.get("context", 1))
+
+    def resolve_mesh(
+        self, free: int, context: int | str, inner: int | str, hq: int, hkv: int
+    ) -> tuple[int, int]:
+        """(context, context_ulysses) for `auto` axes: `free` devices are left after data, fsdp and tensor."""
+        inner = 1 if inner == AUTO else int(inner)
+        return (max(free // inner, 1) if context == AUTO else int(context)), inner
+
+    def mesh_splits(self, cp: int) -> list[tuple[int, int]]:
+        """(context, context_ulysses) splits of `cp` devices the recommender tries."""
+        return [(cp, 1)]
+
+    # -- rules ----------------------------------------------------------------------------------------
+    def check(self, *, L: int, hq: int, hkv: int, size: Mapping[str, int], layout: str) -> None:
+        """Raise ValueError (one line: the numbers and the fix) on what only this strategy forbids."""
+        if self.ulysses_axis is None:
+            return
+        a, u = self.ulysses_axis, size[self.ulysses_axis]
+        if hq % u:
+            raise ValueError(
+                f"{self.name} splits q heads over {a}={u}: q_heads/tensor = {hq} % {u} = {hq % u}; "
+                f"use {a} dividing {hq}"
+            )
+        if hkv % u and u % hkv:
+            raise ValueError(
+                f"{self.name} splits kv heads over {a}={u}: kv_heads/tensor = {hkv} neither divides "
+                f"nor is a multiple of {u}; use {a} dividing or a multiple of {hkv}"
+            )
+
+    # -- planner --------------------------------------------------------------------------------------
+    def degrees(self, mesh: Mapping[str, int]) -> tuple[int, int]:
+        """(U, R) of Local: Ulysses and ring degrees."""
+        return 1, int(mesh.get("context", 1))
+
+    def attention_bytes(self, x: Local, block_q: int, block_kv: int) -> int:
+        """Transient bytes of one layer's attention on a device (the larger of forward and backward)."""
+        return kernel_bytes(x, x.Ll, x.Ll, x.hq, x.hkv, block_q, block_kv)
+
+    def comm_bytes(self, x: Local) -> tuple[int, int]:
+        """Forward bytes one device sends per layer: (not overlappable, overlappable with attention)."""
+        return 0, 0
+
+    def hop_tokens(self, x: Local) -> int:
+        """Keys one kernel call sees (a ring hop's block, or the whole gathered sequence)."""
+        return x.L
+
+    def imbalance(self, x: Local, layout: str) -> float:
+        """Busiest device's causal work over the mean: contiguous shards leave the last device (2R-1)/R."""
+        R = x.R
+        return (2 * R - 1) / R if layout == "contiguous" and R > 1 else 1.0
+
+    def overflow_hint(self, x: Local) -> str:
+        """Said after 'needs N GiB' when a point does not fit (what of this strategy's own grows)."""
+        return ""
+
+    # -- data plane -----------------------------------------------------------------------------------
+    def local_fn(self) -> Callable:
+        """The JAX body, imported only when asked for (this module never imports jax)."""
+        module, fn = self.body.split(":")
+        return getattr(importlib.import_module(module), fn)
+
+
+def usp_like_splits(cp: int) -> list[tuple[int, int]]:
+    """Every power-of-two split of cp into an outer `context` and an inner `context_ulysses`, both > 1."""
+    return [(cp // u, u) for u in (2**i for i in range(1, cp.bit_length())) if cp % u == 0 and 1 < u < cp]

@@ -1,0 +1,39 @@
+"""Ulysses CP: an all-to-all trades sequence shards for head shards, attention runs over the whole
+sequence for H/U heads, and a second all-to-all trades back; the KV heads bound the degree."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from jobs.strategies.base import BF16, FP32, Local, Strategy, kernel_bytes
+
+
+class Ulysses(Strategy):
+    name = "ulysses"
+    body = "jobs.attention.ulysses:ulysses_local"
+    ulysses_axis = "context"
+    collectives = ("all-to-all",)
+    summary = "two all-to-alls per layer, whole-sequence attention on H/P heads: degree bounded by the heads"
+
+    def degrees(self, mesh: Mapping[str, int]) -> tuple[int, int]:
+        return int(mesh.get("context", 1)), 1
+
+    def attention_bytes(self, x: Local, block_q: int, block_kv: int) -> int:
+        hq_u = max(x.hq // x.U, 1)
+        hkv_u = max(x.hkv // x.U, 1)  # fewer kv heads than U: each device gets one replicated head
+        tr = x.L // x.R  # tokens per device after the all-to-all (the whole sequence without a ring)
+        # q, k, v, out in the head layout, plus the all-to-all's send buffers of the same size.
+        a2a = 2 * x.B * tr * (2 * hq_u + 2 * hkv_u) * x.D * BF16
+        # Under a ring (usp): two K/V blocks in flight, with dK/dV (fp32) travelling in backward.
+        ring = 2 * x.B * tr * hkv_u * x.D * (2 * BF16 + 2 * FP32) if x.R > 1 else 0
+        return a2a + ring + kernel_bytes(x, tr, tr, hq_u, hkv_u, block_q, block_kv)
+
+    def comm_bytes(self, x: Local) -> tuple[int, int]:
+        U, R = x.U, x.R
+        hkv = max(x.hkv, U)  # kv heads replicated up to U before the all-to-all when Hkv < U
+        a2a = int((U - 1) / U**2 * (x.L / R) * x.D * (2 * x.hq + 2 * hkv) * x.B * BF16)
+        ring = int(2 * (R - 1) / R * x.L * max(x.hkv // U, 1) * x.D * x.B * BF16) if R > 1 else 0
+        return a2a, ring
+
+
+STRATEGY = Ulysses()

@@ -1,0 +1,41 @@
+"""USP: Ulysses over `context_ulysses` (inner) inside a ring over `context` (outer); zigzag by ring size."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from jobs.strategies.base import AUTO, Local, divisors, usp_like_splits
+from jobs.strategies.ulysses import Ulysses
+
+
+class USP(Ulysses):
+    name = "usp"
+    body = "jobs.attention.usp:usp_local"
+    axes = ("context", "context_ulysses")  # ring (outer, major) x Ulysses (inner, minor)
+    ulysses_axis = "context_ulysses"
+    default_layout = "zigzag"
+    collectives = ("collective-permute", "all-to-all")
+    summary = (
+        "Ulysses inside groups, a ring across them: fewer ring hops than ring, any degree beyond the heads"
+    )
+
+    def degrees(self, mesh: Mapping[str, int]) -> tuple[int, int]:
+        return int(mesh.get("context_ulysses", 1)), int(mesh.get("context", 1))
+
+    def resolve_mesh(self, free, context, inner, hq, hkv):
+        """The largest Ulysses degree the KV heads allow, keeping a ring of at least 2."""
+        if inner == AUTO:
+            base = free // int(context) if context != AUTO else free
+            fits = [d for d in divisors(base) if hq % d == 0 and d <= hkv]
+            inner = max([d for d in fits if base // d >= 2] or fits or [1])
+        inner = int(inner)
+        return (max(free // inner, 1) if context == AUTO else int(context)), inner
+
+    def mesh_splits(self, cp: int) -> list[tuple[int, int]]:
+        return usp_like_splits(cp)
+
+    def hop_tokens(self, x: Local) -> int:
+        return x.L // x.R if x.R > 1 else x.L
+
+
+STRATEGY = USP()
