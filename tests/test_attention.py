@@ -99,6 +99,7 @@ CASES = [
     ("usp", {"context": 2, "context_ulysses": 2}, 1, 128, 4, 2, 8, "zigzag"),
     ("usp", {"context": 4, "context_ulysses": 2}, 1, 128, 4, 1, 8, "zigzag"),  # Hkv < U
     ("usp", {"context": 2, "context_ulysses": 4}, 1, 128, 8, 8, 8, "contiguous"),
+    ("double_ring", {"context": 2, "context_ulysses": 4}, 1, 128, 4, 1, 8, "zigzag"),  # via the registry
 ]
 
 
@@ -184,6 +185,7 @@ def test_bf16_close_to_fp32_reference(strategy, mesh_shape, layout):
         ("ring", {"context": 4}, "zigzag"),
         ("ring", {"context": 4}, "contiguous"),
         ("usp", {"context": 2, "context_ulysses": 2}, "zigzag"),
+        ("double_ring", {"context": 2, "context_ulysses": 2}, "zigzag"),
         pytest.param("all_gather", {"context": 4}, "contiguous", marks=pytest.mark.slow),
         pytest.param("ulysses", {"context": 4}, "zigzag", marks=pytest.mark.slow),
     ],

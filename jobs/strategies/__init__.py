@@ -9,7 +9,7 @@ from functools import cache
 from jobs.strategies.base import Local, Strategy
 
 # The registry: adding a strategy is its two files, its conf/strategy/<name>.yaml and one name here.
-NAMES = ("none", "all_gather", "ulysses", "ring", "usp")
+NAMES = ("none", "all_gather", "ulysses", "ring", "usp", "double_ring")
 CP_NAMES = tuple(n for n in NAMES if n != "none")
 
 __all__ = ["CP_NAMES", "NAMES", "Local", "Strategy", "get"]

@@ -1,0 +1,163 @@
+"""Double-ring CP (LoongTrain's Double-Ring-Attention): a ring of rings over two context mesh axes.
+
+Why: in a flat ring over P devices that spans groups (hosts, slices), every one of the P-1 steps has a
+transfer over a slow inter-group link, and a step waits for its slowest transfer. Here G groups (outer axis
+`context`) of N devices (inner axis `context_ulysses`), device (a, b) holding shard p = a*N + b of P = G*N:
+K/V go around the inner ring (fast links inside a group) N times per round, and once per round the round's
+base block moves to the next group, issued at the start of the round so that the slow transfer overlaps
+N hops of compute: forward steps with an inter-group transfer fall from P-1 to G-1.
+
+The zigzag / contiguous layout is that of one flat ring of P positions, so ring.hop_fwd / hop_bwd apply
+unchanged with flat source positions; only s = t = 0 (our own block) needs the causal mask. Same O(L/P)
+discipline as ring: hop loops are ring.loop while loops, the custom VJP saves only (q, k, v, out, lse), and
+dK/dV travel with their block (N inner shifts per round bring it back to the round's start, then one outer
+shift), so after G rounds every block's gradient is home.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+
+from jobs.attention.core import merge
+from jobs.attention.layout import block_positions
+from jobs.attention.ring import RingConfig, hop_bwd, hop_fwd, loop
+from jobs.attention.sharding import Options, axis_size
+
+OUTER_AXIS, INNER_AXIS = "context", "context_ulysses"
+
+
+@dataclass(frozen=True)
+class DoubleRingConfig:
+    ring: RingConfig  # size = P = outer * inner (the flat ring the layout is defined over)
+    outer: int
+    inner: int
+
+
+def _shift(axis: str, n: int, tree):
+    """Send to the next device along `axis` (x -> x+1 mod n); identity on a size-1 axis."""
+    return jax.lax.ppermute(tree, axis, [(x, (x + 1) % n) for x in range(n)]) if n > 1 else tree
+
+
+def _setup(cfg: DoubleRingConfig, Ll: int):
+    """(flat position p, its token positions, src(s, t): flat position of the block held at round s step t)."""
+    G, N = cfg.outer, cfg.inner
+    a = jax.lax.axis_index(OUTER_AXIS) if G > 1 else jnp.int32(0)
+    b = jax.lax.axis_index(INNER_AXIS) if N > 1 else jnp.int32(0)
+    p = a * N + b
+    pos = block_positions(Ll * G * N, cfg.ring.layout, G * N, p)
+    return p, pos, lambda s, t: ((a - s) % G) * N + (b - t) % N
+
+
+def _fwd(cfg: DoubleRingConfig, q, k, v):
+    G, N = cfg.outer, cfg.inner
+    p, pos, src = _setup(cfg, q.shape[1])
+    hop = lambda s, t, kv: hop_fwd(cfg.ring, src(s, t), p, q, *kv, pos)
+
+    def inner(s, lo: int, kv, acc):
+        """Merge hops t = lo .. N-1 of round s into acc; kv is the block held at step lo."""
+
+        def step(c):
+            t, o, lse, *kv = c
+            nxt = _shift(INNER_AXIS, N, kv)  # issued before the hop it overlaps with
+            return (t + 1, *merge(o, lse, *hop(s, t, kv)), *nxt)
+
+        if lo < N - 1:
+            _, *acc, k, v = loop(lo, N - 1, step, (*acc, *kv))
+            kv = (k, v)
+        return merge(*acc, *hop(s, N - 1, kv))  # last hop of the round: no inner shift
+
+    base = _shift(OUTER_AXIS, G, (k, v))  # round 1's block, in flight during all of round 0
+    cur = _shift(INNER_AXIS, N, (k, v))
+    acc = hop_fwd(cfg.ring, p, p, q, k, v, pos, own=True)
+    if N > 1:
+        acc = inner(0, 1, cur, acc)
+    if G == 1:
+        return acc
+
+    def round_(c):
+        s, o, lse, *base = c
+        nxt = _shift(OUTER_AXIS, G, base)
+        return (s + 1, *inner(s, 0, base, (o, lse)), *nxt)
+
+    if G > 2:
+        _, *acc, k1, v1 = loop(1, G - 1, round_, (*acc, *base))
+        base = (k1, v1)
+    return inner(G - 1, 0, base, acc)  # last round: no outer shift
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(0,))
+def double_ring_core(
+    cfg: DoubleRingConfig, q_BxLlxHxD: jax.Array, k_BxLlxKxD: jax.Array, v_BxLlxKxD: jax.Array
+) -> jax.Array:
+    """Double-ring attention of local blocks (inside shard_map over both axes); out like q."""
+    o, _ = _fwd(cfg, q_BxLlxHxD, k_BxLlxKxD, v_BxLlxKxD)
+    return o.astype(q_BxLlxHxD.dtype)
+
+
+def _core_fwd(cfg, q, k, v):
+    o, lse = _fwd(cfg, q, k, v)
+    o = o.astype(q.dtype)
+    return o, (q, k, v, o, lse)
+
+
+def _core_bwd(cfg, res, do):
+    q, k, v, o, lse = res
+    G, N = cfg.outer, cfg.inner
+    p, pos, src = _setup(cfg, q.shape[1])
+    hop = lambda s, t, kv: hop_bwd(cfg.ring, src(s, t), p, q, *kv, o, lse, do, pos)
+
+    def inner(s, lo: int, kv, dkv, dq):
+        """Hops t = lo .. N-1 of round s; (kv, dkv) is the block and its gradient so far at step lo. Returns
+        dq and the block's gradient, back on the device that held it at step 0 (N inner shifts)."""
+
+        def step(c):
+            t, dq, k, v, dk, dv = c
+            nxt = _shift(INNER_AXIS, N, (k, v))
+            dq_s, dk_s, dv_s = hop(s, t, (k, v))
+            return (t + 1, dq + dq_s, *nxt, *_shift(INNER_AXIS, N, (dk + dk_s, dv + dv_s)))
+
+        if lo < N - 1:
+            _, dq, k, v, dk, dv = loop(lo, N - 1, step, (dq, *kv, *dkv))
+            kv, dkv = (k, v), (dk, dv)
+        dq_s, dk_s, dv_s = hop(s, N - 1, kv)
+        return dq + dq_s, _shift(INNER_AXIS, N, (dkv[0] + dk_s, dkv[1] + dv_s))
+
+    base = _shift(OUTER_AXIS, G, (k, v))
+    cur = _shift(INNER_AXIS, N, (k, v))
+    dq, dk, dv = hop_bwd(cfg.ring, p, p, q, k, v, o, lse, do, pos, own=True)
+    dbase = _shift(INNER_AXIS, N, (dk, dv))  # our block's gradient travels with our K/V
+    if N > 1:
+        dq, dbase = inner(0, 1, cur, dbase, dq)
+    dbase = _shift(OUTER_AXIS, G, dbase)  # then follows base to the next group
+    if G > 1:
+
+        def round_(c):
+            s, dq, k, v, dk, dv = c
+            nxt = _shift(OUTER_AXIS, G, (k, v))
+            dq, dkv = inner(s, 0, (k, v), (dk, dv), dq)
+            return (s + 1, dq, *nxt, *_shift(OUTER_AXIS, G, dkv))
+
+        if G > 2:
+            _, dq, k1, v1, dk, dv = loop(1, G - 1, round_, (dq, *base, *dbase))
+            base, dbase = (k1, v1), (dk, dv)
+        dq, dbase = inner(G - 1, 0, base, dbase, dq)
+        dbase = _shift(OUTER_AXIS, G, dbase)  # last outer hop: our own block's gradient comes home
+    dk, dv = dbase
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
+
+
+double_ring_core.defvjp(_core_fwd, _core_bwd)
+
+
+def double_ring_local(mesh: Mesh, L: int, o: Options) -> Callable:
+    """Per-device body over A[B, L_(context,context_ulysses), H, D] in `layout` order over P = G*N positions."""
+    del L  # each hop's positions come from the local block and the flat ring position
+    G, N = axis_size(mesh, OUTER_AXIS), axis_size(mesh, INNER_AXIS)
+    ring = RingConfig(INNER_AXIS, G * N, o.causal, o.layout, o.kernel, o.block_q, o.block_kv)
+    return partial(double_ring_core, DoubleRingConfig(ring, G, N))

@@ -1,0 +1,43 @@
+"""Double ring (LoongTrain): a ring of rings. K/V go around an inner ring of `context_ulysses` devices, and
+once per inner round one block per device crosses to the next group over `context`, so only 1 transfer in
+`context_ulysses` uses the slower outer links (and it hides behind a whole inner round of attention)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from jobs.strategies.base import AUTO, BF16, Local, divisors, usp_like_splits
+from jobs.strategies.ring import Ring
+
+
+class DoubleRing(Ring):
+    name = "double_ring"
+    body = "jobs.attention.double_ring:double_ring_local"
+    axes = ("context", "context_ulysses")  # outer ring (groups, major) x inner ring (minor)
+    summary = (
+        "ring of rings: inner rings within groups, one outer transfer per inner round: for slow outer links"
+    )
+
+    def ring_size(self, mesh: Mapping[str, int]) -> int:
+        return int(mesh.get("context", 1)) * int(mesh.get("context_ulysses", 1))  # zigzag over all P
+
+    def degrees(self, mesh: Mapping[str, int]) -> tuple[int, int]:
+        return 1, self.ring_size(mesh)
+
+    def resolve_mesh(self, free, context, inner, hq, hkv):
+        """Inner ring: the largest divisor of the context devices not above their square root."""
+        if inner == AUTO:
+            base = free // int(context) if context != AUTO else free
+            inner = max(d for d in divisors(base) if d * d <= base)
+        inner = int(inner)
+        return (max(free // inner, 1) if context == AUTO else int(context)), inner
+
+    def mesh_splits(self, cp: int) -> list[tuple[int, int]]:
+        return usp_like_splits(cp)
+
+    def attention_bytes(self, x: Local, block_q: int, block_kv: int) -> int:
+        # ring's two blocks in flight, plus the round's base block and the next group's (K and V, bf16)
+        return super().attention_bytes(x, block_q, block_kv) + 2 * x.Ll * x.kv_token * 2 * BF16
+
+
+STRATEGY = DoubleRing()
