@@ -27,11 +27,7 @@ from jobs import strategies  # noqa: E402
 from jobs.attention import attention  # noqa: E402
 from jobs.attention.kernel import KERNELS, resolve  # noqa: E402
 from jobs.attention.sharding import qkv_spec  # noqa: E402
-
-
-def make_mesh(shape: dict[str, int]) -> Mesh:
-    n = int(np.prod(list(shape.values())))
-    return Mesh(np.array(jax.devices()[:n]).reshape(tuple(shape.values())), tuple(shape))
+from jobs.mesh import small_mesh  # noqa: E402
 
 
 def ringattention_peer(mesh: Mesh, block: int):
@@ -152,7 +148,7 @@ def main() -> None:
         if strategy == "reference" and L > a.dense_max_length:
             print(f"{strategy:<12}{'1 device':<14}{layout:<12}{'-':<8}  skipped (L > --dense-max-length)")
             continue
-        mesh = make_mesh(shape)
+        mesh = small_mesh(shape)
         fn = lambda q, k, v, s=strategy, m=mesh, lay=layout: attention(
             q, k, v, strategy=s, mesh=m, layout=lay, kernel=a.kernel, block_q=a.block, block_kv=a.block
         )
@@ -165,7 +161,7 @@ def main() -> None:
         print(
             f"{strategy:<12}{label:<14}{layout:<12}{kern:<8}{sec * 1e3:>10.1f}{cpu * 1e3:>9.0f}{sec / base:>9.2f}{comp:>11.1f}{mb:>10.1f}{100 * work:>7.1f}"
         )
-    mesh = make_mesh({"context": P})
+    mesh = small_mesh({"context": P})
     peer, why = (None, "not selected") if not keep("peer", "contiguous") else (1, "")
     if peer:
         peer, why = ringattention_peer(mesh, a.block)

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+
 import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jobs import cp_rules
-from jobs.spec import MESH_AXES, MeshSpec, ModelSpec
+from jobs.spec import BATCH_AXES, MESH_AXES, MeshSpec, ModelSpec
 
-BATCH_AXES = ("data", "fsdp")
 # Parameters are sharded FSDP-style over every axis but tensor (MaxText also folds context into FSDP).
 FSDP_AXES = ("data", "fsdp", "context", "context_ulysses")
 
@@ -29,6 +31,13 @@ def make_mesh(shape: MeshSpec, devices: list | None = None) -> Mesh:
     except (ValueError, NotImplementedError, AssertionError):
         # Device sets that make_mesh cannot lay out topologically (e.g. multi-process CPU) keep their order.
         return Mesh(np.array(devices).reshape(sizes), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
+
+
+def small_mesh(shape: Mapping[str, int]) -> Mesh:
+    """A mesh of only the named axes over the first devices, in order (tests and benchmarks: the attention
+    API leaves out whatever axes a mesh lacks)."""
+    n = math.prod(shape.values())
+    return Mesh(np.array(jax.devices()[:n]).reshape(tuple(shape.values())), tuple(shape))
 
 
 def _fit(mesh: Mesh, dim: int, axes: tuple[str, ...]) -> tuple[str, ...] | None:

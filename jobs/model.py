@@ -17,8 +17,8 @@ from jax.sharding import PartitionSpec as P
 
 from jobs import cp_rules
 from jobs.attention import attention
-from jobs.mesh import BATCH_AXES, activation_spec
-from jobs.spec import ModelSpec, StrategySpec
+from jobs.mesh import activation_spec
+from jobs.spec import BATCH_AXES, ModelSpec, StrategySpec
 
 LOSS_CHUNK = 8192  # tokens per device per unembedding chunk (orchestrator.plan.memory mirrors it)
 

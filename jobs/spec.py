@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MESH_AXES = ("data", "fsdp", "context", "context_ulysses", "tensor")
+BATCH_AXES = ("data", "fsdp")  # the batch is sharded over these
 
 
 @dataclass(frozen=True)

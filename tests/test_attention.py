@@ -8,24 +8,19 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-from jax.sharding import Mesh, NamedSharding  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
 
 from jobs import cp_rules, strategies  # noqa: E402
 from jobs.attention import attention, from_zigzag, reference_attention, to_zigzag  # noqa: E402
 from jobs.attention.sharding import qkv_spec  # noqa: E402
+from jobs.mesh import small_mesh  # noqa: E402
 
 FP32_TOL = 2e-5
 # bf16 inputs (8-bit mantissa, rel. step 2^-8 = 3.9e-3) with fp32 softmax statistics and accumulators: the
 # error is dominated by rounding q/k/v/p to bf16, measured <= ~1e-2 abs on unit-normal inputs; allow 3e-2.
 BF16_TOL = 3e-2
 BLOCK = 16  # small blocks so every local kernel runs several q and kv blocks
-
-
-def make_mesh(shape: dict[str, int]) -> Mesh:
-    n = int(np.prod(list(shape.values())))
-    return Mesh(np.array(jax.devices()[:n]).reshape(tuple(shape.values())), tuple(shape))
 
 
 def make_inputs(B, L, H, K, D, dtype=jnp.float32, seed=0):
@@ -39,7 +34,7 @@ def make_inputs(B, L, H, K, D, dtype=jnp.float32, seed=0):
 
 def natural_order_fn(strategy, mesh_shape, *, layout="contiguous", causal=True, **attention_kw):
     """attention in natural token order; zigzag inputs are permuted in and out like the training job does."""
-    mesh = make_mesh(mesh_shape)
+    mesh = small_mesh(mesh_shape)
     ring = cp_rules.ring_size(strategy, mesh_shape)
     kw = {"block_q": BLOCK, "block_kv": BLOCK} | attention_kw
 
@@ -148,7 +143,7 @@ def test_matches_reference_non_causal(strategy, mesh_shape):
 )
 def test_full_mesh_inside_outer_jit(strategy, mesh_shape):
     """Batch over data/fsdp, heads over tensor, inputs as NamedSharding'd arrays into one outer jit."""
-    mesh = make_mesh(mesh_shape)
+    mesh = small_mesh(mesh_shape)
     q, k, v, ct = make_inputs(2, 64, 4, 2, 8)
     sharding = NamedSharding(mesh, qkv_spec(mesh, strategy))
     q, k, v = (jax.device_put(x, sharding) for x in (q, k, v))
@@ -207,7 +202,7 @@ def test_causality_through_gradients(strategy, mesh_shape, layout):
 
 def test_eager_call_outside_jit():
     """No outer jit: shard_map runs eagerly on unsharded inputs."""
-    mesh = make_mesh({"context": 2})
+    mesh = small_mesh({"context": 2})
     q, k, v, ct = make_inputs(1, 64, 4, 2, 8)
     out = attention(q, k, v, strategy="ring", mesh=mesh, block_q=BLOCK, block_kv=BLOCK)
     assert float(jnp.max(jnp.abs(out - reference(q, k, v, ct)[0]))) < FP32_TOL
@@ -234,14 +229,14 @@ def test_eager_call_outside_jit():
 )
 def test_bad_inputs_raise_value_error(strategy, mesh_shape, L, H, K, layout, match):
     """The data plane raises exactly what cp_rules (the planner) raises, before compiling anything."""
-    mesh = make_mesh(mesh_shape)
+    mesh = small_mesh(mesh_shape)
     q, k, v, _ = make_inputs(1, L, H, K, 8)
     with pytest.raises(ValueError, match=match):
         attention(q, k, v, strategy=strategy, mesh=mesh, layout=layout)
 
 
 def test_kernel_registry_errors():
-    mesh = make_mesh({"context": 2})
+    mesh = small_mesh({"context": 2})
     q, k, v, _ = make_inputs(1, 64, 4, 4, 8)
     with pytest.raises(ValueError, match="unknown attention kernel"):
         attention(q, k, v, strategy="ring", mesh=mesh, kernel="cudnn9")

@@ -17,6 +17,7 @@ from jobs.attention import from_zigzag, reference_attention, to_zigzag  # noqa: 
 from jobs.attention.double_ring import INNER_AXIS, OUTER_AXIS, double_ring_local  # noqa: E402
 from jobs.attention.ring import ring_local  # noqa: E402
 from jobs.attention.sharding import Options  # noqa: E402
+from jobs.mesh import small_mesh  # noqa: E402
 
 FP32_TOL = 2e-5
 BLOCK = 16  # small blocks so every local kernel runs several q and kv blocks
@@ -24,7 +25,7 @@ SPEC = PartitionSpec(None, (OUTER_AXIS, INNER_AXIS), None, None)
 
 
 def make_mesh(G: int, N: int) -> Mesh:
-    return Mesh(np.array(jax.devices()[: G * N]).reshape(G, N), (OUTER_AXIS, INNER_AXIS))
+    return small_mesh({OUTER_AXIS: G, INNER_AXIS: N})
 
 
 def double_ring_fn(G, N, L, *, layout="zigzag", causal=True, block=BLOCK):

@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import pytest
 
 from jobs.attention import attention, reference_attention, splash_kernel
-from tests.test_attention import FP32_TOL, make_inputs, make_mesh, natural_order_fn, out_and_grads, reference
+from jobs.mesh import small_mesh
+from tests.test_attention import FP32_TOL, make_inputs, natural_order_fn, out_and_grads, reference
 
 splash_api = pytest.importorskip("jobs.attention.splash_api")
 
@@ -106,7 +107,7 @@ def test_splash_matches_reference_causal_fp32(monkeypatch, strategy, mesh_shape,
 @pytest.mark.parametrize("strategy,L", [("ring", 512), ("ulysses", 64)])
 def test_auto_is_xla_on_cpu(strategy, L):
     """kernel=auto (the default) traces the TPU branch too, but a CPU compile keeps only xla's: same numbers."""
-    mesh = make_mesh({"context": 2})
+    mesh = small_mesh({"context": 2})
     q, k, v, ct = make_inputs(1, L, 2, 2, 16)
 
     def run(kernel):

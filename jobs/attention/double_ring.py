@@ -26,7 +26,7 @@ from jax.sharding import Mesh
 
 from jobs.attention.core import merge
 from jobs.attention.layout import block_positions
-from jobs.attention.ring import RingConfig, hop_bwd, hop_fwd, loop
+from jobs.attention.ring import RingConfig, hop_bwd, hop_fwd, loop, saved_core
 from jobs.attention.sharding import Options, axis_size
 
 OUTER_AXIS, INNER_AXIS = "context", "context_ulysses"
@@ -91,21 +91,6 @@ def _fwd(cfg: DoubleRingConfig, q, k, v):
     return inner(G - 1, 0, base, acc)  # last round: no outer shift
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(0,))
-def double_ring_core(
-    cfg: DoubleRingConfig, q_BxLlxHxD: jax.Array, k_BxLlxKxD: jax.Array, v_BxLlxKxD: jax.Array
-) -> jax.Array:
-    """Double-ring attention of local blocks (inside shard_map over both axes); out like q."""
-    o, _ = _fwd(cfg, q_BxLlxHxD, k_BxLlxKxD, v_BxLlxKxD)
-    return o.astype(q_BxLlxHxD.dtype)
-
-
-def _core_fwd(cfg, q, k, v):
-    o, lse = _fwd(cfg, q, k, v)
-    o = o.astype(q.dtype)
-    return o, (q, k, v, o, lse)
-
-
 def _core_bwd(cfg, res, do):
     q, k, v, o, lse = res
     G, N = cfg.outer, cfg.inner
@@ -152,7 +137,9 @@ def _core_bwd(cfg, res, do):
     return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
 
 
-double_ring_core.defvjp(_core_fwd, _core_bwd)
+double_ring_core = saved_core(
+    _fwd, _core_bwd, "Double-ring attention of local blocks (inside shard_map over both axes); out like q."
+)
 
 
 def double_ring_local(mesh: Mesh, L: int, o: Options) -> Callable:

@@ -163,19 +163,22 @@ def _ring_fwd(cfg: RingConfig, q, k, v):
     return merge(o, lse, *_hop_fwd(cfg, cfg.size - 1, r, q, k, v, pos))
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(0,))
-def ring_core(
-    cfg: RingConfig, q_BxLlxHxD: jax.Array, k_BxLlxKxD: jax.Array, v_BxLlxKxD: jax.Array
-) -> jax.Array:
-    """Ring attention of local blocks (call inside shard_map over cfg.axis); out like q."""
-    o, _ = _ring_fwd(cfg, q_BxLlxHxD, k_BxLlxKxD, v_BxLlxKxD)
-    return o.astype(q_BxLlxHxD.dtype)
+def saved_core(fwd: Callable, bwd: Callable, doc: str) -> Callable:
+    """core(cfg, q, k, v) -> out with a custom VJP that saves only (q, k, v, out, lse): O(L/P) whatever the hop
+    order. fwd(cfg, q, k, v) -> (out fp32, lse); bwd(cfg, (q, k, v, out, lse), dout) -> (dq, dk, dv)."""
 
+    @partial(jax.custom_vjp, nondiff_argnums=(0,))
+    def core(cfg, q_BxLlxHxD: jax.Array, k_BxLlxKxD: jax.Array, v_BxLlxKxD: jax.Array) -> jax.Array:
+        return fwd(cfg, q_BxLlxHxD, k_BxLlxKxD, v_BxLlxKxD)[0].astype(q_BxLlxHxD.dtype)
 
-def _ring_core_fwd(cfg, q, k, v):
-    o, lse = _ring_fwd(cfg, q, k, v)
-    o = o.astype(q.dtype)
-    return o, (q, k, v, o, lse)
+    def core_fwd(cfg, q, k, v):
+        o, lse = fwd(cfg, q, k, v)
+        o = o.astype(q.dtype)
+        return o, (q, k, v, o, lse)
+
+    core.defvjp(core_fwd, bwd)
+    core.__doc__ = doc
+    return core
 
 
 def _ring_core_bwd(cfg, res, do):
@@ -202,7 +205,11 @@ def _ring_core_bwd(cfg, res, do):
     return (dq + dq_s).astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
 
 
-ring_core.defvjp(_ring_core_fwd, _ring_core_bwd)
+ring_core = saved_core(
+    _ring_fwd,
+    _ring_core_bwd,
+    "Ring attention of local blocks (call inside shard_map over cfg.axis); out like q.",
+)
 
 
 def ring_local(mesh: Mesh, L: int, o: Options) -> Callable:

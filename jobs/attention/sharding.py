@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from jax.sharding import Mesh, PartitionSpec
 
 from jobs.cp_rules import sequence_axes
+from jobs.spec import BATCH_AXES
 
-BATCH_AXES = ("data", "fsdp")
 HEAD_AXIS = "tensor"
 
 
