@@ -7,7 +7,6 @@ from jobs.strategies.base import BF16, Local, Strategy, kernel_bytes
 
 class AllGather(Strategy):
     name = "all_gather"
-    body = "jobs.attention.all_gather:all_gather_local"
     collectives = ("all-gather",)
     summary = "gathers K/V of the whole sequence per layer: simplest, memory grows with L, not L/P"
 

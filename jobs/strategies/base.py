@@ -63,7 +63,6 @@ class Strategy:
     """A single-axis CP strategy over `context` (the defaults); subclasses override what differs."""
 
     name: str = ""
-    body: str = ""  # "module:function" of the per-device JAX body (mesh, L, Options) -> fn(q, k, v)
     axes: tuple[str, ...] = ("context",)  # mesh axes the sequence is sharded over, major first
     ulysses_axis: str | None = None  # the axis whose all-to-all trades sequence for heads
     layouts: tuple[str, ...] = ("contiguous", "zigzag")
@@ -132,9 +131,9 @@ class Strategy:
 
     # -- data plane -----------------------------------------------------------------------------------
     def local_fn(self) -> Callable:
-        """The JAX body, imported only when asked for (this module never imports jax)."""
-        module, fn = self.body.split(":")
-        return getattr(importlib.import_module(module), fn)
+        """The JAX body: jobs/attention/<name>.py's <name>_local(mesh, L, Options) -> fn(q, k, v), the per-device
+        function run under one shard_map; imported only when asked for (this module never imports jax)."""
+        return getattr(importlib.import_module(f"jobs.attention.{self.name}"), f"{self.name}_local")
 
 
 def usp_like_splits(cp: int) -> list[tuple[int, int]]:

@@ -12,7 +12,6 @@ from jobs.strategies.ring import Ring
 
 class DoubleRing(Ring):
     name = "double_ring"
-    body = "jobs.attention.double_ring:double_ring_local"
     axes = ("context", "context_ulysses")  # outer ring (groups, major) x inner ring (minor)
     summary = (
         "ring of rings: inner rings within groups, one outer transfer per inner round: for slow outer links"

@@ -9,7 +9,6 @@ from jobs.strategies.base import Strategy
 
 class NoCP(Strategy):
     name = "none"
-    body = "jobs.attention.none:none_local"
     axes = ()
     summary = "no context parallelism: every device holds the whole sequence"
 

@@ -13,7 +13,6 @@ def travelling_kv_bytes(x: Local, tokens: int, hkv: int) -> int:
 
 class Ring(Strategy):
     name = "ring"
-    body = "jobs.attention.ring:ring_local"
     default_layout = "zigzag"
     collectives = ("collective-permute",)
     summary = "K/V rotate around one ring, transfers hidden behind attention: O(L/P) memory at any head count"

@@ -10,7 +10,6 @@ from jobs.strategies.base import BF16, FP32, Local, Strategy, kernel_bytes
 
 class Ulysses(Strategy):
     name = "ulysses"
-    body = "jobs.attention.ulysses:ulysses_local"
     ulysses_axis = "context"
     collectives = ("all-to-all",)
     summary = "two all-to-alls per layer, whole-sequence attention on H/P heads: degree bounded by the heads"

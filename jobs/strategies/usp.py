@@ -10,7 +10,6 @@ from jobs.strategies.ulysses import Ulysses
 
 class USP(Ulysses):
     name = "usp"
-    body = "jobs.attention.usp:usp_local"
     axes = ("context", "context_ulysses")  # ring (outer, major) x Ulysses (inner, minor)
     ulysses_axis = "context_ulysses"
     default_layout = "zigzag"
