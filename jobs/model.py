@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +19,7 @@ from jax.sharding import PartitionSpec as P
 from jobs import cp_rules
 from jobs.attention import attention
 from jobs.mesh import activation_spec
-from jobs.spec import BATCH_AXES, ModelSpec, StrategySpec
+from jobs.spec import BATCH_AXES, MemorySpec, ModelSpec, StrategySpec, residuals
 
 LOSS_CHUNK = 8192  # tokens per device per unembedding chunk (orchestrator.plan.memory mirrors it)
 
@@ -26,7 +27,7 @@ REMAT_POLICIES = {
     "none": None,
     "full": jax.checkpoint_policies.nothing_saveable,
     "save_attn": jax.checkpoint_policies.save_only_these_names("attn_out"),
-    # TPU/GPU: each layer's input goes to pinned host memory between forward and backward (long context)
+    # each layer's input goes to pinned host memory between forward and backward (long context on TPU/GPU)
     "offload": jax.checkpoint_policies.save_and_offload_only_these_names(
         names_which_can_be_saved=[],
         names_which_can_be_offloaded=["layer_input"],
@@ -34,6 +35,34 @@ REMAT_POLICIES = {
         offload_dst="pinned_host",
     ),
 }
+PRESET_ONLY = MemorySpec()  # train.memory adds nothing to the train.remat preset
+
+
+def remat_policy(remat: str, memory: MemorySpec = PRESET_ONLY) -> Callable | None:
+    """The layer's jax.checkpoint policy: the preset's saved / offloaded names plus train.memory's.
+
+    Nothing added: the preset's own policy object, so existing trials trace and compile exactly as before.
+    No CPU fallback is needed: jax 0.10's CPU backend has a pinned_host memory space and compiles offloads (host
+    and device are the same RAM there, so nothing moves); the losses equal plain remat=full
+    (tests/test_memory_policy.py)."""
+    if remat == "none":
+        if memory.save or memory.offload:
+            raise ValueError(
+                f"train.memory.save={list(memory.save)} / offload={list(memory.offload)} need a remat policy "
+                "but train.remat=none keeps every residual; use train.remat=full with them"
+            )
+        return None
+    if not (memory.save or memory.offload):
+        return REMAT_POLICIES[remat]
+    saved, offloaded = residuals(remat, memory)
+    if both := sorted(set(saved) & set(offloaded)):
+        raise ValueError(f"residuals {both} are both saved and offloaded (train.remat={remat}, train.memory)")
+    return jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=list(saved),
+        names_which_can_be_offloaded=list(offloaded),
+        offload_src="device",
+        offload_dst="pinned_host",
+    )
 
 
 def init_params(model: ModelSpec, key: jax.Array) -> dict:
@@ -91,6 +120,7 @@ def forward(
     mesh: Mesh,
     dtype: jnp.dtype,
     remat: str,
+    memory: MemorySpec = PRESET_ONLY,
 ) -> jax.Array:
     """Final normed hidden states [B, L, E], sequence-sharded like the input (the loss unembeds in chunks)."""
     act = NamedSharding(mesh, activation_spec(strategy.name))
@@ -117,11 +147,13 @@ def forward(
         h = rms_norm(x_BxLxE, p["mlp_norm"], model.norm_eps)
         g = jnp.einsum("ble,em->blm", h, p["w_gate"].astype(dtype))
         u = jnp.einsum("ble,em->blm", h, p["w_up"].astype(dtype))
-        y = jnp.einsum("blm,me->ble", jax.nn.silu(g) * u, p["w_down"].astype(dtype))
+        a_BxLxM = checkpoint_name(jax.nn.silu(g) * u, "mlp_act")  # the down projection's input
+        y = jnp.einsum("blm,me->ble", a_BxLxM, p["w_down"].astype(dtype))
         return constrain(x_BxLxE + y, act), None
 
+    policy = remat_policy(remat, memory)
     if remat != "none":
-        layer = jax.checkpoint(layer, policy=REMAT_POLICIES[remat], prevent_cse=False)
+        layer = jax.checkpoint(layer, policy=policy, prevent_cse=False)
     x, _ = jax.lax.scan(layer, x, params["layers"])
     return rms_norm(x, params["final_norm"], model.norm_eps)
 

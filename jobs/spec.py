@@ -15,6 +15,14 @@ from typing import Any
 
 MESH_AXES = ("data", "fsdp", "context", "context_ulysses", "tensor")
 BATCH_AXES = ("data", "fsdp")  # the batch is sharded over these
+REMAT_NAMES = ("layer_input", "attn_out", "mlp_act")  # jobs/model.py's checkpoint_names, per layer
+HOST_STATE = ("optimizer", "params")  # train state that may live in pinned host memory between steps
+# train.remat presets as (saved, offloaded) residual names; "none" has no jax.checkpoint at all.
+REMAT_PRESETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "full": ((), ()),
+    "save_attn": (("attn_out",), ()),
+    "offload": ((), ("layer_input",)),
+}
 
 
 @dataclass(frozen=True)
@@ -88,11 +96,28 @@ class DataSpec:
 
 
 @dataclass(frozen=True)
+class MemorySpec:
+    """What the step keeps where, on top of the train.remat preset."""
+
+    save: tuple[str, ...] = ()  # residuals kept in HBM between forward and backward
+    offload: tuple[str, ...] = ()  # residuals moved to pinned host memory between forward and backward
+    host: tuple[str, ...] = ()  # train state kept in pinned host memory between steps: "optimizer", "params"
+
+
+def residuals(remat: str, memory: MemorySpec) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(saved, offloaded) residual names: the preset's plus memory's, in REMAT_NAMES order."""
+    saved, offloaded = REMAT_PRESETS.get(remat, ((), ()))
+    keep = set(saved) | set(memory.save)
+    move = set(offloaded) | set(memory.offload)
+    return tuple(n for n in REMAT_NAMES if n in keep), tuple(n for n in REMAT_NAMES if n in move)
+
+
+@dataclass(frozen=True)
 class TrainSpec:
     steps: int = 10
     batch: int = 1  # global batch, in sequences
     dtype: str = "bfloat16"  # compute dtype; parameters stay fp32
-    remat: str = "full"  # none | full | save_attn
+    remat: str = "full"  # none | full | save_attn | offload
     lr: float = 3e-3
     warmup: int = 5
     weight_decay: float = 0.1
@@ -100,6 +125,7 @@ class TrainSpec:
     grad_accum: int = 1
     seed: int = 0
     data: DataSpec = field(default_factory=DataSpec)
+    memory: MemorySpec = field(default_factory=MemorySpec)
 
 
 @dataclass(frozen=True)
@@ -165,6 +191,10 @@ class TrialSpec:
 
     def identity(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
+        if self.train.memory == MemorySpec():
+            # Added after many trials ran: left out at its default, so every earlier run's id (MLflow
+            # resume, the regression gate's baselines) and the cached AOT compiles stay valid.
+            del d["train"]["memory"]
         return {k: d[k] for k in ("model", "mesh", "strategy", "context_length", "train")}
 
     @functools.cached_property
@@ -186,6 +216,7 @@ class TrialSpec:
     def from_dict(cls, d: dict[str, Any]) -> TrialSpec:
         train = dict(d.get("train", {}))
         train["data"] = DataSpec(**train.get("data", {}))
+        train["memory"] = MemorySpec(**{k: tuple(v) for k, v in train.get("memory", {}).items()})
         return cls(
             model=ModelSpec(**d["model"]),
             mesh=MeshSpec(**d.get("mesh", {})),
@@ -194,7 +225,8 @@ class TrialSpec:
             train=TrainSpec(**train),
             cluster=ClusterSpec(**d.get("cluster", {})),
             run=RunSpec(**d.get("run", {})),
-            axes=tuple((str(k), v) for k, v in d.get("axes", ())),
+            # a list value (an axis over train.memory.save) as a tuple: specs are hashed (planner caches)
+            axes=tuple((str(k), tuple(v) if isinstance(v, list) else v) for k, v in d.get("axes", ())),
         )
 
     @classmethod

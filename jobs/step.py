@@ -40,14 +40,29 @@ def state_shardings(spec: TrialSpec, mesh: Mesh):
     return pspecs, opt_sh, abstract, opt_abs
 
 
+def held_shardings(spec: TrialSpec, pspecs, opt_sh) -> tuple:
+    """Where (params, opt_state) live between steps: the train.memory.host parts in pinned host memory."""
+
+    def place(tree, part):
+        if part not in spec.train.memory.host:
+            return tree
+        return jax.tree.map(lambda s: s.with_memory_kind("pinned_host"), tree)
+
+    return place(pspecs, "params"), place(opt_sh, "optimizer")
+
+
 def batch_shardings(spec: TrialSpec, mesh: Mesh) -> dict:
     tok = NamedSharding(mesh, meshlib.token_spec(spec.strategy.name))
     return {k: tok for k in ("tokens", "targets", "positions", "mask")}
 
 
 def make_train_step(spec: TrialSpec, mesh: Mesh):
-    """(init_fn, step_fn): jitted with explicit shardings; step donates the state."""
+    """(init_fn, step_fn): jitted with explicit shardings; step donates the state.
+
+    train.memory.host parts arrive in and leave to pinned host memory (the jit's shardings say so); the
+    step copies them to device before use. Untouched when host is empty: the same program as before."""
     pspecs, opt_sh, _, _ = state_shardings(spec, mesh)
+    host = spec.train.memory.host
     bsh = batch_shardings(spec, mesh)
     opt = optimizer(spec)
     kw = dict(
@@ -56,6 +71,7 @@ def make_train_step(spec: TrialSpec, mesh: Mesh):
         mesh=mesh,
         dtype=DTYPES[spec.train.dtype],
         remat=spec.train.remat,
+        memory=spec.train.memory,
     )
     accum = spec.train.grad_accum
 
@@ -78,14 +94,19 @@ def make_train_step(spec: TrialSpec, mesh: Mesh):
         (g, tot, n), _ = jax.lax.scan(body, (zeros, 0.0, 0.0), micro)
         return tot / n, jax.tree.map(lambda x: x / n, g)
 
+    def to_device(x, sh, part):
+        return jax.device_put(x, sh) if part in host else x
+
     def step(state, batch):
-        params, opt_state = state
+        params = to_device(state[0], pspecs, "params")
         loss, g = grads_of(params, batch)
+        # only the update reads the moments: brought to device after the backward, not held through it
+        opt_state = to_device(state[1], opt_sh, "optimizer")
         updates, opt_state = opt.update(g, opt_state, params)
         params = optax.apply_updates(params, updates)
         return (params, opt_state), {"loss": loss, "grad_norm": optax.tree.norm(g)}
 
-    state_sh = (pspecs, opt_sh)
+    state_sh = held_shardings(spec, pspecs, opt_sh)
     init_fn = jax.jit(init, out_shardings=state_sh)
     step_fn = jax.jit(step, in_shardings=(state_sh, bsh), out_shardings=(state_sh, None), donate_argnums=0)
     return init_fn, step_fn
@@ -94,6 +115,7 @@ def make_train_step(spec: TrialSpec, mesh: Mesh):
 def abstract_args(spec: TrialSpec, mesh: Mesh):
     """ShapeDtypeStructs with shardings for (state, batch): enough to lower the step without any data."""
     pspecs, opt_sh, p_abs, o_abs = state_shardings(spec, mesh)
+    pspecs, opt_sh = held_shardings(spec, pspecs, opt_sh)  # the memory kinds, so AOT compiles see them
 
     def sds(a, s):
         return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from functools import cache, lru_cache
 from typing import Any
 
+from jobs.spec import REMAT_PRESETS
 from orchestrator.config import ConfigError
 from orchestrator.schema import RULES, TRIAL_KEYS, Options, PointConfig, Rule
 
@@ -62,11 +63,29 @@ def _allowed(hint: Any, rule: Rule) -> str:
     return " ".join([word, " and ".join(bounds)]).strip() + (' or "auto"' if rule.auto else "")
 
 
+def _names(key: str, v: Any, rule: Rule) -> Problem | None:
+    """A list of distinct names from rule.choices (train.memory.*)."""
+    allowed = f"a list of {', '.join(rule.choices)} (each at most once)"
+    if not isinstance(v, list | tuple) or not all(isinstance(n, str) for n in v):
+        return Problem(
+            key, v, "is not a list of names", allowed, f"e.g. {key}=[{v if v in rule.choices else ''}]"
+        )
+    good = [n for n in dict.fromkeys(v) if n in rule.choices]
+    fix = f"e.g. {key}=[{','.join(good)}]" if good else f"fix the spelling, or drop {key}"
+    if bad := [n for n in v if n not in rule.choices]:
+        return Problem(key, v, f"names {', '.join(map(repr, bad))}, not an allowed value", allowed, fix)
+    if len(set(v)) < len(v):
+        return Problem(key, v, "names a value twice", allowed, fix)
+    return None
+
+
 def _value(key: str, v: Any, hint: Any, default: Any) -> Problem | None:
     """Type first (bool is not an int here, NaN is not a number), then choices, emptiness, range."""
     rule, hint = RULES.get(key, Rule()), _scalar(hint)
     if rule.auto and v == "auto":
         return None
+    if typing.get_origin(hint) is tuple and rule.choices:
+        return _names(key, v, rule)
     if hint not in (bool, int, float, str):
         return None  # containers (sweep axes, zip, set): grid.points checks their shape
     allowed = _allowed(hint, rule)
@@ -155,8 +174,36 @@ def _path_problem(path: str) -> str | None:
     return None if os.path.isfile(path) else "is not a file"
 
 
+def _memory(train: dict, out: list[Problem]) -> None:
+    """train.memory against train.remat: extra saves and offloads need a policy; a residual is saved or offloaded,
+    not both (jax.checkpoint_policies refuses the overlap, and which one was meant is unclear)."""
+    remat, mem = train.get("remat", "full"), train.get("memory") or {}
+    lists = {k: list(mem.get(k) or []) for k in ("save", "offload")}
+    if remat == "none":
+        if k := next((k for k, names in lists.items() if names), None):
+            out.append(Problem(f"train.memory.{k}", lists[k], "needs a remat policy, but train.remat=none keeps "
+                               "every residual in HBM", "train.memory.save/offload with train.remat=full, "
+                               "save_attn or offload", f"set train.remat=full, or drop train.memory.{k}"))  # fmt: skip
+        return
+    preset = dict(zip(("save", "offload"), REMAT_PRESETS[remat], strict=True))
+    verb = {"save": "saves it in HBM", "offload": "offloads it to host memory"}
+    for k, other in (("save", "offload"), ("offload", "save")):
+        for n in lists[k]:
+            if n in lists[other]:
+                why, fix = f"train.memory.{other} also names it", f"drop {n} from one of the two lists"
+            elif n in preset[other]:
+                why, fix = f"train.remat={remat} already {verb[other]}", "drop it, or use train.remat=full"
+            else:
+                continue
+            out.append(Problem(f"train.memory.{k}", lists[k], f"names {n}, but {why}",
+                               "each residual saved or offloaded, not both", fix))  # fmt: skip
+            return
+
+
 def _cross(d: dict, out: list[Problem]) -> None:
-    """Rules between keys: the data kind and its path (types and names are already known good)."""
+    """Rules between keys: the data kind and its path, train.memory vs train.remat (types and names are already
+    known good)."""
+    _memory(d["train"], out)
     data = d["train"].get("data") or {}
     kind, path = data.get("kind", "recall"), data.get("path", "")
     if path and (why := _path_problem(path)):

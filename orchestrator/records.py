@@ -22,6 +22,8 @@ def trial_params(spec: TrialSpec) -> dict[str, str]:
         "steps": spec.train.steps, "dtype": spec.train.dtype, "remat": spec.train.remat, "devices": spec.mesh.size,
         "cluster": spec.cluster.name,
     }  # fmt: skip
+    mem = spec.train.memory  # train.memory on top of the remat preset (empty: the preset alone)
+    p.update({f"memory_{k}": ",".join(getattr(mem, k)) for k in ("save", "offload", "host") if getattr(mem, k)})
     p.update({k: v for k, v in spec.axes})
     return {k: str(v) for k, v in p.items()}
 

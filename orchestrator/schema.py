@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from jobs import strategies
 from jobs.cp_rules import LAYOUTS
-from jobs.spec import ClusterSpec, ModelSpec, RunSpec, StrategySpec, TrainSpec
+from jobs.spec import HOST_STATE, REMAT_NAMES, ClusterSpec, ModelSpec, RunSpec, StrategySpec, TrainSpec
 
 # The names jobs.attention.kernel.KERNELS registers (that module imports jax, which the driver must not do
 # before launch; tests/test_schema.py keeps the two equal). auto: splash on TPU, flash on GPU, xla elsewhere.
@@ -40,6 +40,7 @@ class Rule:
 
 
 POSITIVE, COUNT, NON_NEGATIVE = Rule(gt=0), Rule(ge=1), Rule(ge=0)
+# A tuple[str, ...] key with choices is a list of distinct names from them (checks._names).
 RULES: dict[str, Rule] = {
     "context_length": COUNT,
     "model.name": Rule(nonempty=True),
@@ -68,6 +69,9 @@ RULES: dict[str, Rule] = {
     "train.seed": NON_NEGATIVE,  # numpy's default_rng rejects negative seeds, on the host, mid-trial
     "train.data.kind": Rule(choices=DATA_KINDS),
     "train.data.dtype": Rule(choices=TOKEN_DTYPES),
+    "train.memory.save": Rule(choices=REMAT_NAMES),
+    "train.memory.offload": Rule(choices=REMAT_NAMES),
+    "train.memory.host": Rule(choices=HOST_STATE),
     "run.checkpoint_every": NON_NEGATIVE,  # 0: no checkpoints
     "cluster.name": Rule(nonempty=True),
     "cluster.kind": Rule(choices=CLUSTER_KINDS),

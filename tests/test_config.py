@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from jobs import strategies
 from jobs.spec import TrialSpec
 from orchestrator.config import ConfigError, load
 from orchestrator.grid import expand, points
@@ -20,8 +21,8 @@ def test_grid_is_deterministic_and_ids_stable():
     a = expand(load(["+sweep=cp_scaling"]))
     b = expand(load(["+sweep=cp_scaling"]))
     assert [s.trial_id for s in a] == [s.trial_id for s in b]
-    assert len(a) == 4 * 15 and len({s.trial_id for s in a}) == len(a)
-    assert {s.strategy.name for s in a} == {"all_gather", "ulysses", "ring", "usp"}
+    assert len(a) == len(strategies.CP_NAMES) * 15 and len({s.trial_id for s in a}) == len(a)
+    assert {s.strategy.name for s in a} == {"all_gather", "ulysses", "ring", "usp", "double_ring"}
     assert max(s.context_length for s in a) == 14 * 2**20
     # crossed axes, strategy major
     assert [s.context_length for s in a[:3]] == [1024, 2048, 4096]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from jobs import strategies
-from jobs.spec import ModelSpec, TrialSpec
+from jobs.spec import ModelSpec, TrialSpec, residuals
 from jobs.strategies.base import BF16, FP32, Local
 
 # Mirrors jobs.model.LOSS_CHUNK (not imported: that pulls in jax): jobs/model.loss_fn unembeds each device's
@@ -53,6 +53,16 @@ def breakdown(spec: TrialSpec, *, loss_chunk_tokens: int | None = None) -> dict[
         "none": E * BF16 + res,
         "offload": 0,  # layer inputs live in pinned host memory (counted in host_offload, not HBM)
     }.get(remat, E * BF16)
+    # train.memory on top of the preset: bytes per token per layer of jobs/model.py's checkpoint names.
+    named = {"layer_input": E * BF16, "attn_out": x.hq * D * BF16 + x.hq * FP32, "mlp_act": x.M * BF16}
+    mem, host_tok = spec.train.memory, E * BF16 if remat == "offload" else 0
+    if remat != "none" and (mem.save or mem.offload):
+        kept, moved = residuals(remat, mem)
+        # the layer input is the scanned layer's own input: kept in HBM unless offloaded
+        saved = (0 if "layer_input" in moved else E * BF16) + sum(
+            named[k] for k in kept if k != "layer_input"
+        )
+        host_tok = sum(named[k] for k in moved)
     working = grad_ws + (0 if remat == "none" else res)
     chunk = LOSS_CHUNK_TOKENS if loss_chunk_tokens is None else loss_chunk_tokens
     lt = min(tok, chunk) if chunk > 0 else tok
@@ -62,11 +72,15 @@ def breakdown(spec: TrialSpec, *, loss_chunk_tokens: int | None = None) -> dict[
         # fp32 master params, fp32 grads and AdamW mu, nu: sharded over every mesh axis (FSDP x tensor).
         "params": n * FP32 // x.S,
         "grads": n * FP32 // x.S,
-        "optimizer": 2 * n * FP32 // x.S,
+        # train.memory.host=[optimizer]: AdamW's moments live in pinned host memory; only the update reads them
+        # (TPU compile of a 130M model: HBM peak -150 MiB for 124 MiB of moments). Params on host save nothing
+        # during the step (they come to device for it), so they stay counted here.
+        "optimizer": 0 if "optimizer" in mem.host else 2 * n * FP32 // x.S,
         "batch": 4 * x.B * x.Ll * 4,
         # What the forward leaves for backward: alive from the last layer until the first one's backward.
         "saved_activations": N * tok * saved,
-        "host_offload": N * tok * E * BF16 if remat == "offload" else 0,
+        "host_offload": N * tok * host_tok
+        + sum(k * n * FP32 // x.S for part, k in (("optimizer", 2), ("params", 1)) if part in mem.host),
         # Loss phase: logits in bf16 from the matmul, fp32 for the loss, their gradient; the unembedding
         # gathered in bf16 and its gradient whole before reduce-scatter.
         "logits": lt * x.V * (BF16 + 2 * FP32),

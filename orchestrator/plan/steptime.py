@@ -25,7 +25,7 @@ from pathlib import Path
 
 from jobs import strategies
 from jobs.flops import layer_flops, train_tflops_per_device
-from jobs.spec import ClusterSpec, TrialSpec
+from jobs.spec import ClusterSpec, TrialSpec, residuals
 from orchestrator.plan import roofline
 from orchestrator.plan.memory import BF16, FP32, Local, layer_params, local_sizes
 from orchestrator.plan.roofline import NOMINAL_CPU_TFLOPS, attention_comm_bytes
@@ -128,6 +128,9 @@ def step_time(spec: TrialSpec, offload: tuple[str, ...] | None = None, peak: flo
     unembed = 2 * spec.context_length * m.embed * m.vocab
     per_dev = t.batch / devices / 1e12
     redo_layers, redo_attn, names = POLICIES.get(t.remat, POLICIES["full"])
+    if t.remat != "none" and (t.memory.save or t.memory.offload):  # what train.memory keeps is not replayed
+        kept, names = residuals(t.remat, t.memory)
+        redo_attn = redo_attn and "attn_out" not in kept + names
     names = names if offload is None else offload
     matmul_s = (
         ((3 + redo_layers) * (weights - unembed) + 3 * unembed) * per_dev / (peak * c.matmul_efficiency)
@@ -147,7 +150,7 @@ def step_time(spec: TrialSpec, offload: tuple[str, ...] | None = None, peak: flo
     fsdp_bytes = N * layer_params(m) / x.T * (f - 1) / f * ((3 + redo_layers) * BF16 + FP32) if f > 1 else 0.0
     exposed_fsdp_s = max(0.0, fsdp_bytes / bw - matmul_s)  # gathers overlap the previous layer's matmuls
     tensor_s = N * passes * 4 * (x.T - 1) / x.T * x.tokens * m.embed * BF16 / bw if x.T > 1 else 0.0
-    per_token = {"layer_input": m.embed * BF16, "attn_out": x.hq * m.head_dim * BF16}
+    per_token = {"layer_input": m.embed * BF16, "attn_out": x.hq * m.head_dim * BF16, "mlp_act": x.M * BF16}
     host = 2 * N * x.tokens * sum(per_token[n] for n in names)  # out in forward, back in backward
     exposed_offload_s = (
         max(0.0, host / c.host_bytes_per_s - matmul_s - attention_s) if c.host_bytes_per_s else 0.0

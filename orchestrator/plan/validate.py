@@ -59,13 +59,6 @@ def _names(spec: TrialSpec) -> list[tuple[str, str]]:
         )  # fmt: skip
     if t.remat not in REMATS:
         out.append(("unknown name", f"remat {t.remat!r} is not one of {', '.join(REMATS)}"))
-    elif t.remat == "offload" and c.platform == "cpu":
-        out.append(
-            (
-                "remat vs platform",
-                f"remat offload needs pinned host memory (TPU/GPU), cluster {c.name} is cpu; use remat=full",
-            )
-        )
     if t.dtype not in DTYPES:
         out.append(("unknown name", f"dtype {t.dtype!r} is not one of {', '.join(DTYPES)}"))
     return out
