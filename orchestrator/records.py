@@ -23,7 +23,9 @@ def trial_params(spec: TrialSpec) -> dict[str, str]:
         "cluster": spec.cluster.name,
     }  # fmt: skip
     mem = spec.train.memory  # train.memory on top of the remat preset (empty: the preset alone)
-    p.update({f"memory_{k}": ",".join(getattr(mem, k)) for k in ("save", "offload", "host") if getattr(mem, k)})
+    p.update(
+        {f"memory_{k}": ",".join(getattr(mem, k)) for k in ("save", "offload", "host") if getattr(mem, k)}
+    )
     p.update({k: v for k, v in spec.axes})
     return {k: str(v) for k, v in p.items()}
 
