@@ -59,6 +59,9 @@ class MeshSpec:
     context: int = 1
     context_ulysses: int = 1
     tensor: int = 1
+    # The axis laid across slices (over DCN) when a trial spans cluster.slices_per_trial > 1: its outer
+    # factor indexes the slice, the rest of the mesh stays inside one slice (ICI). "": one slice.
+    dcn: str = ""
 
     @property
     def size(self) -> int:
@@ -72,7 +75,8 @@ class MeshSpec:
         return {a: getattr(self, a) for a in MESH_AXES}
 
     def label(self) -> str:
-        return "x".join(f"{a}{getattr(self, a)}" for a in MESH_AXES if getattr(self, a) > 1) or "single"
+        shape = "x".join(f"{a}{getattr(self, a)}" for a in MESH_AXES if getattr(self, a) > 1) or "single"
+        return f"{shape}/dcn:{self.dcn}" if self.dcn else shape
 
 
 @dataclass(frozen=True)
@@ -138,11 +142,13 @@ class ClusterSpec:
     accelerator: str = "cpu"
     hosts: int = 1
     devices_per_host: int = 8
-    slices: int = 1
+    slices: int = 1  # slices in the cluster (trials at once, one per slice_per_trial slices)
+    slices_per_trial: int = 1  # slices one trial spans (multislice over DCN; mesh.dcn names the axis)
     topology: str = ""
     peak_tflops_per_device: float = 0.0  # 0: measure on the spot (CPU)
     hbm_bytes_per_device: int = 0
     ici_bytes_per_s: float = 0.0
+    dcn_bytes_per_s: float = 0.0  # data-centre network bandwidth per host, one direction (0: not modelled)
     max_step_seconds: float = 0.0  # planner: predicted-slower points are infeasible here (0: no budget)
     concurrency: int = 0  # trials at once (0: one per slice)
     address: str = ""  # Ray address: "" starts a local Ray, "auto" or ray://... connects
@@ -158,7 +164,13 @@ class ClusterSpec:
 
     @property
     def devices(self) -> int:
-        return self.hosts * self.devices_per_host
+        """JAX devices of one trial (all its slices)."""
+        return self.hosts_per_trial * self.devices_per_host
+
+    @property
+    def hosts_per_trial(self) -> int:
+        """Host processes of one trial: `hosts` per slice times the slices it spans."""
+        return self.hosts * self.slices_per_trial
 
     def host_env(self) -> dict[str, str]:
         """Environment a host's JAX process needs before its backend starts (CPU: simulated devices)."""
@@ -195,6 +207,8 @@ class TrialSpec:
             # Added after many trials ran: left out at its default, so every earlier run's id (MLflow
             # resume, the regression gate's baselines) and the cached AOT compiles stay valid.
             del d["train"]["memory"]
+        if not self.mesh.dcn:
+            del d["mesh"]["dcn"]  # likewise: a one-slice mesh keeps its id
         return {k: d[k] for k in ("model", "mesh", "strategy", "context_length", "train")}
 
     @functools.cached_property

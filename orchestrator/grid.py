@@ -76,7 +76,9 @@ def resolve_mesh(mesh: dict, strategy: str, model: dict, devices: int) -> MeshSp
     c, u = strategies.get(strategy).resolve_mesh(
         max(devices // fixed, 1), m.get("context", "auto"), m.get("context_ulysses", "auto"), hq, hkv
     )
-    return MeshSpec(data=m["data"], fsdp=m["fsdp"], context=c, context_ulysses=u, tensor=m["tensor"])
+    return MeshSpec(
+        data=m["data"], fsdp=m["fsdp"], context=c, context_ulysses=u, tensor=m["tensor"], dcn=m.get("dcn", "")
+    )
 
 
 def expand(cfg: DictConfig, conf_dir=CONF_DIR) -> list[TrialSpec]:

@@ -12,7 +12,16 @@ from dataclasses import dataclass, field
 
 from jobs import strategies
 from jobs.cp_rules import LAYOUTS
-from jobs.spec import HOST_STATE, REMAT_NAMES, ClusterSpec, ModelSpec, RunSpec, StrategySpec, TrainSpec
+from jobs.spec import (
+    HOST_STATE,
+    MESH_AXES,
+    REMAT_NAMES,
+    ClusterSpec,
+    ModelSpec,
+    RunSpec,
+    StrategySpec,
+    TrainSpec,
+)
 
 # The names jobs.attention.kernel.KERNELS registers (that module imports jax, which the driver must not do
 # before launch; tests/test_schema.py keeps the two equal). auto: splash on TPU, flash on GPU, xla elsewhere.
@@ -57,6 +66,7 @@ RULES: dict[str, Rule] = {
     "mesh.tensor": COUNT,
     "mesh.context": Rule(ge=1, auto=True),
     "mesh.context_ulysses": Rule(ge=1, auto=True),
+    "mesh.dcn": Rule(choices=("", *MESH_AXES)),
     "train.steps": COUNT,
     "train.batch": COUNT,
     "train.dtype": Rule(choices=DTYPES),
@@ -79,6 +89,8 @@ RULES: dict[str, Rule] = {
     "cluster.hosts": COUNT,
     "cluster.devices_per_host": COUNT,
     "cluster.slices": COUNT,
+    "cluster.slices_per_trial": COUNT,
+    "cluster.dcn_bytes_per_s": NON_NEGATIVE,  # 0: DCN time not modelled
     "cluster.peak_tflops_per_device": NON_NEGATIVE,  # 0: measured on the spot
     "cluster.hbm_bytes_per_device": NON_NEGATIVE,
     "cluster.ici_bytes_per_s": NON_NEGATIVE,
@@ -111,6 +123,7 @@ class MeshConfig:
     tensor: int
     context: int | str = "auto"
     context_ulysses: int | str = "auto"
+    dcn: str = ""  # the axis across slices (cluster.slices_per_trial > 1)
 
 
 @dataclass(frozen=True)
