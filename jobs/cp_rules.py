@@ -105,6 +105,32 @@ def validate(
     s.check(L=L, hq=hq // t, hkv=hkv // t, size=size, layout=layout)
 
 
+def validate_dcn(strategy: str, *, mesh: Mapping[str, int], dcn: str, slices: int) -> None:
+    """Raise ValueError (one line: the reason and the fix) if the mesh cannot span `slices` slices with the axis
+    `dcn` laid across them (its outer factor indexes the slice). One slice: nothing crosses, nothing to check."""
+    if slices <= 1:
+        return
+    s = _get(strategy)
+    if not dcn:
+        raise ValueError(
+            f"the trial spans {slices} slices (cluster.slices_per_trial={slices}) but mesh.dcn names no axis to "
+            f"lay across them; set mesh.dcn to one of {', '.join(s.dcn_axes)} ({strategy} allows these)"
+        )
+    if dcn not in MESH_AXES:
+        raise ValueError(f"unknown mesh.dcn axis {dcn!r}; mesh axes are {', '.join(MESH_AXES)}")
+    why = s.dcn_refusal(dcn)
+    if why:
+        rings = [n for n in strategies.CP_NAMES if dcn in s.axes and dcn in strategies.get(n).dcn_axes]
+        alt = f", or strategy={' / '.join(rings)}, which may lay {dcn} across slices" if rings else ""
+        raise ValueError(f"{strategy} cannot lay {dcn} across slices: {why}{alt}")
+    n = int(mesh.get(dcn, 1))
+    if n % slices:
+        raise ValueError(
+            f"mesh.dcn={dcn}: {dcn}={n} is not a multiple of slices_per_trial={slices} (its outer factor indexes "
+            f"the slice); use {dcn} a multiple of {slices}"
+        )
+
+
 def zigzag_permutation(length: int, ring_size: int) -> np.ndarray:
     """Natural token index at each position of the zigzag layout (apply as x[:, perm]).
 

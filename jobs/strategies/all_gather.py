@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from jobs.strategies.base import BF16, Local, Strategy, kernel_bytes
 
 
@@ -9,6 +11,11 @@ class AllGather(Strategy):
     name = "all_gather"
     collectives = ("all-gather",)
     summary = "gathers K/V of the whole sequence per layer: simplest, memory grows with L, not L/P"
+    # Allowed across slices and priced, not hidden: one gather per layer brings each device the other slices'
+    # shards once (a DCN phase between slice peers, then ICI inside the slice, as the TPU compiler splits the
+    # FSDP gathers of a multislice mesh). Its memory, the whole K,V per device, rules it out at long context
+    # long before the DCN time does; rejecting it would hide a valid, merely slow, layout at short context.
+    dcn_axes = ("context", "data", "fsdp")
 
     def attention_bytes(self, x: Local, block_q: int, block_kv: int) -> int:
         # Every device holds the whole sequence's K,V (bf16), and in backward their full fp32 gradients.
@@ -16,6 +23,14 @@ class AllGather(Strategy):
 
     def comm_bytes(self, x: Local) -> tuple[int, int]:
         return int(2 * (x.P - 1) / x.P * x.L * x.kv_token * BF16), 0
+
+    def dcn_bytes(self, x: Local, mesh: Mapping[str, int], axis: str, slices: int) -> tuple[int, int]:
+        return ((slices - 1) * 2 * x.Ll * x.kv_token * BF16, 0) if axis == "context" else (0, 0)
+
+    def dcn_words(self, mesh: Mapping[str, int], axis: str) -> str:
+        if axis == "context":
+            return "each layer's K,V gather brings the other slices' shards over DCN, not overlapped"
+        return super().dcn_words(mesh, axis)
 
     def overflow_hint(self, x: Local) -> str:
         kv = 2 * x.L * x.kv_token * BF16

@@ -129,6 +129,46 @@ class Strategy:
         """Said after 'needs N GiB' when a point does not fit (what of this strategy's own grows)."""
         return ""
 
+    # -- multislice (mesh.dcn: the axis laid across slices, over the data-centre network) ------------------
+    # Axes that may cross slices. Data parallelism may for every strategy: only its FSDP gathers and gradient
+    # reduce-scatters cross, priced by the planner (not here). A strategy adds the ring axis whose hop hides.
+    dcn_axes: tuple[str, ...] = ("data", "fsdp")
+
+    def dcn_refusal(self, axis: str) -> str:
+        """Why `axis` may not cross slices for this strategy, with the fix ('' when it may)."""
+        if axis in self.dcn_axes:
+            return ""
+        if axis == "tensor":
+            why = (
+                "tensor all-reduces activations twice per layer and pass on the critical path: over DCN every "
+                "layer waits on the slow network"
+            )
+        elif axis == self.ulysses_axis:
+            why = (
+                f"{self.name}'s all-to-all over {axis} would cross the slow network twice per layer and pass, "
+                "with no compute to hide behind"
+            )
+        elif axis in self.axes:
+            why = self.dcn_axis_reason(axis)
+        else:
+            why = f"{self.name} does not shard over {axis}"
+        return f"{why}; use " + " or ".join(f"mesh.dcn={a}" for a in self.dcn_axes)
+
+    def dcn_axis_reason(self, axis: str) -> str:
+        """Why one of this strategy's own sequence axes (not in dcn_axes, not the all-to-all's) may not cross."""
+        return f"{self.name} would exchange over {axis} with nothing to hide the slow network behind"
+
+    def dcn_bytes(self, x: Local, mesh: Mapping[str, int], axis: str, slices: int) -> tuple[int, int]:
+        """Forward bytes one device sends across slices per layer for attention when `axis` spans `slices`:
+        (not overlappable, overlappable behind attention). FSDP gathers are the planner's, not the strategy's."""
+        return 0, 0
+
+    def dcn_words(self, mesh: Mapping[str, int], axis: str) -> str:
+        """What crosses DCN when `axis` spans slices, in the recommender's words."""
+        if axis in ("data", "fsdp"):
+            return "only the FSDP gathers and gradient reduce-scatters cross DCN, hidden behind the matmuls"
+        return ""
+
     # -- data plane -----------------------------------------------------------------------------------
     def local_fn(self) -> Callable:
         """The JAX body: jobs/attention/<name>.py's <name>_local(mesh, L, Options) -> fn(q, k, v), the per-device

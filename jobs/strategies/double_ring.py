@@ -16,6 +16,7 @@ class DoubleRing(Ring):
     summary = (
         "ring of rings: inner rings within groups, one outer transfer per inner round: for slow outer links"
     )
+    dcn_axes = ("context", "data", "fsdp")  # the outer ring crosses slices, once per inner round
 
     def ring_size(self, mesh: Mapping[str, int]) -> int:
         return int(mesh.get("context", 1)) * int(mesh.get("context_ulysses", 1))  # zigzag over all P
@@ -33,6 +34,25 @@ class DoubleRing(Ring):
 
     def mesh_splits(self, cp: int) -> list[tuple[int, int]]:
         return usp_like_splits(cp)
+
+    def dcn_axis_reason(self, axis: str) -> str:
+        return (
+            "the inner ring (context_ulysses) would cross DCN at every hop; lay the slices over the outer ring, "
+            "which crosses once per inner round"
+        )
+
+    def dcn_bytes(self, x: Local, mesh: Mapping[str, int], axis: str, slices: int) -> tuple[int, int]:
+        # Only the outer hops (G-1 of the R-1 transfers per pass) cross; the inner rings stay in a slice.
+        if axis != "context" or x.R <= 1:
+            return 0, 0
+        outer = int(mesh.get("context", 1))
+        return 0, self.comm_bytes(x)[1] * (outer - 1) // (x.R - 1)
+
+    def dcn_words(self, mesh: Mapping[str, int], axis: str) -> str:
+        if axis == "context":
+            inner = int(mesh.get("context_ulysses", 1))
+            return f"one outer hop per inner round crosses DCN, hidden behind {inner} hops of attention"
+        return super().dcn_words(mesh, axis)
 
     def attention_bytes(self, x: Local, block_q: int, block_kv: int) -> int:
         # ring's two blocks in flight, plus the round's base block and the next group's (K and V, bf16)

@@ -3,6 +3,8 @@ order balances the causal work. O(L/P) memory; each hop's transfer hides behind 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from jobs.strategies.base import BF16, FP32, Local, Strategy, kernel_bytes
 
 
@@ -16,6 +18,8 @@ class Ring(Strategy):
     default_layout = "zigzag"
     collectives = ("collective-permute",)
     summary = "K/V rotate around one ring, transfers hidden behind attention: O(L/P) memory at any head count"
+    # The ring may span slices: each hop's transfer hides behind that hop's attention.
+    dcn_axes = ("context", "data", "fsdp")
 
     def attention_bytes(self, x: Local, block_q: int, block_kv: int) -> int:
         return travelling_kv_bytes(x, x.Ll, x.hkv) + kernel_bytes(
@@ -27,6 +31,15 @@ class Ring(Strategy):
 
     def hop_tokens(self, x: Local) -> int:
         return x.Ll
+
+    def dcn_bytes(self, x: Local, mesh: Mapping[str, int], axis: str, slices: int) -> tuple[int, int]:
+        # A ring laid across slices has slice-crossing transfers at every hop (a hop waits for its slowest).
+        return (0, self.comm_bytes(x)[1]) if axis == "context" else (0, 0)
+
+    def dcn_words(self, mesh: Mapping[str, int], axis: str) -> str:
+        if axis == "context":
+            return "every hop crosses DCN, each hidden only behind that hop's attention"
+        return super().dcn_words(mesh, axis)
 
 
 STRATEGY = Ring()

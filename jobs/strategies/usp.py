@@ -17,6 +17,7 @@ class USP(Ulysses):
     summary = (
         "Ulysses inside groups, a ring across them: fewer ring hops than ring, any degree beyond the heads"
     )
+    dcn_axes = ("context", "data", "fsdp")  # the ring may cross slices; the all-to-all (context_ulysses) not
 
     def degrees(self, mesh: Mapping[str, int]) -> tuple[int, int]:
         return int(mesh.get("context_ulysses", 1)), int(mesh.get("context", 1))
@@ -35,6 +36,14 @@ class USP(Ulysses):
 
     def hop_tokens(self, x: Local) -> int:
         return x.L // x.R if x.R > 1 else x.L
+
+    def dcn_bytes(self, x: Local, mesh: Mapping[str, int], axis: str, slices: int) -> tuple[int, int]:
+        return (0, self.comm_bytes(x)[1]) if axis == "context" else (0, 0)  # every ring hop crosses
+
+    def dcn_words(self, mesh: Mapping[str, int], axis: str) -> str:
+        if axis == "context":
+            return "every ring hop crosses DCN (hidden behind that hop's attention); the all-to-alls stay in a slice"
+        return super().dcn_words(mesh, axis)
 
 
 STRATEGY = USP()

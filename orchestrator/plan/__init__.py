@@ -36,6 +36,7 @@ class PlanRow:
     roofline_step_s: float | None = None  # every FLOP at peak: a bound, not a forecast
     roofline_mfu: float | None = None
     limiter: str = ""  # what the model says the step spends most of its time on
+    dcn_exposed_s: float | None = None  # of predicted_step_s: slice-crossing traffic not hidden (mesh.dcn)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -85,7 +86,7 @@ def plan_one(spec: TrialSpec, problems: list[Problem] | None = None) -> PlanRow:
         **base, verdict=verdict, reason="; ".join(why), tflops_per_device_per_step=tflops,
         predicted_hbm_bytes_per_device=hbm, predicted_step_s=st.step_s, predicted_mfu=st.mfu,
         memory=mem, comm_bytes_per_layer=roof.attention_comm_bytes_per_layer, roofline_step_s=roof.step_s,
-        roofline_mfu=roof.mfu, limiter=st.limiter,
+        roofline_mfu=roof.mfu, limiter=st.limiter, dcn_exposed_s=st.dcn_exposed_s,
     )  # fmt: skip
 
 
@@ -104,15 +105,24 @@ def to_json(rows: list[PlanRow]) -> str:
     return json.dumps([r.as_dict() for r in rows], indent=1)
 
 
-def _cells(r: PlanRow) -> list[str]:
+def _cells(r: PlanRow, dcn: bool = False) -> list[str]:
     hbm = (
         memory.gib(r.predicted_hbm_bytes_per_device) if r.predicted_hbm_bytes_per_device is not None else "-"
     )
     step = f"{r.predicted_step_s:,.3g}" if r.predicted_step_s is not None else "-"
     mfu = f"{r.predicted_mfu:.2f}" if r.predicted_mfu is not None else "-"
     bound = f"{r.roofline_mfu:.2f}" if r.roofline_mfu is not None else "-"
-    return [r.cluster, r.strategy, r.mesh, f"{r.context_length:,}", r.verdict, hbm, step, mfu, bound,
-            f"{r.tflops_per_device_per_step:,.4g}", r.reason]  # fmt: skip
+    cells = [r.cluster, r.strategy, r.mesh, f"{r.context_length:,}", r.verdict, hbm, step, mfu, bound,
+             f"{r.tflops_per_device_per_step:,.4g}", r.reason]  # fmt: skip
+    if dcn:
+        cells.insert(7, f"{r.dcn_exposed_s:,.3g}" if r.dcn_exposed_s is not None else "-")
+    return cells
+
+
+def _header(rows: list[PlanRow]) -> tuple[list[str], bool]:
+    """The columns, with "DCN s" (exposed slice-crossing time) only when some point spans slices."""
+    dcn = any("/dcn:" in r.mesh for r in rows)
+    return (HEADER[:7] + ["DCN s"] + HEADER[7:] if dcn else HEADER), dcn
 
 
 HEADER = [
@@ -137,15 +147,16 @@ def render_table(rows: list[PlanRow], console=None, title: str = "plan") -> None
 
     console = console or Console()
     table = Table(title=title, show_lines=False)
-    for h in HEADER:
+    header, dcn = _header(rows)
+    for h in header:
         table.add_column(
             h,
             overflow="fold",
-            justify="right" if h in ("context", "step s", "MFU", "MFU ≤ (roofline)") else "left",
+            justify="right" if h in ("context", "step s", "DCN s", "MFU", "MFU ≤ (roofline)") else "left",
         )
     colour = {"run": "green", "infeasible": "yellow", "invalid": "red"}
     for r in rows:
-        cells = _cells(r)
+        cells = _cells(r, dcn)
         cells[4] = f"[{colour[r.verdict]}]{r.verdict}[/]"
         table.add_row(*cells)
     console.print(table)
@@ -154,8 +165,9 @@ def render_table(rows: list[PlanRow], console=None, title: str = "plan") -> None
 
 
 def to_markdown(rows: list[PlanRow]) -> str:
-    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-    lines += ["| " + " | ".join(c.replace("|", "/") for c in _cells(r)) + " |" for r in rows]
+    header, dcn = _header(rows)
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(c.replace("|", "/") for c in _cells(r, dcn)) + " |" for r in rows]
     return "\n".join(lines)
 
 

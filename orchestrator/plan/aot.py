@@ -30,10 +30,18 @@ def available() -> bool:
 
 
 def topology_name(spec: TrialSpec, topology: str | None = None) -> str:
+    """One slice's topology as libtpu names it, e.g. "v5:4x4x4"."""
     accel = spec.cluster.accelerator
     if accel not in CHIPS:
         raise ValueError(f"no TPU topology for accelerator {accel!r}; AOT knows {', '.join(CHIPS)}")
     return f"{CHIPS[accel][0]}:{topology or spec.cluster.topology}"
+
+
+def topology_tag(spec: TrialSpec, topology: str | None = None) -> str:
+    """What was compiled for: the slice topology, and how many slices when more than one ("v5:4x4x4x2slices";
+    one slice keeps the bare name, so earlier cache entries stay valid)."""
+    n = spec.cluster.slices_per_trial
+    return topology_name(spec, topology) + (f"x{n}slices" if n > 1 else "")
 
 
 def _devices(spec: TrialSpec, topology: str | None):
@@ -47,13 +55,28 @@ def _devices(spec: TrialSpec, topology: str | None):
     wrap = tuple(d >= 4 for d in dims)
     desc = topologies.get_topology_desc(
         platform="tpu", topology_name=name, chip_config_name=chip, chips_per_host_bounds=(2, 2, 1),
-        num_slices=1, wrap=wrap,
+        num_slices=spec.cluster.slices_per_trial, wrap=wrap,
     )  # fmt: skip
     return desc.devices
 
 
+def _mesh(spec: TrialSpec, devices: list):
+    """The trial's mesh over the topology's devices: hybrid (jobs.mesh) when it spans slices."""
+    import inspect
+
+    from jobs.mesh import make_mesh
+
+    slices = spec.cluster.slices_per_trial
+    if "slices" in inspect.signature(make_mesh).parameters:
+        return make_mesh(spec.mesh, devices, slices=slices)
+    if slices > 1:
+        raise ValueError(f"jobs.mesh.make_mesh cannot lay a mesh over {slices} slices (no slices parameter)")
+    return make_mesh(spec.mesh, devices)
+
+
 def _cache_path(spec: TrialSpec, topology: str | None) -> Path:
-    tag = topology_name(spec, topology).replace(":", "_")
+    # The trial id leaves the cluster out, so the slice count must be in the tag: one program per topology.
+    tag = topology_tag(spec, topology).replace(":", "_")
     return CACHE_DIR / f"{spec.trial_id}-{tag}.json"
 
 
@@ -94,19 +117,18 @@ def compiled_memory(spec: TrialSpec, topology: str | None = None, *, refresh: bo
     path = _cache_path(spec, topology)
     if path.exists() and not refresh:
         return json.loads(path.read_text())
-    from jobs.mesh import make_mesh
     from jobs.step import lower_train_step
 
     devices = _devices(spec, topology)
     if len(devices) != spec.mesh.size:
         raise ValueError(
-            f"topology {topology_name(spec, topology)} has {len(devices)} devices but mesh {spec.mesh.label()} "
+            f"topology {topology_tag(spec, topology)} has {len(devices)} devices but mesh {spec.mesh.label()} "
             f"needs {spec.mesh.size}; pass a topology with {spec.mesh.size} devices"
         )
     t0 = time.perf_counter()
-    base = {"trial_id": spec.trial_id, "topology": topology_name(spec, topology)}
+    base = {"trial_id": spec.trial_id, "topology": topology_tag(spec, topology)}
     try:
-        compiled = lower_train_step(spec, make_mesh(spec.mesh, devices)).compile()
+        compiled = lower_train_step(spec, _mesh(spec, devices)).compile()
     except Exception as e:  # noqa: BLE001 -- jaxlib raises its own XlaRuntimeError; only OOM is an answer
         rejected = compiler_rejection(str(e))
         if rejected is None:
@@ -161,7 +183,7 @@ def compare(specs: list[TrialSpec], topology: str | None = None) -> list[dict[st
         except Exception as e:  # noqa: BLE001 -- one broken point must not hide the others' answers
             msg = (str(e).strip().splitlines() or [type(e).__name__])[0][:500]
             got = {"status": "failed", "error": f"{type(e).__name__}: {msg}", "compile_s": 0.0}
-            got["topology"] = topology_name(spec, topology) if spec.cluster.accelerator in CHIPS else "-"
+            got["topology"] = topology_tag(spec, topology) if spec.cluster.accelerator in CHIPS else "-"
         predicted = memory.total(spec)
         compiled = got.get("peak_bytes", got.get("required_bytes"))
         v, reason = verdict(spec, got)

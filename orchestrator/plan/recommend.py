@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from jobs import strategies
 from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
@@ -15,14 +15,28 @@ class Recommendation:
     row: PlanRow | None
     reason: str
     candidates: tuple[PlanRow, ...]
+    dcn: str = ""  # the mesh axis the winner lays across slices ("" on one slice)
 
 
 def _pow2_divisors(n: int) -> list[int]:
     return [d for d in (2**i for i in range(n.bit_length())) if n % d == 0]
 
 
-def candidate_meshes(strategy: str, devices: int, batch: int, max_tensor: int = 8) -> list[MeshSpec]:
-    """Every power-of-two split of the devices into fsdp (dividing the batch), tensor and the context axes."""
+def dcn_choices(strategy: str, mesh: MeshSpec, slices: int) -> list[str]:
+    """Axes to lay across slices: the strategy's allowed ones whose size the slices divide. None fitting: its
+    first sequence axis anyway, so the plan says why it may not cross (ulysses' all-to-all)."""
+    if slices <= 1:
+        return [""]
+    s = strategies.get(strategy)
+    ok = [a for a in s.dcn_axes if getattr(mesh, a) % slices == 0]
+    return ok or list(s.axes[:1])
+
+
+def candidate_meshes(
+    strategy: str, devices: int, batch: int, max_tensor: int = 8, slices: int = 1
+) -> list[MeshSpec]:
+    """Every power-of-two split of the devices into fsdp (dividing the batch), tensor and the context axes;
+    across slices, once per axis that may cross them."""
     out = []
     for fsdp in _pow2_divisors(min(devices, batch) if batch > 0 else 1):
         if batch % fsdp:
@@ -34,7 +48,8 @@ def candidate_meshes(strategy: str, devices: int, batch: int, max_tensor: int = 
             if cp < 2:
                 continue
             for c, u in strategies.get(strategy).mesh_splits(cp):
-                out.append(MeshSpec(fsdp=fsdp, tensor=tensor, context=c, context_ulysses=u))
+                mesh = MeshSpec(fsdp=fsdp, tensor=tensor, context=c, context_ulysses=u)
+                out += [replace(mesh, dcn=a) for a in dcn_choices(strategy, mesh, slices)]
     return out
 
 
@@ -45,7 +60,7 @@ def candidates(
     out = []
     for name in strategies.CP_NAMES:
         strat = StrategySpec(name=name, layout=strategies.get(name).default_layout)
-        for mesh in candidate_meshes(name, cluster.devices, train.batch):
+        for mesh in candidate_meshes(name, cluster.devices, train.batch, slices=cluster.slices_per_trial):
             out.append(TrialSpec(model, mesh, strat, context_length, train=train, cluster=cluster))
     return out
 
@@ -93,4 +108,16 @@ def recommend(
         )
         if top is not None:
             why += f"; {name} never {'fits' if top.verdict == 'infeasible' else 'is valid'}: {top.reason}"
-    return Recommendation(spec, best, why, tuple(rows))
+    if cluster.slices_per_trial > 1:
+        rivals = [next(rs for rs in ok if rs[0] is r) for r in others.values() if r.strategy != best.strategy]
+        why += "; " + _across_slices(cluster.slices_per_trial, [(best, spec), *rivals])
+    return Recommendation(spec, best, why, tuple(rows), dcn=spec.mesh.dcn)
+
+
+def _across_slices(slices: int, ranked: list[tuple[PlanRow, TrialSpec]]) -> str:
+    """Which axis crosses the slices and why, for the winner and each other strategy's best layout."""
+    words = []
+    for r, s in ranked:
+        what = strategies.get(s.strategy.name).dcn_words(s.mesh.shape(), s.mesh.dcn)
+        words.append(f"{r.strategy} with dcn={s.mesh.dcn}: {what}, exposed {r.dcn_exposed_s:,.3g} s/step")
+    return f"across {slices} slices, {words[0]}" + "".join(f"; {w}" for w in words[1:])

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from jobs import strategies
 from jobs.flops import layer_flops, train_tflops_per_device
-from jobs.spec import TrialSpec
+from jobs.spec import ClusterSpec, TrialSpec
 from orchestrator.plan.memory import BF16, FP32, Local, layer_params, local_sizes
 
 # cluster=local has no spec sheet (peak 0 = measured at run time). The planner measures the host the same way,
@@ -29,6 +29,7 @@ class Roofline:
     step_s: float
     mfu: float
     note: str
+    dcn_exposed_s: float = 0.0  # part of exposed_comm_s: slice-crossing traffic compute does not hide
 
 
 def peak_tflops(spec: TrialSpec) -> float:
@@ -44,6 +45,50 @@ def peak_tflops(spec: TrialSpec) -> float:
 def attention_comm_bytes(spec: TrialSpec, x: Local | None = None) -> tuple[int, int]:
     """Forward bytes one device sends per layer: (not overlappable, overlappable by the ring)."""
     return strategies.get(spec.strategy.name).comm_bytes(x or local_sizes(spec))
+
+
+@dataclass(frozen=True)
+class Dcn:
+    """Per device per step: what crosses the data-centre network when mesh.dcn spans slices (seconds)."""
+
+    axis: str = ""
+    slices: int = 1
+    bytes_per_s: float = 0.0  # per device: its host's DCN bandwidth shared by the host's devices
+    attention_s: float = 0.0  # the strategy's slice-crossing attention traffic (jobs/strategies: dcn_bytes)
+    fsdp_s: float = 0.0  # the FSDP gathers' and gradient reduce-scatters' DCN phase
+    exposed_s: float = 0.0  # what compute does not hide, beyond what the ICI terms already leave exposed
+
+
+def dcn_bytes_per_s(c: ClusterSpec) -> float:
+    """One device's share of its host's DCN bandwidth: every device of a host may send across at once (a
+    double ring's outer hop does), so a device gets 1/devices_per_host of the NIC."""
+    return float(c.dcn_bytes_per_s) / max(c.devices_per_host, 1)
+
+
+def dcn(
+    spec: TrialSpec, x: Local, *, passes: int, attention_s: float, ring_ici_s: float, matmul_s: float,
+    fsdp_ici_s: float, fsdp_gathers: int,
+) -> Dcn:  # fmt: skip
+    """The DCN terms of one step. A ring hop that crosses takes max(ICI, DCN) and hides behind attention (all
+    hops alike, so totals compare as per hop); blocking transfers (a gather) add; FSDP's collectives over a
+    multislice axis run a DCN phase (each device swaps its shard with its S-1 peers) before the ICI one, both
+    behind the matmuls. Memory is per device and does not change with slices."""
+    c, axis, S = spec.cluster, spec.mesh.dcn, spec.cluster.slices_per_trial
+    bw = dcn_bytes_per_s(c)
+    if S <= 1 or not axis or bw <= 0:
+        return Dcn(axis=axis, slices=S, bytes_per_s=bw)
+    m, N = spec.model, spec.model.layers
+    blocking, ring = strategies.get(spec.strategy.name).dcn_bytes(x, spec.mesh.shape(), axis, S)
+    blocking_s, ring_s = N * passes * blocking / bw, N * passes * ring / bw
+    ring_exposed = max(0.0, max(ring_ici_s, ring_s) - attention_s) - max(0.0, ring_ici_s - attention_s)
+    f = spec.mesh.size // x.T
+    shard = layer_params(m) / x.T / f if axis != "tensor" else 0.0
+    fsdp_s = N * shard * (S - 1) * (fsdp_gathers * BF16 + FP32) / bw
+    fsdp_exposed = max(0.0, fsdp_ici_s + fsdp_s - matmul_s) - max(0.0, fsdp_ici_s - matmul_s)
+    return Dcn(
+        axis=axis, slices=S, bytes_per_s=bw, attention_s=blocking_s + ring_s, fsdp_s=fsdp_s,
+        exposed_s=blocking_s + ring_exposed + fsdp_exposed,
+    )  # fmt: skip
 
 
 def roofline(spec: TrialSpec) -> Roofline:
@@ -74,7 +119,9 @@ def roofline(spec: TrialSpec) -> Roofline:
     # Tensor parallelism: two all-reduces of [tokens, E] per layer and pass, on the critical path.
     tp_s = N * passes * 2 * 2 * (x.T - 1) / x.T * x.tokens * m.embed * BF16 / bw if x.T > 1 else 0.0
     compute_s = weights_s + attn_s
-    exposed = attn_blocking_s + ring_exposed + fsdp_exposed + tp_s
+    d = dcn(spec, x, passes=passes, attention_s=attn_s, ring_ici_s=attn_ring_s, matmul_s=weights_s,
+            fsdp_ici_s=fsdp_s, fsdp_gathers=passes)  # fmt: skip
+    exposed = attn_blocking_s + ring_exposed + fsdp_exposed + tp_s + d.exposed_s
     step = compute_s + exposed
     if ring and attn_ring_s > attn_s:
         note = f"ring transfer {attn_ring_s:.3g} s outlasts attention compute {attn_s:.3g} s"
@@ -84,8 +131,11 @@ def roofline(spec: TrialSpec) -> Roofline:
         note = f"{spec.strategy.name} collectives {attn_blocking_s:.3g} s not overlapped"
     else:
         note = "no attention traffic"
+    if d.slices > 1:
+        note += f"; DCN over {d.axis} across {d.slices} slices: {d.exposed_s:.3g} s exposed"
     return Roofline(
         tflops_per_device=model_tf, compute_s=compute_s, attention_comm_bytes_per_layer=blocking + ring,
-        comm_s=attn_blocking_s + attn_ring_s + fsdp_s + tp_s, exposed_comm_s=exposed, step_s=step,
-        mfu=model_tf / (step * peak) if step > 0 else 0.0, note=note,
+        comm_s=attn_blocking_s + attn_ring_s + fsdp_s + tp_s + d.attention_s + d.fsdp_s, exposed_comm_s=exposed,
+        step_s=step,
+        mfu=model_tf / (step * peak) if step > 0 else 0.0, note=note, dcn_exposed_s=d.exposed_s,
     )  # fmt: skip

@@ -8,6 +8,7 @@ fitted on the published runs in orchestrator/plan/published.py):
        + attention x imbalance / (peak x attention kernel efficiency)  efficiency(D, b) = e x D/(D+Dh) x b/(b+bh)
        + exposed communication                                         as the roofline: what compute does not hide
        + exposed host offload                                          layer inputs / attention outputs over PCIe
+       + exposed DCN (mesh.dcn across slices)                          ring hops at max(ICI, DCN), hidden as above
        + step_overhead_s                                               dispatch, optimizer, host loop
 
 Remat recompute enters as extra hardware FLOPs; it is never model FLOPs, so it lowers the MFU.
@@ -64,6 +65,7 @@ class StepTime:
     exposed_fsdp_s: float
     tensor_s: float
     exposed_offload_s: float
+    dcn_exposed_s: float  # slice-crossing traffic (mesh.dcn) that compute does not hide: roofline.dcn
     overhead_s: float
     step_s: float
     mfu: float
@@ -145,7 +147,8 @@ def step_time(spec: TrialSpec, offload: tuple[str, ...] | None = None, peak: flo
     blocking, ring = attention_comm_bytes(spec, x)
     collectives_s = N * passes * blocking / (bw * c.collective_links)
     # A hop's transfer hides behind the previous hop's attention; what is left over is exposed.
-    exposed_ring_s = max(0.0, N * passes * ring / bw - attention_s)
+    ring_ici_s = N * passes * ring / bw
+    exposed_ring_s = max(0.0, ring_ici_s - attention_s)
     f = devices // x.T
     fsdp_bytes = N * layer_params(m) / x.T * (f - 1) / f * ((3 + redo_layers) * BF16 + FP32) if f > 1 else 0.0
     exposed_fsdp_s = max(0.0, fsdp_bytes / bw - matmul_s)  # gathers overlap the previous layer's matmuls
@@ -155,6 +158,8 @@ def step_time(spec: TrialSpec, offload: tuple[str, ...] | None = None, peak: flo
     exposed_offload_s = (
         max(0.0, host / c.host_bytes_per_s - matmul_s - attention_s) if c.host_bytes_per_s else 0.0
     )
+    d = roofline.dcn(spec, x, passes=passes, attention_s=attention_s, ring_ici_s=ring_ici_s, matmul_s=matmul_s,
+                     fsdp_ici_s=fsdp_bytes / bw, fsdp_gathers=3 + redo_layers)  # fmt: skip
     overhead_s = float(c.step_overhead_s)
     terms = {
         "matmuls": matmul_s,
@@ -164,6 +169,7 @@ def step_time(spec: TrialSpec, offload: tuple[str, ...] | None = None, peak: flo
         "exposed FSDP gathers": exposed_fsdp_s,
         "tensor all-reduces": tensor_s,
         "offload bandwidth": exposed_offload_s,
+        "exposed DCN transfer": d.exposed_s,
         "fixed per-step cost": overhead_s,
     }
     step = sum(terms.values())
@@ -171,8 +177,9 @@ def step_time(spec: TrialSpec, offload: tuple[str, ...] | None = None, peak: flo
         tflops_per_device=model_tf, peak_tflops=peak, matmul_s=matmul_s, attention_s=attention_s,
         attention_efficiency=eff, hop_tokens=hop, exposed_ring_s=exposed_ring_s, collectives_s=collectives_s,
         exposed_fsdp_s=exposed_fsdp_s, tensor_s=tensor_s, exposed_offload_s=exposed_offload_s,
-        overhead_s=overhead_s, step_s=step, mfu=model_tf / (step * peak) if step > 0 else 0.0,
-        limiter=_limiter(terms, step, eff, m.head_dim, hop),
+        dcn_exposed_s=d.exposed_s, overhead_s=overhead_s, step_s=step,
+        mfu=model_tf / (step * peak) if step > 0 else 0.0,
+        limiter=_limiter(terms, step, eff, m.head_dim, hop) + _dcn_note(d),
     )  # fmt: skip
 
 
@@ -182,3 +189,15 @@ def _limiter(terms: dict[str, float], step: float, eff: float, head_dim: int, ho
     if name == "attention kernel":
         share += f" (kernel at {eff:.0%} of peak: head_dim {head_dim}, {hop:,}-token blocks)"
     return share
+
+
+def _dcn_note(d: roofline.Dcn) -> str:
+    """Across slices, the DCN's share said next to the limiter, hidden or not."""
+    if d.slices <= 1:
+        return ""
+    if d.bytes_per_s <= 0:
+        return f"; DCN across {d.slices} slices not modelled (cluster.dcn_bytes_per_s = 0)"
+    return (
+        f"; DCN over {d.axis} across {d.slices} slices: {d.exposed_s:.3g} s exposed of "
+        f"{d.attention_s + d.fsdp_s:.3g} s of transfers"
+    )

@@ -71,9 +71,10 @@ def _mesh(spec: TrialSpec) -> list[tuple[str, str]]:
         return [("mesh axis sizes", f"mesh axes must be integers >= 1, got {bad}; use mesh=auto or integers")]
     if mesh.size != c.devices:
         shape = "*".join(f"{a}{v}" for a, v in mesh.shape().items() if v > 1) or "1"
+        slices = f" x {c.slices_per_trial} slices" if c.slices_per_trial > 1 else ""
         out.append(
             ("mesh vs cluster", f"mesh {shape} = {mesh.size} devices but cluster {c.name} has {c.devices} "
-             f"({c.hosts} hosts x {c.devices_per_host}); make the product {c.devices} or use mesh=auto")
+             f"({c.hosts} hosts x {c.devices_per_host}{slices}); make the product {c.devices} or use mesh=auto")
         )  # fmt: skip
     if spec.strategy.name == "none" and mesh.cp > 1:
         out.append(
@@ -129,11 +130,27 @@ def _attention(spec: TrialSpec) -> list[tuple[str, str]]:
     return out
 
 
+def _multislice(spec: TrialSpec) -> list[tuple[str, str]]:
+    """Which axis crosses slices (DCN), and whether this strategy may lay it there (jobs/cp_rules)."""
+    if spec.strategy.name not in strategies.NAMES:
+        return []
+    try:
+        cp_rules.validate_dcn(
+            spec.strategy.name,
+            mesh=spec.mesh.shape(),
+            dcn=spec.mesh.dcn,
+            slices=spec.cluster.slices_per_trial,
+        )
+    except ValueError as e:
+        return [("multislice", str(e))]
+    return []
+
+
 def problems(spec: TrialSpec) -> list[Problem]:
     """Every broken rule of one trial."""
     found = _names(spec) + _mesh(spec) + _batch(spec)
     if not any(rule == "mesh axis sizes" for rule, _ in found):
-        found += _attention(spec)
+        found += _multislice(spec) + _attention(spec)
     if not found:
         return []
     tid, point = trial_id(spec), point_label(spec)
