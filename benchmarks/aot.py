@@ -12,6 +12,7 @@ Prints a markdown table (for the README) and a closing note with the 14M rows an
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from jobs import strategies
-from jobs.spec import ClusterSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
+from jobs.spec import ClusterSpec, MemorySpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
 from orchestrator import grid
 from orchestrator.plan import aot, validate
 
@@ -32,15 +33,25 @@ def conf(group: str, name: str) -> dict:
     return OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / group / f"{name}.yaml"), resolve=True)
 
 
-def spec_for(model: str, cluster: str, strategy: str, length: int, remat: str) -> TrialSpec:
+def spec_for(
+    model: str,
+    cluster: str,
+    strategy: str,
+    length: int,
+    remat: str,
+    slices: int = 1,
+    memory: MemorySpec | None = None,
+) -> TrialSpec:
     """Every device on the sequence, the context axes split as `mesh=auto` splits them (usp: 4-way Ulysses
-    for the 4 KV heads of llama3_1_8b_long)."""
+    for the 4 KV heads of llama3_1_8b_long); over `slices` slices the context axis crosses them (DCN)."""
     c, m = ClusterSpec(**conf("cluster", cluster)), conf("model", model)
+    c = dataclasses.replace(c, slices_per_trial=slices)
     auto = {"data": 1, "fsdp": 1, "tensor": 1, "context": "auto", "context_ulysses": "auto"}
+    auto["dcn"] = "context" if slices > 1 else ""
     return TrialSpec(
         model=ModelSpec(**m), mesh=grid.resolve_mesh(auto, strategy, m, c.devices),
         strategy=StrategySpec(**conf("strategy", strategy)), context_length=length,
-        train=TrainSpec(remat=remat), cluster=c,
+        train=TrainSpec(remat=remat, memory=memory or MemorySpec()), cluster=c,
     )  # fmt: skip
 
 
@@ -58,6 +69,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--lengths", nargs="+", type=int, default=LENGTHS)
     ap.add_argument("--clusters", nargs="+", default=["tpu7x_128", "v5p_128"])
     ap.add_argument("--remat", default="full")
+    ap.add_argument("--slices", type=int, default=1, help="slices per trial (the context axis crosses them)")
+    ap.add_argument("--offload", nargs="*", default=[], help="train.memory.offload names")
+    ap.add_argument("--host", nargs="*", default=[], help="train.memory.host parts (optimizer, params)")
     ap.add_argument("--refresh", action="store_true", help="compile again even if cached")
     a = ap.parse_args(argv)
     if not aot.available():
@@ -70,7 +84,8 @@ def main(argv: list[str]) -> int:
     for cluster in a.clusters:
         for strategy in a.strategies:
             for length in a.lengths:
-                spec = spec_for(a.model, cluster, strategy, length, a.remat)
+                mem = MemorySpec(offload=tuple(a.offload), host=tuple(a.host))
+                spec = spec_for(a.model, cluster, strategy, length, a.remat, a.slices, mem)
                 bad = validate.problems(spec)
                 if bad:  # not a compile question: say why once, in the log
                     print(f"skip {cluster} {strategy} {length:,}: {bad[0].message}", file=sys.stderr)
