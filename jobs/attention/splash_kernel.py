@@ -30,9 +30,6 @@ from jobs.attention.xla_kernel import xla_bwd, xla_fwd
 log = logging.getLogger(__name__)
 # 131,072 blocks: 512-blocks up to ~185K local tokens, ~80 s of mask building (tpu7x_128 ring at 14M: 50,176).
 MAX_MASK_BLOCKS = 2**17
-# Past that, blocks grow (x2) up to this before the xla fallback: usp at 14M on tpu7x_128 attends 458,752-token
-# hops (802,816 512-blocks); the xla kernel's fp32 accumulators there cost ~9 GiB per device more than splash.
-MAX_GROWN_BLOCK = 2048
 
 
 class _Piece(NamedTuple):
@@ -71,24 +68,16 @@ def _plan(Lq: int, Lk: int, causal: bool, order: Order, block_q: int, block_kv: 
             return None
         c = Lq // n
         pieces = tuple(_Piece(i * c, c, "chunk") for i in range(n))
-    while True:
-        bk = _fit(Lk, block_kv)
-        bqs = tuple(_fit(p.length, block_q) for p in pieces)
-        if bk is None or None in bqs:
-            return None
-        blocks = sum(p.length // bq for p, bq in zip(pieces, bqs, strict=True)) * (Lk // bk)
-        if blocks <= MAX_MASK_BLOCKS:
-            break
-        if max(block_q, block_kv) >= MAX_GROWN_BLOCK:
-            log.warning(
-                "splash: %d mask blocks (> %d) for %dx%d; using the xla kernel",
-                blocks,
-                MAX_MASK_BLOCKS,
-                Lq,
-                Lk,
-            )
-            return None
-        block_q, block_kv = min(2 * block_q, MAX_GROWN_BLOCK), min(2 * block_kv, MAX_GROWN_BLOCK)
+    bk = _fit(Lk, block_kv)
+    bqs = tuple(_fit(p.length, block_q) for p in pieces)
+    if bk is None or None in bqs:
+        return None
+    blocks = sum(p.length // bq for p, bq in zip(pieces, bqs, strict=True)) * (Lk // bk)
+    if blocks > MAX_MASK_BLOCKS:
+        log.warning(
+            "splash: %d mask blocks (> %d) for %dx%d; using the xla kernel", blocks, MAX_MASK_BLOCKS, Lq, Lk
+        )
+        return None
     return _Plan(perm, perm is not None and Lq == Lk, pieces, bk, bqs)
 
 
