@@ -15,6 +15,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.sharding import Mesh
 
 from jobs import flops
 from jobs.data import Batches
@@ -97,6 +98,15 @@ def runtime_peak_bytes() -> int | None:
     return max(peaks) if peaks else None
 
 
+def slice_record(mesh: Mesh, dcn: str, slices: int) -> Record:
+    """Where the dcn axis landed: per position along it, the processes holding it (a multislice check)."""
+    if slices <= 1:
+        return {}
+    axis = mesh.axis_names.index(dcn)
+    by_pos = np.moveaxis(mesh.devices, axis, 0).reshape(mesh.devices.shape[axis], -1)
+    return {"slices": slices, "dcn_processes": [sorted({d.process_index for d in row}) for row in by_pos]}
+
+
 def _put(batch: dict[str, np.ndarray], shardings: dict) -> dict[str, jax.Array]:
     """Each process supplies only the shards its devices own (works single- and multi-host)."""
     return {
@@ -128,7 +138,8 @@ def train(spec: TrialSpec) -> Iterator[Record]:
     devices = jax.devices()
     if spec.cluster.devices < len(devices):  # e.g. a 1-device reference run inside an 8-device process
         devices = devices[: spec.cluster.devices]
-    mesh = make_mesh(spec.mesh, devices)
+    slices = spec.cluster.slices_per_trial
+    mesh = make_mesh(spec.mesh, devices, slices)
     batches = Batches(spec)  # fails early on a missing data file
     init_fn, step_fn = make_train_step(spec, mesh)
     t0 = time.perf_counter()
@@ -163,6 +174,7 @@ def train(spec: TrialSpec) -> Iterator[Record]:
             "tflops_per_device_per_step": tflops_step,
             "resumed_from_step": first,
             **mem,
+            **slice_record(mesh, spec.mesh.dcn, slices),
         }
         # The checkpoint's records: the driver may never have received them (it drops steps it holds).
         yield from history

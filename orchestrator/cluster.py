@@ -109,7 +109,7 @@ def connect(cluster: ClusterSpec) -> None:
         ray.init(address=cluster.address, log_to_driver=False, runtime_env={"py_modules": mods})
     else:
         # address="local": never join whichever cluster /tmp/ray/ray_current_cluster names.
-        cpus = max(os.cpu_count() or 2, cluster.hosts * max(cluster.concurrency, 1))
+        cpus = max(os.cpu_count() or 2, cluster.hosts_per_trial * max(cluster.concurrency, 1))
         # The workers' environment is the job's, so Ray can start worker processes ahead of the trials
         # (a per-task runtime_env would make every fresh max_calls=1 worker start cold).
         env = {"env_vars": worker_env(cluster)}
@@ -138,9 +138,9 @@ def slice_names() -> list[str]:
 
 
 def concurrency(cluster: ClusterSpec) -> int:
-    """Trials at once: the configured number, else one per slice (counted on the cluster for TPUs)."""
+    """Trials at once: the configured number, else one per slices_per_trial slices (counted on the cluster
+    for TPUs)."""
     if cluster.concurrency:
         return cluster.concurrency
-    if cluster.kind in TPU_KINDS and ray.is_initialized():
-        return max(len(slice_names()), 1)
-    return max(cluster.slices, 1)
+    slices = len(slice_names()) if cluster.kind in TPU_KINDS and ray.is_initialized() else cluster.slices
+    return max(slices // cluster.slices_per_trial, 1)

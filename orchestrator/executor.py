@@ -113,7 +113,7 @@ class Executor:
 
     def _on_host(self, ev: sched.Event, spec: TrialSpec, att: dict) -> None:
         att["hosts"] += ev.records
-        if len(att["hosts"]) == spec.cluster.hosts:
+        if len(att["hosts"]) == spec.cluster.hosts_per_trial:  # every host of every slice
             self.progress.event(ev.trial_id, f"attempt {ev.attempt} on {placement_note(att['hosts'])}")
 
     def _on_records(self, ev: sched.Event, spec: TrialSpec, att: dict) -> None:

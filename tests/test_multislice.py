@@ -1,0 +1,264 @@
+"""One trial over two slices: the hybrid mesh (mesh.dcn across slices), the gang of every slice's hosts, and the
+two-slice trial on CPU (2 fake slices x 2 processes x 2 devices) training exactly like one process."""
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import ROOT, run_cli
+from mlflow import MlflowClient
+from servers import free_port
+
+from jobs.mesh import make_mesh
+from jobs.spec import ClusterSpec, MeshSpec
+from orchestrator.placement import host_order, megascale_env
+
+# --- the mesh -------------------------------------------------------------------------------------------------
+
+# 4 CPU processes x 2 devices posing as 2 slices (processes 0,1 and 2,3), devices handed over in reverse: where
+# the dcn axis lands must come from the devices' slices, not from the order they arrive in.
+MESH_WORKER = r"""
+import json, sys
+import jax, numpy as np
+jax.distributed.initialize(f"127.0.0.1:{sys.argv[2]}", num_processes=4, process_id=int(sys.argv[1]))
+from jobs.mesh import make_mesh
+from jobs.spec import MeshSpec
+shapes = {"context": MeshSpec(context=8, dcn="context"), "data": MeshSpec(data=2, context=4, dcn="data"),
+          "usp": MeshSpec(context=4, context_ulysses=2, dcn="context")}
+out = {}
+for name, shape in shapes.items():
+    mesh = make_mesh(shape, jax.devices()[::-1], slices=2)
+    out[name] = np.vectorize(lambda d: d.process_index)(mesh.devices).tolist()
+if jax.process_index() == 0:
+    print("MESH " + json.dumps(out), flush=True)
+"""
+
+
+def _processes_along(grid: list, axis: int) -> list[set[int]]:
+    """Per position along `axis` of a [data, fsdp, context, context_ulysses, tensor] grid, its processes."""
+    a = np.moveaxis(np.array(grid), axis, 0)
+    return [set(a[i].flat) for i in range(a.shape[0])]
+
+
+def test_hybrid_mesh_lays_the_dcn_axis_across_slices():
+    port, env = free_port(), {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu",
+                              "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}  # fmt: skip
+    procs = [subprocess.Popen([sys.executable, "-c", MESH_WORKER, str(i), str(port)], env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for i in range(4)]  # fmt: skip
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(o[-2000:] for o in outs)
+    (line,) = [ln for ln in outs[0].splitlines() if ln.startswith("MESH ")]
+    got = json.loads(line[5:])
+    slice0, slice1 = {0, 1}, {2, 3}
+    # context 8 over DCN: positions 0..3 on slice 0's processes, 4..7 on slice 1's
+    along = _processes_along(got["context"], 2)
+    assert all(p <= slice0 for p in along[:4]) and all(p <= slice1 for p in along[4:]), along
+    assert set().union(*along[:4]) == slice0 and set().union(*along[4:]) == slice1
+    # data 2 over DCN: one data replica per slice; the context axis stays inside each slice
+    assert _processes_along(got["data"], 0) == [slice0, slice1]
+    # usp: the outer ring (context) crosses slices, the Ulysses groups never do
+    along = _processes_along(got["usp"], 2)
+    assert all(p <= slice0 for p in along[:2]) and all(p <= slice1 for p in along[2:]), along
+
+
+def test_one_slice_mesh_is_unchanged_and_bad_multislice_meshes_are_one_line_errors():
+    shape = MeshSpec(context=8)
+    assert make_mesh(shape).devices.tolist() == make_mesh(shape, slices=1).devices.tolist()
+    assert make_mesh(MeshSpec(context=8, dcn="context")).devices.tolist() == make_mesh(shape).devices.tolist()
+    bad = [
+        (MeshSpec(context=8), 2, "needs mesh.dcn naming the axis"),
+        (MeshSpec(data=8, dcn="context"), 2, "mesh.dcn=context has size 1, not divisible by 2 slices"),
+        (MeshSpec(context=8, dcn="context"), 2, "1 processes cannot pose as 2 slices"),  # one CPU process
+    ]
+    for spec, slices, msg in bad:
+        with pytest.raises(ValueError, match=msg) as e:
+            make_mesh(spec, slices=slices)
+        assert "\n" not in str(e.value)
+
+
+def test_hybrid_mesh_on_tpu_topology_devices_matches_jax():
+    """AOT devices of a two-slice TPU topology carry slice_index; the mesh is jax's own hybrid mesh."""
+    pytest.importorskip("libtpu")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    from jax.experimental import mesh_utils
+    from jax.experimental.topologies import get_topology_desc
+
+    topo = get_topology_desc(platform="tpu", topology_name="v5:2x2x1", chip_config_name="megacore",
+                             chips_per_host_bounds=(2, 2, 1), num_slices=2, wrap=(False, False, False))  # fmt: skip
+    devices = topo.devices
+    assert sorted({d.slice_index for d in devices}) == [0, 1]
+    ids = lambda grid: np.vectorize(lambda d: d.id)(grid).tolist()
+    for shape, dcn in [(MeshSpec(context=8, dcn="context"), (1, 1, 2, 1, 1)),
+                       (MeshSpec(data=2, context=4, dcn="data"), (2, 1, 1, 1, 1))]:  # fmt: skip
+        ici = tuple(n // d for n, d in zip(shape.shape().values(), dcn, strict=True))
+        want = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices)
+        assert ids(make_mesh(shape, devices[::-1], slices=2).devices) == ids(want)
+    with pytest.raises(ValueError, match="do not split evenly into 4 slices"):
+        make_mesh(MeshSpec(context=8, dcn="context"), devices, slices=4)
+
+
+# --- placement ------------------------------------------------------------------------------------------------
+
+
+def test_hosts_are_numbered_slice_major_by_tpu_worker_id():
+    probes = [{"worker_id": w, "slice": s} for s, w in [("b", "1"), ("b", "0"), ("a", "1"), ("a", "0")]]
+    assert host_order(probes, 2) == [1, 0, 3, 2]  # slices in reservation order, worker ids within each
+    assert host_order([{"worker_id": "", "slice": ""}] * 4, 2) == [0, 1, 2, 3]  # local: bundle order
+    assert megascale_env("10.0.0.2", 2, 1) == {"MEGASCALE_COORDINATOR_ADDRESS": "10.0.0.2:8081",
+        "MEGASCALE_PORT": "8081", "MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "1"}  # fmt: skip
+
+
+# --- the two-slice trial on CPU -------------------------------------------------------------------------------
+
+TRIAL = ["strategy=ring", "context_length=512", "train.steps=3", "train.dtype=float32", "progress=plain",
+         "gate.enabled=false"]  # fmt: skip
+
+
+def _trial(client: MlflowClient, sweep_id: str):
+    exp = client.get_experiment_by_name("cp_scaling")
+    (run,) = client.search_runs([exp.experiment_id], f"tags.sweep_id = '{sweep_id}' and tags.kind = 'trial'")
+    return run
+
+
+def _artifact(client: MlflowClient, run, path: str, tmp_path) -> str:
+    return open(client.download_artifacts(run.info.run_id, path, str(tmp_path))).read()
+
+
+def _losses(client: MlflowClient, run) -> list[float]:
+    return [m.value for m in sorted(client.get_metric_history(run.info.run_id, "loss"), key=lambda m: m.step)]
+
+
+@pytest.mark.slow
+def test_two_slice_trial_trains_like_one_process(tmp_path):
+    """local_multislice: 4 processes (2 fake slices x 2 hosts x 2 devices), ring over context 8 with the context
+    axis across the slices; the loss curve is the 8-device single-process run's, in fp32."""
+    for args in (["cluster=local", "+sweep.id=one-process"],
+                 ["cluster=local_multislice", "mesh.dcn=context", "+sweep.id=two-slices"]):  # fmt: skip
+        res = run_cli([*TRIAL, *args], cwd=tmp_path)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    one, two = _trial(client, "one-process"), _trial(client, "two-slices")
+    assert one.data.params["mesh"] == "context8" and two.data.params["mesh"] == "context8/dcn:context"
+    # all four processes of one attempt, numbered slice-major
+    (att,) = json.loads(_artifact(client, two, "attempts.json", tmp_path))
+    assert att["outcome"] == "finished" and att["n_hosts"] == 4 and att["n_slices"] == 2
+    assert sorted((h["process_id"], h["slice_id"]) for h in att["hosts"]) == [(0, 0), (1, 0), (2, 1), (3, 1)]
+    # the job's own report of its mesh: context positions 0..3 on slice 0's processes, 4..7 on slice 1's
+    log = _artifact(client, two, "trial_log.txt", tmp_path)
+    start = next(json.loads(ln) for ln in log.splitlines() if ln.startswith('{"kind": "start"'))
+    assert start["processes"] == 4 and start["slices"] == 2
+    assert start["dcn_processes"] == [[0], [0], [1], [1], [2], [2], [3], [3]]
+    # fp32; gloo's cross-process reductions may sum in another order than in-process ones
+    want, got = _losses(client, one), _losses(client, two)
+    assert len(want) == 3 and got == pytest.approx(want, rel=1e-5, abs=1e-5), (want, got)
+
+
+@pytest.mark.slow
+def test_a_host_lost_in_the_second_slice_preempts_the_whole_trial(tmp_path):
+    """Process 3 (slice 1, not the reporting one) is SIGKILLed after step 1: the trial is preempted as a whole,
+    re-queued, and the retry gang-starts all four processes again and finishes every step once."""
+    (tmp_path / "faults").mkdir()
+    env = {"CP_ORCH_INJECT_FAULTS": "kill:3:1:after_report", "CP_ORCH_INJECT_DIR": str(tmp_path / "faults")}
+    args = [*TRIAL, "train.steps=4", "cluster=local_multislice", "mesh.dcn=context", "+sweep.id=kill-slice-1"]
+    res = run_cli(args, cwd=tmp_path, env=env)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "preempted: retrying" in res.stdout and (tmp_path / "faults" / "kill-3-1-after_report").exists()
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run = _trial(client, "kill-slice-1")
+    assert run.data.tags["status"] == "finished"
+    attempts = json.loads(_artifact(client, run, "attempts.json", tmp_path))
+    # 2 attempts; more if gloo timed out a CPU-starved host (also a preemption)
+    assert attempts[0]["outcome"] == "preempted" and attempts[-1]["outcome"] == "finished"
+    assert all(a["outcome"] == "preempted" for a in attempts[:-1])
+    assert all(sorted(h["process_id"] for h in a["hosts"]) == [0, 1, 2, 3] for a in attempts)
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "loss")) == [0, 1, 2, 3]
+
+
+# --- two fake TPU slices --------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_fake_tpu_trial_spans_two_slices_with_megascale_env(tmp_path):
+    """local_fake_tpu (2 fake v5p-16 slices x 2 hosts) with slices_per_trial=2: Ray reserves both slices for
+    one trial; the four hosts are numbered slice-major by TPU_WORKER_ID and each got the MEGASCALE_* env."""
+    args = [*TRIAL, "train.steps=2", "cluster=local_fake_tpu", "cluster.slices_per_trial=2", "mesh.dcn=context",
+            "+sweep.id=fake-two-slices"]  # fmt: skip
+    res = run_cli(args, cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    run = _trial(client, "fake-two-slices")
+    assert run.data.tags["status"] == "finished" and run.data.params["mesh"] == "context16/dcn:context"
+    assert run.data.tags["slices"] == "fake-slice-0,fake-slice-1"
+    (att,) = json.loads(_artifact(client, run, "attempts.json", tmp_path))
+    hosts = sorted(att["hosts"], key=lambda h: h["process_id"])
+    assert [h["process_id"] for h in hosts] == [0, 1, 2, 3] and len({h["node_id"] for h in hosts}) == 4
+    # slice-major: processes 0,1 on one fake slice, 2,3 on the other, TPU_WORKER_ID order within each
+    assert hosts[0]["slice"] == hosts[1]["slice"] != hosts[2]["slice"] == hosts[3]["slice"]
+    assert [h["worker_id"] for h in hosts] == ["0", "1", "0", "1"]
+    assert [h["slice_id"] for h in hosts] == [0, 0, 1, 1]
+    coordinator = f"{hosts[0]['node_ip']}:8081"  # slice 0's worker 0
+    for h in hosts:
+        assert h["megascale"] == {"MEGASCALE_COORDINATOR_ADDRESS": coordinator, "MEGASCALE_PORT": "8081",
+                                  "MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": str(h["slice_id"])}  # fmt: skip
+    log = _artifact(client, run, "trial_log.txt", tmp_path)
+    start = next(json.loads(ln) for ln in log.splitlines() if ln.startswith('{"kind": "start"'))
+    assert start["dcn_processes"] == [[p] for p in range(4) for _ in range(4)]  # 4 devices per host
+
+
+@pytest.mark.slow
+# Ray starts the fake nodes with fork+exec from this process, where jax is loaded: the exec follows at once
+@pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning")
+def test_two_slice_reservation_is_all_or_nothing():
+    """While one slice is held, a two-slice reservation gets neither (Ray releases the head it took); once
+    both are free it gets both, and every placement group is released afterwards."""
+    import ray
+
+    from orchestrator import cluster as clusters
+    from orchestrator.placement import Reservation, live_placement_groups
+    from orchestrator.scheduler import Cancelled
+
+    c = ClusterSpec(name="fake", kind="fake_tpu", accelerator="v5p", hosts=2, devices_per_host=4, slices=2,
+                    topology="2x2x2", slices_per_trial=2)  # fmt: skip
+    assert not ray.is_initialized()  # a Ray of another test would be joined instead of the fake slices
+    clusters.connect(c)
+    try:
+        with pytest.raises(ValueError, match="needs slices_per_trial=3 slices but the cluster has 2"):
+            Reservation(dataclasses.replace(c, slices_per_trial=3), lambda: None).place()
+        held = Reservation(dataclasses.replace(c, slices_per_trial=1), lambda: None)
+        held_slice = held.place().record["slice"]
+        tries = []
+
+        def give_up_after_three() -> None:  # called before each try: the reservation's own events
+            tries.append(1)
+            if len(tries) > 3:
+                raise Cancelled
+
+        both = Reservation(c, give_up_after_three)
+        with pytest.raises(Cancelled):
+            both.place()
+        assert live_placement_groups() == 2  # only the held slice's worker group and head
+        held.release()
+        assert live_placement_groups() == 0
+        both = Reservation(c, lambda: None)
+        placed = both.place()
+        assert set(placed.record["slice"].split("+")) == {"fake-slice-0", "fake-slice-1"}, held_slice
+        assert [e["MEGASCALE_SLICE_ID"] for e in placed.envs] == ["0", "0", "1", "1"]
+        both.release()
+        assert live_placement_groups() == 0
+    finally:
+        clusters.shutdown()
+        assert not ray.is_initialized()
+
+
+def test_local_multislice_config_is_two_slices_of_two_hosts():
+    import yaml
+
+    from orchestrator import cluster as clusters
+
+    c = ClusterSpec(**yaml.safe_load((ROOT / "conf" / "cluster" / "local_multislice.yaml").read_text()))
+    assert (c.kind, c.platform, c.hosts, c.slices_per_trial) == ("local_multihost", "cpu", 2, 2)
+    assert (c.hosts_per_trial, c.devices, clusters.concurrency(c)) == (4, 8, 1)
