@@ -1,0 +1,45 @@
+"""What the AOT cache already holds: analytic vs compiled GiB per device, term by term, without compiling.
+
+python benchmarks/aot_table.py [--model llama3_1_8b_long] [--remat full offload]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from benchmarks.aot import LENGTHS, spec_for
+from jobs import strategies
+from orchestrator.plan import aot, memory
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="llama3_1_8b_long")
+    ap.add_argument("--remat", nargs="+", default=["full", "offload"])
+    ap.add_argument("--terms", action="store_true", help="print the planner's terms next to each row")
+    a = ap.parse_args(argv)
+    for cluster in ("tpu7x_128", "v5p_128"):
+        for name in strategies.CP_NAMES:
+            for length in LENGTHS:
+                for remat in a.remat:
+                    spec = spec_for(a.model, cluster, name, length, remat)
+                    path = aot._cache_path(spec, None)
+                    if not path.exists():
+                        continue
+                    got = json.loads(path.read_text())
+                    b = memory.breakdown(spec)
+                    pred = memory.peak(b)
+                    comp = got.get("peak_bytes") or got.get("required_bytes")
+                    ratio = pred / comp if comp else float("nan")
+                    print(f"{cluster:10} {name:11} {length:>10,} {remat:8} analytic {pred / 2**30:6.1f} "
+                          f"compiled {comp / 2**30 if comp else 0:6.1f} ({got.get('status', '?'):10}) "
+                          f"ratio {ratio:.2f}")  # fmt: skip
+                    if a.terms:
+                        print("    " + ", ".join(f"{k} {v / 2**30:.1f}" for k, v in b.items() if v > 2**28))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
