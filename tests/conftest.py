@@ -49,3 +49,13 @@ def run_cli(args: list[str], cwd: Path, timeout: float = 600, env: dict | None =
 def store(tmp_path):
     """A fresh sqlite MLflow store URI in a temporary directory."""
     return f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+
+@pytest.fixture(scope="module")
+def no_ray_no_mlflow(tmp_path_factory):
+    """A PYTHONPATH whose `ray` and `mlflow` fail on import: bad input must be rejected before either loads."""
+    root = tmp_path_factory.mktemp("poison")
+    for name in ("ray", "mlflow"):
+        (root / name).mkdir()
+        (root / name / "__init__.py").write_text(f"raise ImportError('{name} imported before validation')\n")
+    return {"PYTHONPATH": f"{root}{os.pathsep}{ROOT}"}

@@ -144,15 +144,6 @@ def test_offload_and_host_state_compile_to_tpu_host_memory():
         assert re.search(rf"bf16\[{shape}\]\{{[^}}]*S\(5\)\}}", text), f"{name} not in host memory"
 
 
-@pytest.fixture(scope="module")
-def no_ray_no_mlflow(tmp_path_factory):
-    root = tmp_path_factory.mktemp("poison")
-    for name in ("ray", "mlflow"):
-        (root / name).mkdir()
-        (root / name / "__init__.py").write_text(f"raise ImportError('{name} imported before validation')\n")
-    return {"PYTHONPATH": f"{root}{os.pathsep}{ROOT}"}
-
-
 BAD = [
     (["train.memory.save=[attn,mlp_act]"], "train.memory.save=['attn', 'mlp_act'] names 'attn', not an allowed "
      "value (the single trial); allowed: a list of layer_input, attn_out, mlp_act (each at most once) — e.g. "
