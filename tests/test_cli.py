@@ -67,6 +67,21 @@ BAD_INPUT = [
     (["train.steps=abc"], "has the wrong type"),
     (["strategy.kernel=cudnn"], "allowed: auto, xla, splash, flash"),
     (["+sweep=smoke", "+sweep.set.progress=plain"], "is a driver option, not a trial key"),
+    # train.memory (tests/test_memory_policy.py has the rest of memory policies)
+    (
+        ["train.memory.save=[attn,mlp_act]"],
+        "train.memory.save=['attn', 'mlp_act'] names 'attn', not an allowed "
+        "value (the single trial); allowed: a list of layer_input, attn_out, mlp_act (each at most once) — e.g. "
+        "train.memory.save=[mlp_act]",
+    ),
+    (["train.memory.host=[grads]"], "allowed: a list of optimizer, params"),
+    (["train.memory.offload=attn_out"], "is not a list of names"),
+    (["train.remat=none", "train.memory.save=[attn_out]"], "needs a remat policy, but train.remat=none"),
+    (
+        ["train.memory.save=[attn_out]", "train.memory.offload=[attn_out]"],
+        "train.memory.offload also names it",
+    ),
+    (["train.remat=save_attn", "train.memory.offload=[attn_out]"], "train.remat=save_attn already saves it"),
 ]
 
 
