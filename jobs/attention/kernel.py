@@ -103,32 +103,19 @@ def register_kernel(kernel: Kernel) -> None:
     KERNELS[kernel.name] = kernel
 
 
+Arr = jax.Array
+
+
 @partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8, 9))
 def attend(
-    q_BxLqxHxD: jax.Array,
-    k_BxLkxKxD: jax.Array,
-    v_BxLkxKxD: jax.Array,
-    qpos_Lq: jax.Array,
-    kpos_Lk: jax.Array,
-    causal: bool,
-    kernel: str,
-    block_q: int,
-    block_kv: int,
+    q: Arr, k: Arr, v: Arr, q_pos: Arr, kv_pos: Arr, causal: bool, kernel: str, block_q: int, block_kv: int,
     order: Order = MONOTONIC,
-) -> jax.Array:
-    """Attention of local queries over the given keys; out like q. Backward recomputes (saves q,k,v,out,lse)."""
-    o, _ = get_kernel(kernel).fwd(
-        q_BxLqxHxD,
-        k_BxLkxKxD,
-        v_BxLkxKxD,
-        qpos_Lq,
-        kpos_Lk,
-        causal=causal,
-        block_q=block_q,
-        block_kv=block_kv,
-        order=order,
-    )
-    return o.astype(q_BxLqxHxD.dtype)
+) -> Arr:  # fmt: skip
+    """Attention of local queries q [B, Lq, H, D] over keys k, v [B, Lk, K, D] at positions q_pos [Lq], kv_pos [Lk];
+    out like q. Backward recomputes (saves q, k, v, out, lse)."""
+    kw = dict(causal=causal, block_q=block_q, block_kv=block_kv, order=order)
+    o, _ = get_kernel(kernel).fwd(q, k, v, q_pos, kv_pos, **kw)
+    return o.astype(q.dtype)
 
 
 def _attend_fwd(q, k, v, q_pos, kv_pos, causal, kernel, block_q, block_kv, order=MONOTONIC):
