@@ -7,7 +7,6 @@ context-parallel library, so the same model runs with every strategy.
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable
 
 import jax
@@ -16,7 +15,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jobs import cp_rules
+from jobs import strategies
 from jobs.attention import attention
 from jobs.mesh import activation_spec
 from jobs.spec import BATCH_AXES, MemorySpec, ModelSpec, StrategySpec, residuals
@@ -165,7 +164,7 @@ def loss_fn(params: dict, batch: dict, **kw) -> tuple[jax.Array, jax.Array]:
     LOSS_CHUNK tokens under remat (at 14M tokens over 64 devices they would be ~270 GiB per device)."""
     x_BxLxE = forward(params, batch["tokens"], batch["positions"], **kw)
     B, L, E = x_BxLxE.shape
-    P = math.prod(kw["mesh"].shape[a] for a in cp_rules.sequence_axes(kw["strategy"].name))
+    P = strategies.get(kw["strategy"].name).cp(dict(kw["mesh"].shape))
     Ll = L // P
     c = min(Ll, LOSS_CHUNK)
     while Ll % c:

@@ -7,6 +7,7 @@ plane shards, permutes and dispatches with the same object. A subclass overrides
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -71,6 +72,10 @@ class Strategy:
     summary: str = ""  # one line for the recommender and the README
 
     # -- mesh -----------------------------------------------------------------------------------------
+    def cp(self, mesh: Mapping[str, int]) -> int:
+        """Devices the sequence is sharded over (the product of this strategy's axes; 1 without any)."""
+        return math.prod(int(mesh.get(a, 1)) for a in self.axes)
+
     def ring_size(self, mesh: Mapping[str, int]) -> int:
         """Ring positions the zigzag layout is cut for (1: the layout is the identity)."""
         return int(mesh.get("context", 1))

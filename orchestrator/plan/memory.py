@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 from jobs import strategies
 from jobs.spec import ModelSpec, TrialSpec, residuals
 from jobs.strategies.base import BF16, FP32, Local
@@ -17,7 +15,7 @@ def local_sizes(spec: TrialSpec) -> Local:
     m, mesh = spec.model, spec.mesh
     T = mesh.tensor
     s = strategies.get(spec.strategy.name)
-    P = math.prod(getattr(mesh, a) for a in s.axes)
+    P = s.cp(mesh.shape())
     U, R = s.degrees(mesh.shape())
     dp = mesh.data * mesh.fsdp * max(spec.train.grad_accum, 1)
     return Local(
@@ -47,16 +45,13 @@ def breakdown(spec: TrialSpec, *, loss_chunk_tokens: int | None = None) -> dict[
     res = 3 * E * BF16 + (2 * x.hq + 2 * x.hkv) * D * BF16 + x.hq * FP32 + 3 * x.M * BF16
     # Backward of one layer: gradients flowing through the MLP (3 x M) and residual stream, dq/dk/dv.
     grad_ws = 3 * x.M * BF16 + 2 * E * FP32 + (x.hq + 2 * x.hkv) * D * BF16
-    saved = {
-        "full": E * BF16,
-        "save_attn": E * BF16 + x.hq * D * BF16 + x.hq * FP32,
-        "none": E * BF16 + res,
-        "offload": 0,  # layer inputs live in pinned host memory (counted in host_offload, not HBM)
-    }.get(remat, E * BF16)
-    # train.memory on top of the preset: bytes per token per layer of jobs/model.py's checkpoint names.
+    # Bytes per token per layer of jobs/model.py's checkpoint names; what the remat preset plus train.memory keep
+    # in HBM is `saved`, what they move to pinned host memory `host_tok` (counted in host_offload, not HBM).
     named = {"layer_input": E * BF16, "attn_out": x.hq * D * BF16 + x.hq * FP32, "mlp_act": x.M * BF16}
-    mem, host_tok = spec.train.memory, E * BF16 if remat == "offload" else 0
-    if remat != "none" and (mem.save or mem.offload):
+    mem = spec.train.memory
+    if remat == "none":
+        saved, host_tok = E * BF16 + res, 0
+    else:
         kept, moved = residuals(remat, mem)
         # the layer input is the scanned layer's own input: kept in HBM unless offloaded
         saved = (0 if "layer_input" in moved else E * BF16) + sum(
