@@ -34,15 +34,6 @@ from orchestrator.plan.roofline import NOMINAL_CPU_TFLOPS, attention_comm_bytes
 # Flash backward forms the scores again: 5 matmuls of the forward's size (QK^T, dP, dS K, dS^T Q, P^T dO)
 # against the forward's 2, so attention's hardware work is 1 + 2.5 forwards where model FLOPs count 3.
 ATTN_BWD = 2.5
-# What one token of one layer puts in host memory per offloaded name (jobs/model.py checkpoint names).
-OFFLOAD_NAMES = ("layer_input", "attn_out")
-# What each remat policy of jobs/model.py replays in backward: (layer matmuls, attention), and what it offloads.
-POLICIES: dict[str, tuple[bool, bool, tuple[str, ...]]] = {
-    "none": (False, False, ()),
-    "full": (True, True, ()),
-    "save_attn": (True, False, ()),
-    "offload": (True, True, ("layer_input",)),  # layer inputs to pinned host, the rest recomputed
-}
 ROOT = str(Path(__file__).resolve().parents[2])  # the repository, so the probe finds `jobs`
 CPU_PEAK_ENV = "CP_PLAN_CPU_TFLOPS"
 # One probe swings 10x on a shared 2-core host (0.005-0.048 TFLOP/s per device in one sweep here), while the
@@ -129,10 +120,11 @@ def step_time(spec: TrialSpec, offload: tuple[str, ...] | None = None, peak: flo
     weights, attn = layer_flops(m, spec.context_length)
     unembed = 2 * spec.context_length * m.embed * m.vocab
     per_dev = t.batch / devices / 1e12
-    redo_layers, redo_attn, names = POLICIES.get(t.remat, POLICIES["full"])
-    if t.remat != "none" and (t.memory.save or t.memory.offload):  # what train.memory keeps is not replayed
-        kept, names = residuals(t.remat, t.memory)
-        redo_attn = redo_attn and "attn_out" not in kept + names
+    # Any remat replays the layer forward in backward, attention too unless its output is kept (or offloaded);
+    # what the preset plus train.memory send to host (`names`) costs host traffic.
+    redo_layers = t.remat != "none"
+    kept, names = residuals(t.remat, t.memory) if redo_layers else ((), ())
+    redo_attn = redo_layers and "attn_out" not in kept + names
     names = names if offload is None else offload
     matmul_s = (
         ((3 + redo_layers) * (weights - unembed) + 3 * unembed) * per_dev / (peak * c.matmul_efficiency)
