@@ -9,6 +9,7 @@ import inspect
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from jobs.attention import attention, reference_attention, splash_kernel
@@ -118,3 +119,41 @@ def test_auto_is_xla_on_cpu(strategy, L):
 
     for a, b in zip(run("auto"), run("xla"), strict=True):
         assert float(jnp.max(jnp.abs(a - b))) == 0.0
+
+
+@pytest.mark.parametrize("dkv", [False, True], ids=["fwd", "dkv"])
+@pytest.mark.parametrize("q_len,kv_len,block,offset", [(2048, 2048, 256, 0), (1024, 2048, 256, 512), (2048, 2048, 512, -512), (1024, 4096, 256, 1024)])  # fmt: skip
+def test_block_masks_give_jax_block_map(q_len, kv_len, block, offset, dkv):
+    """The cheap block masks yield exactly the block map (every MaskInfo array, dtype included) jax builds
+    from its own CausalMask / FullMask."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as mi
+
+    def info(mask):
+        return mi._process_mask(sm.MultiHeadMask([mask] * 2), (block, block), dkv)
+
+    pairs = [
+        (sm.CausalMask((q_len, kv_len), offset=offset), splash_api.BlockCausalMask((q_len, kv_len), offset=offset)),
+        (sm.FullMask((q_len, kv_len)), splash_api.BlockFullMask((q_len, kv_len))),
+    ]  # fmt: skip
+    for stock, cheap in pairs:
+        (want, want_fn), (got, got_fn) = info(stock), info(cheap)
+        assert (want_fn is None) == (got_fn is None)
+        for field in want._fields:
+            w, g = getattr(want, field), getattr(got, field)
+            if isinstance(w, np.ndarray):
+                assert w.dtype == g.dtype and np.array_equal(w, g), (type(stock).__name__, field)
+            else:
+                assert w == g, (type(stock).__name__, field)
+        assert int((want.block_mask == 1).sum()) > 0 or isinstance(stock, sm.FullMask)
+
+
+def test_long_hops_grow_blocks_instead_of_falling_back():
+    """usp at 14M on tpu7x_128 attends 458,752-token hops: 802,816 512-blocks exceed the block-map budget, so
+    the plan grows blocks to 2048 (50,176 entries) rather than running the xla kernel; past 2048 it falls back."""
+    from jobs.attention.hop import MONOTONIC
+
+    plan = splash_kernel._plan(458_752, 458_752, True, MONOTONIC, 512, 512)
+    assert plan is not None and plan.block_kv == 2048 and plan.blocks_q == (2048,)
+    assert splash_kernel._plan(114_688, 114_688, True, MONOTONIC, 512, 512).block_kv == 512  # ring: unchanged
+    assert splash_kernel._plan(1_048_576, 1_048_576, True, MONOTONIC, 512, 512) is None

@@ -8,8 +8,8 @@ for its chunk's start with lax.switch. On TPU the Mosaic kernel runs; on any oth
 runs in Pallas interpret mode (for tests: lax.platform_dependent keeps only the branch of the target
 platform, so an AOT compile for a TPU topology from a CPU host gets the Mosaic kernel). Shapes splash cannot
 tile (lengths not multiples of 128) fall back to the xla kernel, which is exact for any positions, and so do
-masks with more than MAX_MASK_BLOCKS blocks: jax builds a mask's block map in numpy, block by block (~0.6 ms
-per causal block here), which at 4M local tokens and 256-blocks would take days.
+calls whose block map stays over MAX_MASK_BLOCKS even with 2048-blocks (splash_api's block masks make building
+it cheap: ~4 s for 802,816 blocks).
 """
 
 from __future__ import annotations
@@ -28,8 +28,12 @@ from jobs.attention.hop import MONOTONIC, Order
 from jobs.attention.xla_kernel import xla_bwd, xla_fwd
 
 log = logging.getLogger(__name__)
-# 131,072 blocks: 512-blocks up to ~185K local tokens, ~80 s of mask building (tpu7x_128 ring at 14M: 50,176).
+# The block map (data_next, block_mask) is scalar-prefetched into TPU SMEM, so it stays small: past this many
+# entries blocks grow (x2, up to MAX_GROWN_BLOCK) before the xla fallback. tpu7x_128 ring at 14M: 224 x 224
+# 512-blocks; usp there attends 458,752-token hops (802,816 512-blocks -> 50,176 2048-blocks), where the xla
+# kernel's fp32 accumulators cost ~9 GiB per device more than splash.
 MAX_MASK_BLOCKS = 2**17
+MAX_GROWN_BLOCK = 2048
 
 
 class _Piece(NamedTuple):
@@ -68,16 +72,24 @@ def _plan(Lq: int, Lk: int, causal: bool, order: Order, block_q: int, block_kv: 
             return None
         c = Lq // n
         pieces = tuple(_Piece(i * c, c, "chunk") for i in range(n))
-    bk = _fit(Lk, block_kv)
-    bqs = tuple(_fit(p.length, block_q) for p in pieces)
-    if bk is None or None in bqs:
-        return None
-    blocks = sum(p.length // bq for p, bq in zip(pieces, bqs, strict=True)) * (Lk // bk)
-    if blocks > MAX_MASK_BLOCKS:
-        log.warning(
-            "splash: %d mask blocks (> %d) for %dx%d; using the xla kernel", blocks, MAX_MASK_BLOCKS, Lq, Lk
-        )
-        return None
+    while True:
+        bk = _fit(Lk, block_kv)
+        bqs = tuple(_fit(p.length, block_q) for p in pieces)
+        if bk is None or None in bqs:
+            return None
+        blocks = sum(p.length // bq for p, bq in zip(pieces, bqs, strict=True)) * (Lk // bk)
+        if blocks <= MAX_MASK_BLOCKS:
+            break
+        if max(block_q, block_kv) >= MAX_GROWN_BLOCK:
+            log.warning(
+                "splash: %d mask blocks (> %d) for %dx%d; using the xla kernel",
+                blocks,
+                MAX_MASK_BLOCKS,
+                Lq,
+                Lk,
+            )
+            return None
+        block_q, block_kv = min(2 * block_q, MAX_GROWN_BLOCK), min(2 * block_kv, MAX_GROWN_BLOCK)
     return _Plan(perm, perm is not None and Lq == Lk, pieces, bk, bqs)
 
 
