@@ -50,3 +50,34 @@ def test_splash_compiles_to_mosaic(strategy, cluster, mesh, kernel):
     text = lower_train_step(spec, make_mesh(spec.mesh, devices)).compile().as_text()
     assert "tpu_custom_call" in text, f"{strategy} kernel={kernel}: no Mosaic kernel in the compiled HLO"
     assert "collective-permute" in text  # the ring is still there
+
+
+@pytest.mark.parametrize("accel", ["tpu7x", "v5p"])
+def test_long_hop_splash_fits_vmem_and_smem(accel):
+    """usp's 458,752-token hop at 14M (head dim 256, 4 q heads on 1 KV head): the grown 512 x 2048 blocks
+    compile to Mosaic for both chips (2048 x 2048 steps overflow scoped VMEM: 33.4 MB of tpu7x's 32, v5p's 16)."""
+    pytest.importorskip("libtpu")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import topologies
+    from jax.sharding import SingleDeviceSharding
+
+    from jobs.attention import splash_kernel
+
+    name, chip = {"tpu7x": ("tpu7x:2x2x1", "default"), "v5p": ("v5:2x2x1", "megacore")}[accel]
+    dev = topologies.get_topology_desc(
+        platform="tpu", topology_name=name, chip_config_name=chip, chips_per_host_bounds=(2, 2, 1),
+        num_slices=1, wrap=(False, False, False),
+    ).devices[0]  # fmt: skip
+    L, sd = 458_752, SingleDeviceSharding(dev)
+    q = jax.ShapeDtypeStruct((1, L, 4, 256), jnp.bfloat16, sharding=sd)
+    kv = jax.ShapeDtypeStruct((1, L, 1, 256), jnp.bfloat16, sharding=sd)
+    o = jax.ShapeDtypeStruct((1, L, 4, 256), jnp.float32, sharding=sd)
+    lse = jax.ShapeDtypeStruct((1, L, 4), jnp.float32, sharding=sd)
+    pos = jax.ShapeDtypeStruct((L,), jnp.int32, sharding=sd)
+    kw = dict(causal=True, block_q=512, block_kv=512)
+    fwd = jax.jit(lambda q, k, v, p: splash_kernel.splash_fwd(q, k, v, p, p, **kw))
+    bwd = jax.jit(lambda q, k, v, o, lse, do, p: splash_kernel.splash_bwd(q, k, v, o, lse, do, p, p, **kw))
+    for f, args in ((fwd, (q, kv, kv, pos)), (bwd, (q, kv, kv, o, lse, q, pos))):
+        assert "tpu_custom_call" in f.lower(*args).compile().as_text()

@@ -150,10 +150,11 @@ def test_block_masks_give_jax_block_map(q_len, kv_len, block, offset, dkv):
 
 def test_long_hops_grow_blocks_instead_of_falling_back():
     """usp at 14M on tpu7x_128 attends 458,752-token hops: 802,816 512-blocks exceed the block-map budget, so
-    the plan grows blocks to 2048 (50,176 entries) rather than running the xla kernel; past 2048 it falls back."""
+    the plan grows key blocks to 2048 (200,704 entries) rather than running the xla kernel; query blocks stay
+    512 (VMEM); past 2048-key blocks it falls back."""
     from jobs.attention.hop import MONOTONIC
 
     plan = splash_kernel._plan(458_752, 458_752, True, MONOTONIC, 512, 512)
-    assert plan is not None and plan.block_kv == 2048 and plan.blocks_q == (2048,)
+    assert plan is not None and plan.block_kv == 2048 and plan.blocks_q == (512,)
     assert splash_kernel._plan(114_688, 114_688, True, MONOTONIC, 512, 512).block_kv == 512  # ring: unchanged
     assert splash_kernel._plan(1_048_576, 1_048_576, True, MONOTONIC, 512, 512) is None

@@ -27,6 +27,8 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ma
 from jobs.attention.core import match_varying
 
 LANES = 128  # splash tiles sequence blocks in multiples of the TPU lane width
+# Keys per inner step of a kv block: a 2048 x 2048 step needs 33.4 MB of scoped VMEM on tpu7x (limit 32 MB).
+COMPUTE_BLOCK = 512
 _ONES, _ZEROS = np.ones((1, 1), np.bool_), np.zeros((1, 1), np.bool_)
 
 
@@ -66,10 +68,10 @@ def make(
     blocks = _sk.BlockSizes(
         block_q=block_q,
         block_kv=block_kv,
-        block_kv_compute=block_kv,
+        block_kv_compute=min(block_kv, COMPUTE_BLOCK),
         block_q_dkv=block_q,
         block_kv_dkv=block_kv,
-        block_kv_dkv_compute=block_kv,
+        block_kv_dkv_compute=min(block_kv, COMPUTE_BLOCK),
         block_q_dq=block_q,
         block_kv_dq=block_kv,
     )

@@ -28,11 +28,12 @@ from jobs.attention.hop import MONOTONIC, Order
 from jobs.attention.xla_kernel import xla_bwd, xla_fwd
 
 log = logging.getLogger(__name__)
-# The block map (data_next, block_mask) is scalar-prefetched into TPU SMEM, so it stays small: past this many
-# entries blocks grow (x2, up to MAX_GROWN_BLOCK) before the xla fallback. tpu7x_128 ring at 14M: 224 x 224
-# 512-blocks; usp there attends 458,752-token hops (802,816 512-blocks -> 50,176 2048-blocks), where the xla
-# kernel's fp32 accumulators cost ~9 GiB per device more than splash.
-MAX_MASK_BLOCKS = 2**17
+# The block map (data_next, block_mask: 3 bytes an entry) is scalar-prefetched into TPU SMEM, so it stays small:
+# past this many entries kv blocks grow (x2, up to MAX_GROWN_BLOCK; splash_api keeps the compute step at 512)
+# before the xla fallback. Query blocks stay: 1024-query blocks of head dim 256 exceed v5p's 16 MB of scoped
+# VMEM. tpu7x_128 ring at 14M: 224 x 224 512-blocks; usp there attends 458,752-token hops: 896 x 896
+# 512-blocks -> 896 x 224 with 2048-key blocks (the xla kernel's fp32 accumulators cost ~9 GiB more per device).
+MAX_MASK_BLOCKS = 2**18
 MAX_GROWN_BLOCK = 2048
 
 
@@ -72,15 +73,15 @@ def _plan(Lq: int, Lk: int, causal: bool, order: Order, block_q: int, block_kv: 
             return None
         c = Lq // n
         pieces = tuple(_Piece(i * c, c, "chunk") for i in range(n))
+    bqs = tuple(_fit(p.length, block_q) for p in pieces)
     while True:
         bk = _fit(Lk, block_kv)
-        bqs = tuple(_fit(p.length, block_q) for p in pieces)
         if bk is None or None in bqs:
             return None
         blocks = sum(p.length // bq for p, bq in zip(pieces, bqs, strict=True)) * (Lk // bk)
         if blocks <= MAX_MASK_BLOCKS:
             break
-        if max(block_q, block_kv) >= MAX_GROWN_BLOCK:
+        if block_kv >= MAX_GROWN_BLOCK:
             log.warning(
                 "splash: %d mask blocks (> %d) for %dx%d; using the xla kernel",
                 blocks,
@@ -89,7 +90,7 @@ def _plan(Lq: int, Lk: int, causal: bool, order: Order, block_q: int, block_kv: 
                 Lk,
             )
             return None
-        block_q, block_kv = min(2 * block_q, MAX_GROWN_BLOCK), min(2 * block_kv, MAX_GROWN_BLOCK)
+        block_kv = min(2 * block_kv, MAX_GROWN_BLOCK)
     return _Plan(perm, perm is not None and Lq == Lk, pieces, bk, bqs)
 
 
