@@ -41,12 +41,14 @@ def spec_for(
     remat: str,
     slices: int = 1,
     memory: MemorySpec | None = None,
+    ulysses: int | str = "auto",
 ) -> TrialSpec:
     """Every device on the sequence, the context axes split as `mesh=auto` splits them (usp: 4-way Ulysses
-    for the 4 KV heads of llama3_1_8b_long); over `slices` slices the context axis crosses them (DCN)."""
+    for the 4 KV heads of llama3_1_8b_long) unless `ulysses` fixes the inner degree; over `slices` slices the
+    context axis crosses them (DCN)."""
     c, m = ClusterSpec(**conf("cluster", cluster)), conf("model", model)
     c = dataclasses.replace(c, slices_per_trial=slices)
-    auto = {"data": 1, "fsdp": 1, "tensor": 1, "context": "auto", "context_ulysses": "auto"}
+    auto = {"data": 1, "fsdp": 1, "tensor": 1, "context": "auto", "context_ulysses": ulysses}
     auto["dcn"] = "context" if slices > 1 else ""
     return TrialSpec(
         model=ModelSpec(**m), mesh=grid.resolve_mesh(auto, strategy, m, c.devices),
@@ -72,6 +74,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--slices", type=int, default=1, help="slices per trial (the context axis crosses them)")
     ap.add_argument("--offload", nargs="*", default=[], help="train.memory.offload names")
     ap.add_argument("--host", nargs="*", default=[], help="train.memory.host parts (optimizer, params)")
+    ap.add_argument(
+        "--ulysses", default="auto", help="context_ulysses degree (usp, double_ring); auto: mesh=auto's"
+    )
     ap.add_argument("--refresh", action="store_true", help="compile again even if cached")
     a = ap.parse_args(argv)
     if not aot.available():
@@ -85,7 +90,9 @@ def main(argv: list[str]) -> int:
         for strategy in a.strategies:
             for length in a.lengths:
                 mem = MemorySpec(offload=tuple(a.offload), host=tuple(a.host))
-                spec = spec_for(a.model, cluster, strategy, length, a.remat, a.slices, mem)
+                inner = a.ulysses != "auto" and "context_ulysses" in strategies.get(strategy).axes
+                u = int(a.ulysses) if inner else "auto"
+                spec = spec_for(a.model, cluster, strategy, length, a.remat, a.slices, mem, u)
                 bad = validate.problems(spec)
                 if bad:  # not a compile question: say why once, in the log
                     print(f"skip {cluster} {strategy} {length:,}: {bad[0].message}", file=sys.stderr)

@@ -62,7 +62,7 @@ def breakdown(spec: TrialSpec, *, loss_chunk_tokens: int | None = None) -> dict[
     chunk = LOSS_CHUNK_TOKENS if loss_chunk_tokens is None else loss_chunk_tokens
     lt = min(tok, chunk) if chunk > 0 else tok
     gathered_layer = layer_params(m) // x.T
-    emb = m.vocab * E // x.T
+    emb = (1 if m.tie_embeddings else 2) * m.vocab * E // x.T  # the embedding and unembedding tables
     return {
         # fp32 master params, fp32 grads and AdamW mu, nu: sharded over every mesh axis (FSDP x tensor).
         "params": n * FP32 // x.S,
@@ -76,10 +76,12 @@ def breakdown(spec: TrialSpec, *, loss_chunk_tokens: int | None = None) -> dict[
         "saved_activations": N * tok * saved,
         "host_offload": N * tok * host_tok
         + sum(k * n * FP32 // x.S for part, k in (("optimizer", 2), ("params", 1)) if part in mem.host),
-        # Loss phase: logits in bf16 from the matmul, fp32 for the loss, their gradient; the unembedding
-        # gathered in bf16 and its gradient whole before reduce-scatter.
-        "logits": lt * x.V * (BF16 + 2 * FP32),
-        "gathered_embeddings": emb * (BF16 + FP32),
+        # Loss phase: one chunk's logits in fp32 and their gradient (the bf16 matmul output shares a slot with
+        # them: the TPU compile of tpu7x_128 at 1M holds bf16[8192,128256] + f32[1,8192,128256] in one 3.91 GiB
+        # slot, f32[1,8192,128256] in another). Both tables gathered in bf16 twice (the all-gather's flat
+        # buffer and each table as laid out for its use) and their fp32 gradients whole before reduce-scatter.
+        "logits": lt * x.V * 2 * FP32,
+        "gathered_embeddings": emb * (2 * BF16 + FP32),
         # Layer phase (backward of one layer): FSDP gathers it in bf16 and prefetches the next; its fp32
         # grads exist before reduce-scatter; the recomputed residuals and the attention's transients.
         "gathered_weights": gathered_layer * (2 * BF16 + FP32),
