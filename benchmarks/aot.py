@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import resource
 import sys
 import time
 from pathlib import Path
@@ -101,8 +102,9 @@ def main(argv: list[str]) -> int:
                 if a.refresh:
                     aot.compiled_memory(spec, refresh=True)
                 [r] = aot.compare([spec])
-                print(f"{cluster} {strategy} {length:,}: {r['verdict']} ({time.perf_counter() - t0:.0f} s)",
-                      file=sys.stderr, flush=True)  # fmt: skip
+                rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB (Linux)
+                print(f"{cluster} {strategy} {length:,}: {r['verdict']} ({time.perf_counter() - t0:.0f} s; "
+                      f"host peak RSS so far {rss:.1f} GiB)", file=sys.stderr, flush=True)  # fmt: skip
                 done.append((cluster, r))
                 lines.append("| " + " | ".join(row_cells(cluster, r)) + " |")
     print("\n".join(lines))
