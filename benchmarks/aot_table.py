@@ -1,6 +1,6 @@
 """What the AOT cache already holds: analytic vs compiled GiB per device, term by term, without compiling.
 
-python benchmarks/aot_table.py [--model llama3_1_8b_long] [--remat full offload]
+python benchmarks/aot_table.py [--model llama3_1_8b_long] [--remat full offload] [--ulysses auto 4] [--markdown]
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-from benchmarks.aot import LENGTHS, spec_for
+from benchmarks.aot import LENGTHS, row_cells, spec_for
 from jobs import strategies
 from orchestrator.plan import aot, memory
 
@@ -18,26 +18,39 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="llama3_1_8b_long")
     ap.add_argument("--remat", nargs="+", default=["full", "offload"])
+    ap.add_argument("--ulysses", nargs="+", default=["auto"], help="context_ulysses degrees to look up")
     ap.add_argument("--terms", action="store_true", help="print the planner's terms next to each row")
+    ap.add_argument("--markdown", action="store_true", help="rows as benchmarks/aot.py's markdown table")
     a = ap.parse_args(argv)
+    seen = set()
     for cluster in ("tpu7x_128", "v5p_128"):
         for name in strategies.CP_NAMES:
             for length in LENGTHS:
                 for remat in a.remat:
-                    spec = spec_for(a.model, cluster, name, length, remat)
-                    path = aot._cache_path(spec, None)
-                    if not path.exists():
-                        continue
-                    got = json.loads(path.read_text())
-                    b = memory.breakdown(spec)
-                    pred = memory.peak(b)
-                    comp = got.get("peak_bytes") or got.get("required_bytes")
-                    ratio = pred / comp if comp else float("nan")
-                    print(f"{cluster:10} {name:11} {length:>10,} {remat:8} analytic {pred / 2**30:6.1f} "
-                          f"compiled {comp / 2**30 if comp else 0:6.1f} ({got.get('status', '?'):10}) "
-                          f"ratio {ratio:.2f}")  # fmt: skip
-                    if a.terms:
-                        print("    " + ", ".join(f"{k} {v / 2**30:.1f}" for k, v in b.items() if v > 2**28))
+                    for u in a.ulysses:
+                        inner = u != "auto" and "context_ulysses" in strategies.get(name).axes
+                        spec = spec_for(
+                            a.model, cluster, name, length, remat, ulysses=int(u) if inner else "auto"
+                        )
+                        path = aot._cache_path(spec, None)
+                        if not path.exists() or path in seen:
+                            continue
+                        seen.add(path)
+                        if a.markdown:  # cached, so compare() reads the cache and compiles nothing
+                            print("| " + " | ".join(row_cells(cluster, aot.compare([spec])[0])) + " |")
+                            continue
+                        got = json.loads(path.read_text())
+                        b = memory.breakdown(spec)
+                        pred = memory.peak(b)
+                        comp = got.get("peak_bytes") or got.get("required_bytes")
+                        ratio = pred / comp if comp else float("nan")
+                        print(f"{cluster:10} {name:11} {spec.mesh.label():28} {length:>10,} {remat:8} analytic "
+                              f"{pred / 2**30:6.1f} compiled {comp / 2**30 if comp else 0:6.1f} "
+                              f"({got.get('status', '?'):10}) ratio {ratio:.2f}")  # fmt: skip
+                        if a.terms:
+                            print(
+                                "    " + ", ".join(f"{k} {v / 2**30:.1f}" for k, v in b.items() if v > 2**28)
+                            )
     return 0
 
 
