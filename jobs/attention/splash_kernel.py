@@ -8,8 +8,8 @@ for its chunk's start with lax.switch. On TPU the Mosaic kernel runs; on any oth
 runs in Pallas interpret mode (for tests: lax.platform_dependent keeps only the branch of the target
 platform, so an AOT compile for a TPU topology from a CPU host gets the Mosaic kernel). Shapes splash cannot
 tile (lengths not multiples of 128) fall back to the xla kernel, which is exact for any positions, and so do
-calls whose block map stays over MAX_MASK_BLOCKS even with 2048-blocks (splash_api's block masks make building
-it cheap: ~4 s for 802,816 blocks).
+calls whose block map stays over MAX_MASK_BLOCKS even with 2048-key blocks (splash_api's block masks make
+building it cheap: ~4 s for 802,816 blocks).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 # past this many entries kv blocks grow (x2, up to MAX_GROWN_BLOCK; splash_api keeps the compute step at 512)
 # before the xla fallback. Query blocks stay: 1024-query blocks of head dim 256 exceed v5p's 16 MB of scoped
 # VMEM. tpu7x_128 ring at 14M: 224 x 224 512-blocks; usp there attends 458,752-token hops: 896 x 896
-# 512-blocks -> 896 x 224 with 2048-key blocks (the xla kernel's fp32 accumulators cost ~9 GiB more per device).
+# 512-blocks -> 896 x 224 with 2048-key blocks (84.6 GiB per device compiled; 89.2 with the xla fallback).
 MAX_MASK_BLOCKS = 2**18
 MAX_GROWN_BLOCK = 2048
 
