@@ -20,6 +20,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from benchmarks import aot_capped
 from jobs import strategies
 from jobs.spec import ClusterSpec, MemorySpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
 from orchestrator import grid
@@ -65,6 +66,18 @@ def row_cells(cluster: str, r: dict) -> list[str]:
             f"{r['analytic_bytes'] / 2**30:.1f}", comp, ratio, r["verdict"], f"{r['compile_s']:.0f}"]  # fmt: skip
 
 
+def at_plan_cell(spec: TrialSpec, r: dict) -> str:
+    """Compiled again with HBM = the planner's figure (benchmarks/aot_capped.py): "fits" or what it needs."""
+    if r["status"] != "compiled":
+        return "-"
+    mib = -(-r["analytic_bytes"] // 2**20)
+    got = aot_capped.fits(spec, mib)
+    if got["status"] == "compiled":
+        return f"fits {mib / 1024:.1f}"
+    need = got.get("required_bytes")
+    return f"needs {need / 2**30:.1f}" if need else "refused"
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="llama3_1_8b_long")
@@ -78,6 +91,10 @@ def main(argv: list[str]) -> int:
     ap.add_argument(
         "--ulysses", default="auto", help="context_ulysses degree (usp, double_ring); auto: mesh=auto's"
     )
+    ap.add_argument(
+        "--at-plan", action="store_true",
+        help="also compile each point as if HBM were the planner's figure: does the compiler fit it there?",
+    )  # fmt: skip
     ap.add_argument("--refresh", action="store_true", help="compile again even if cached")
     a = ap.parse_args(argv)
     if not aot.available():
@@ -85,6 +102,7 @@ def main(argv: list[str]) -> int:
         return 2
     head = ["cluster", "strategy", "mesh", "context", "remat", "analytic GiB", "compiled GiB", "ratio",
             "verdict", "compile s"]  # fmt: skip
+    head += ["at the planner's HBM"] if a.at_plan else []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     done: list[tuple[str, dict]] = []
     for cluster in a.clusters:
@@ -106,7 +124,10 @@ def main(argv: list[str]) -> int:
                 print(f"{cluster} {strategy} {length:,}: {r['verdict']} ({time.perf_counter() - t0:.0f} s; "
                       f"host peak RSS so far {rss:.1f} GiB)", file=sys.stderr, flush=True)  # fmt: skip
                 done.append((cluster, r))
-                lines.append("| " + " | ".join(row_cells(cluster, r)) + " |")
+                cells = row_cells(cluster, r)
+                if a.at_plan:
+                    cells.append(at_plan_cell(spec, r))
+                lines.append("| " + " | ".join(cells) + " |")
     print("\n".join(lines))
     ratios = [(r["ratio"], c, r) for c, r in done if r["ratio"] is not None and r["status"] == "compiled"]
     if ratios:

@@ -86,6 +86,7 @@ _OOM = re.compile(
     r"total memory required for (?P<what>[\w ]+?) \((?P<need>[\d.]+)\s*(?P<nu>[KMGT]?)i?B?\) exceeds "
     r"available HBM \((?P<have>[\d.]+)\s*(?P<hu>[KMGT]?)i?B?\)"
 )
+_USED = re.compile(r"Used (?P<need>[\d.]+)(?P<nu>[KMGT]?)i?B? of (?P<have>[\d.]+)(?P<hu>[KMGT]?)i?B? hbm")
 _REJECTED = ("RESOURCE_EXHAUSTED", "Ran out of memory", "exceeds available HBM")
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 # Lines of the compiler's "largest program allocations" list worth keeping (size, shape, operator, name).
@@ -102,6 +103,10 @@ def compiler_rejection(message: str) -> dict[str, Any] | None:
         out["required_bytes"] = int(float(m["need"]) * _UNITS[m["nu"]])
         out["available_bytes"] = int(float(m["have"]) * _UNITS[m["hu"]])
         out["required_for"] = m["what"]
+    elif m := _USED.search(message):  # the other wording, after the compiler tried to fit: "Used X of Y hbm"
+        out["required_bytes"] = int(float(m["need"]) * _UNITS[m["nu"]])
+        out["available_bytes"] = int(float(m["have"]) * _UNITS[m["hu"]])
+        out["required_for"] = "the program"
     lines = [ln.strip() for ln in message.splitlines() if _BUFFER_LINE.match(ln)]
     out["largest_buffers"] = lines[:24]  # the compiler lists the biggest first; a few are enough to act on
     return out
