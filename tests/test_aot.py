@@ -109,3 +109,19 @@ def test_loss_phase_matches_tpu_compiler(tmp_path, monkeypatch):
     )  # fmt: skip
     [row] = aot.compare([spec])
     assert row["status"] == "compiled" and 0.95 <= row["ratio"] <= 1.15, row
+
+
+def test_capped_compile_says_whether_a_point_fits_a_given_hbm(tmp_path, monkeypatch):
+    """libtpu told the chip is smaller (a child process: the flag is process-wide) compiles a point that fits and
+    refuses one that does not, with the compiler's own figure; both answers are cached."""
+    pytest.importorskip("libtpu")
+    from benchmarks import aot_capped
+
+    monkeypatch.setattr(aot, "CACHE_DIR", tmp_path)
+    spec = tiny_spec(hbm=96 * 2**30)
+    roomy, tight = aot_capped.fits(spec, 4096), aot_capped.fits(spec, 1)
+    assert roomy["status"] == "compiled" and 0 < roomy["peak_bytes"] < 4096 * 2**20, roomy
+    assert tight["status"] == "rejected" and tight["required_bytes"] > 2**20 >= tight["available_bytes"], (
+        tight
+    )
+    assert len(list(tmp_path.glob("*.cap*.json"))) == 2
