@@ -1,6 +1,7 @@
 """What the AOT cache already holds: analytic vs compiled GiB per device, term by term, without compiling.
 
-python benchmarks/aot_table.py [--model llama3_1_8b_long] [--remat full offload] [--ulysses auto 4] [--markdown]
+python benchmarks/aot_table.py [--model llama3_1_8b_long] [--remat full offload] [--ulysses auto 4] [--markdown
+[--at-plan]]
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ import argparse
 import json
 import sys
 
-from benchmarks.aot import LENGTHS, row_cells, spec_for
+from benchmarks.aot import LENGTHS, at_plan_cell, row_cells, spec_for
 from jobs import strategies
 from orchestrator.plan import aot, memory
 
@@ -21,6 +22,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--ulysses", nargs="+", default=["auto"], help="context_ulysses degrees to look up")
     ap.add_argument("--terms", action="store_true", help="print the planner's terms next to each row")
     ap.add_argument("--markdown", action="store_true", help="rows as benchmarks/aot.py's markdown table")
+    ap.add_argument(
+        "--at-plan", action="store_true", help="with --markdown: the cached compile at the planner's HBM"
+    )
     a = ap.parse_args(argv)
     seen = set()
     for cluster in ("tpu7x_128", "v5p_128"):
@@ -37,7 +41,15 @@ def main(argv: list[str]) -> int:
                             continue
                         seen.add(path)
                         if a.markdown:  # cached, so compare() reads the cache and compiles nothing
-                            print("| " + " | ".join(row_cells(cluster, aot.compare([spec])[0])) + " |")
+                            row = aot.compare([spec])[0]
+                            cells = row_cells(cluster, row)
+                            if a.at_plan:
+                                mib = -(-row["analytic_bytes"] // 2**20)
+                                cached = path.with_suffix(f".cap{mib}.json").exists()
+                                cells.append(
+                                    at_plan_cell(spec, row) if cached or row["status"] != "compiled" else "-"
+                                )
+                            print("| " + " | ".join(cells) + " |")
                             continue
                         got = json.loads(path.read_text())
                         b = memory.breakdown(spec)
