@@ -5,7 +5,7 @@ packs tighter, and refuses only when even that does not fit. So "compiled GiB" a
 point needs; this compiles it again with libtpu's `--xla_tpu_max_hbm_size_mib` set (a process-wide libtpu flag,
 hence a child process) and says whether it fits. `benchmarks/aot.py --at-plan` asks it at the planner's figure.
 
-    python benchmarks/aot_capped.py MIB < spec.json      # prints one JSON line
+    LIBTPU_INIT_ARGS=--xla_tpu_max_hbm_size_mib=MIB python benchmarks/aot_capped.py < spec.json  # one JSON line
 """
 
 from __future__ import annotations
@@ -22,40 +22,22 @@ from orchestrator.plan import aot
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def fits(spec: TrialSpec, mib: int) -> dict:
+def fits(spec: TrialSpec, mib: int, *, compile: bool = True) -> dict | None:
     """{"status": "compiled" | "rejected", ...} for `spec` compiled as if the chip had `mib` MiB of HBM; cached
-    next to the uncapped compile."""
+    next to the uncapped compile. With compile=False: the cached answer or None."""
     path = aot._cache_path(spec, None).with_suffix(f".cap{mib}.json")
     if path.exists():
         return json.loads(path.read_text())
+    if not compile:
+        return None
+    # LIBTPU_INIT_ARGS is read when libtpu loads, once per process: hence a child with it in its environment.
     env = {**os.environ, "LIBTPU_INIT_ARGS": f"--xla_tpu_max_hbm_size_mib={mib}", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, __file__, str(mib)], input=spec.to_json(), capture_output=True,
-                          text=True, env=env, cwd=ROOT, check=True)  # fmt: skip
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    done = subprocess.run([sys.executable, __file__], input=spec.to_json(), capture_output=True, text=True,
+                          env=env, cwd=ROOT, check=True)  # fmt: skip
+    out = {"cap_mib": mib, **json.loads(done.stdout.strip().splitlines()[-1])}
     path.write_text(json.dumps(out, indent=1))
     return out
 
 
-def _child(mib: int) -> dict:
-    import jax  # noqa: F401 -- libtpu reads LIBTPU_INIT_ARGS when jax first loads it
-
-    from jobs.step import lower_train_step
-
-    spec = TrialSpec.from_json(sys.stdin.read())
-    out: dict = {"cap_mib": mib}
-    try:
-        compiled = lower_train_step(spec, aot._mesh(spec, aot._devices(spec, None))).compile()
-    except Exception as e:  # noqa: BLE001 -- only the compiler's refusal is an answer
-        rejected = aot.compiler_rejection(str(e))
-        if rejected is None:
-            raise
-        return {**out, **rejected}
-    ma = compiled.memory_analysis()
-    used = (
-        ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes + ma.temp_size_in_bytes
-    )
-    return {**out, "status": "compiled", "peak_bytes": int(used)}
-
-
 if __name__ == "__main__":
-    print(json.dumps(_child(int(sys.argv[1]))))
+    print(json.dumps(aot.compile_memory(TrialSpec.from_json(sys.stdin.read()))))

@@ -62,16 +62,9 @@ def _devices(spec: TrialSpec, topology: str | None):
 
 def _mesh(spec: TrialSpec, devices: list):
     """The trial's mesh over the topology's devices: hybrid (jobs.mesh) when it spans slices."""
-    import inspect
-
     from jobs.mesh import make_mesh
 
-    slices = spec.cluster.slices_per_trial
-    if "slices" in inspect.signature(make_mesh).parameters:
-        return make_mesh(spec.mesh, devices, slices=slices)
-    if slices > 1:
-        raise ValueError(f"jobs.mesh.make_mesh cannot lay a mesh over {slices} slices (no slices parameter)")
-    return make_mesh(spec.mesh, devices)
+    return make_mesh(spec.mesh, devices, slices=spec.cluster.slices_per_trial)
 
 
 def _cache_path(spec: TrialSpec, topology: str | None) -> Path:
@@ -122,6 +115,14 @@ def compiled_memory(spec: TrialSpec, topology: str | None = None, *, refresh: bo
     path = _cache_path(spec, topology)
     if path.exists() and not refresh:
         return json.loads(path.read_text())
+    out = compile_memory(spec, topology)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=1))
+    return out
+
+
+def compile_memory(spec: TrialSpec, topology: str | None = None) -> dict[str, Any]:
+    """compiled_memory's answer, uncached: compiles now (with whatever libtpu flags this process started with)."""
     from jobs.step import lower_train_step
 
     devices = _devices(spec, topology)
@@ -138,24 +139,19 @@ def compiled_memory(spec: TrialSpec, topology: str | None = None, *, refresh: bo
         rejected = compiler_rejection(str(e))
         if rejected is None:
             raise
-        out = {**base, **rejected, "compile_s": round(time.perf_counter() - t0, 2)}
-    else:
-        ma = compiled.memory_analysis()
-        out = {
-            **base,
-            "status": "compiled",
-            "argument_bytes": int(ma.argument_size_in_bytes),
-            "output_bytes": int(ma.output_size_in_bytes),
-            "alias_bytes": int(ma.alias_size_in_bytes),
-            "temp_bytes": int(ma.temp_size_in_bytes),
-            "compile_s": round(time.perf_counter() - t0, 2),
-        }
-        # Donated state aliases its output: the high-water mark is arguments + fresh outputs + scratch.
-        out["peak_bytes"] = (
-            out["argument_bytes"] + out["output_bytes"] - out["alias_bytes"] + out["temp_bytes"]
-        )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=1))
+        return {**base, **rejected, "compile_s": round(time.perf_counter() - t0, 2)}
+    ma = compiled.memory_analysis()
+    out = {
+        **base,
+        "status": "compiled",
+        "argument_bytes": int(ma.argument_size_in_bytes),
+        "output_bytes": int(ma.output_size_in_bytes),
+        "alias_bytes": int(ma.alias_size_in_bytes),
+        "temp_bytes": int(ma.temp_size_in_bytes),
+        "compile_s": round(time.perf_counter() - t0, 2),
+    }
+    # Donated state aliases its output: the high-water mark is arguments + fresh outputs + scratch.
+    out["peak_bytes"] = out["argument_bytes"] + out["output_bytes"] - out["alias_bytes"] + out["temp_bytes"]
     return out
 
 
