@@ -46,11 +46,14 @@ def spec_for(
     ulysses: int | str = "auto",
 ) -> TrialSpec:
     """Every device on the sequence, the context axes split as `mesh=auto` splits them (usp: 4-way Ulysses
-    for the 4 KV heads of llama3_1_8b_long) unless `ulysses` fixes the inner degree; over `slices` slices the
+    for the 4 KV heads of llama3_1_8b_long) unless `ulysses` fixes the inner degree (of strategies that have one); over `slices` slices the
     context axis crosses them (DCN)."""
     c, m = ClusterSpec(**conf("cluster", cluster)), conf("model", model)
     c = dataclasses.replace(c, slices_per_trial=slices)
-    auto = {"data": 1, "fsdp": 1, "tensor": 1, "context": "auto", "context_ulysses": ulysses}
+    inner = (
+        int(ulysses) if ulysses != "auto" and "context_ulysses" in strategies.get(strategy).axes else "auto"
+    )
+    auto = {"data": 1, "fsdp": 1, "tensor": 1, "context": "auto", "context_ulysses": inner}
     auto["dcn"] = "context" if slices > 1 else ""
     return TrialSpec(
         model=ModelSpec(**m), mesh=grid.resolve_mesh(auto, strategy, m, c.devices),
@@ -66,12 +69,13 @@ def row_cells(cluster: str, r: dict) -> list[str]:
             f"{r['analytic_bytes'] / 2**30:.1f}", comp, ratio, r["verdict"], f"{r['compile_s']:.0f}"]  # fmt: skip
 
 
-def at_plan_cell(spec: TrialSpec, r: dict) -> str:
-    """Compiled again with HBM = the planner's figure (benchmarks/aot_capped.py): "fits" or what it needs."""
-    if r["status"] != "compiled":
-        return "-"
+def at_plan_cell(spec: TrialSpec, r: dict, *, compile: bool = True) -> str:
+    """Compiled again with HBM = the planner's figure (benchmarks/aot_capped.py): "fits" or what it needs; "-"
+    when not compiled (or, with compile=False, not cached)."""
     mib = -(-r["analytic_bytes"] // 2**20)
-    got = aot_capped.fits(spec, mib)
+    got = aot_capped.fits(spec, mib, compile=compile) if r["status"] == "compiled" else None
+    if got is None:
+        return "-"
     if got["status"] == "compiled":
         return f"fits {mib / 1024:.1f}"
     need = got.get("required_bytes")
@@ -109,9 +113,7 @@ def main(argv: list[str]) -> int:
         for strategy in a.strategies:
             for length in a.lengths:
                 mem = MemorySpec(offload=tuple(a.offload), host=tuple(a.host))
-                inner = a.ulysses != "auto" and "context_ulysses" in strategies.get(strategy).axes
-                u = int(a.ulysses) if inner else "auto"
-                spec = spec_for(a.model, cluster, strategy, length, a.remat, a.slices, mem, u)
+                spec = spec_for(a.model, cluster, strategy, length, a.remat, a.slices, mem, a.ulysses)
                 bad = validate.problems(spec)
                 if bad:  # not a compile question: say why once, in the log
                     print(f"skip {cluster} {strategy} {length:,}: {bad[0].message}", file=sys.stderr)

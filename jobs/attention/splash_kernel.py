@@ -74,9 +74,11 @@ def _plan(Lq: int, Lk: int, causal: bool, order: Order, block_q: int, block_kv: 
         c = Lq // n
         pieces = tuple(_Piece(i * c, c, "chunk") for i in range(n))
     bqs = tuple(_fit(p.length, block_q) for p in pieces)
+    if None in bqs:
+        return None
     while True:
         bk = _fit(Lk, block_kv)
-        if bk is None or None in bqs:
+        if bk is None:
             return None
         blocks = sum(p.length // bq for p, bq in zip(pieces, bqs, strict=True)) * (Lk // bk)
         if blocks <= MAX_MASK_BLOCKS:
