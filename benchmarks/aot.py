@@ -63,10 +63,10 @@ def spec_for(
 
 
 def row_cells(cluster: str, r: dict) -> list[str]:
-    comp = aot._gib_cell(r)
+    comp, own = aot._gib_cell(r), aot._peak_cell(r)
     ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "-"
     return [cluster, r["strategy"], r["mesh"], f"{r['context_length']:,}", r["remat"],
-            f"{r['analytic_bytes'] / 2**30:.1f}", comp, ratio, r["verdict"], f"{r['compile_s']:.0f}"]  # fmt: skip
+            f"{r['analytic_bytes'] / 2**30:.1f}", comp, own, ratio, r["verdict"], f"{r['compile_s']:.0f}"]  # fmt: skip
 
 
 def at_plan_cell(spec: TrialSpec, r: dict, *, compile: bool = True) -> str:
@@ -104,8 +104,8 @@ def main(argv: list[str]) -> int:
     if not aot.available():
         print("error: needs libtpu: pip install -e '.[tpu]'", file=sys.stderr)
         return 2
-    head = ["cluster", "strategy", "mesh", "context", "remat", "analytic GiB", "compiled GiB", "ratio",
-            "verdict", "compile s"]  # fmt: skip
+    head = ["cluster", "strategy", "mesh", "context", "remat", "analytic GiB", "compiled GiB",
+            "compiler's peak", "ratio", "verdict", "compile s"]  # fmt: skip
     head += ["at the planner's HBM"] if a.at_plan else []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     done: list[tuple[str, dict]] = []

@@ -68,6 +68,8 @@ def test_small_slice_verdicts_and_cache(tmp_path, monkeypatch):
     rows = aot.compare([fits, tight])
     assert [r["verdict"] for r in rows] == ["run", "infeasible"], rows
     assert rows[0]["status"] == "compiled" and rows[0]["compiled_bytes"] > 2**20
+    # the compiler's own peak is recorded too, and never above memory_analysis's sum
+    assert 0 < rows[0]["compiler_peak_bytes"] <= rows[0]["compiled_bytes"], rows[0]
     assert "1.0 MiB" in rows[1]["reason"] or "0.0 GiB" in rows[1]["reason"]
     assert len(list(tmp_path.glob("*.json"))) == 1
 
