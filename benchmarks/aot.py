@@ -72,7 +72,12 @@ def row_cells(cluster: str, r: dict) -> list[str]:
 def at_plan_cell(spec: TrialSpec, r: dict, *, compile: bool = True) -> str:
     """Compiled again with HBM = the planner's figure (benchmarks/aot_capped.py): "fits" or what it needs; "-"
     when not compiled (or, with compile=False, not cached)."""
-    mib = -(-r["analytic_bytes"] // 2**20)
+    return cap_cell(spec, r, -(-r["analytic_bytes"] // 2**20), compile=compile)
+
+
+def cap_cell(spec: TrialSpec, r: dict, mib: int, *, compile: bool = True) -> str:
+    """Compiled again as if HBM were `mib` MiB: "fits N" (GiB), or the compiler's "needs N" when it refuses (at a
+    tiny cap it refuses before trying: its figure is then a floor, what even a perfect packing would need)."""
     got = aot_capped.fits(spec, mib, compile=compile) if r["status"] == "compiled" else None
     if got is None:
         return "-"
@@ -99,6 +104,10 @@ def main(argv: list[str]) -> int:
         "--at-plan", action="store_true",
         help="also compile each point as if HBM were the planner's figure: does the compiler fit it there?",
     )  # fmt: skip
+    ap.add_argument(
+        "--at-mib", nargs="*", type=int, default=[],
+        help="also compile each point as if HBM were this many MiB (1024: the compiler's floor for the point)",
+    )  # fmt: skip
     ap.add_argument("--refresh", action="store_true", help="compile again even if cached")
     a = ap.parse_args(argv)
     if not aot.available():
@@ -107,6 +116,7 @@ def main(argv: list[str]) -> int:
     head = ["cluster", "strategy", "mesh", "context", "remat", "analytic GiB", "compiled GiB",
             "compiler's peak", "ratio", "verdict", "compile s"]  # fmt: skip
     head += ["at the planner's HBM"] if a.at_plan else []
+    head += [f"at {m:,} MiB" for m in a.at_mib]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     done: list[tuple[str, dict]] = []
     for cluster in a.clusters:
@@ -129,6 +139,7 @@ def main(argv: list[str]) -> int:
                 cells = row_cells(cluster, r)
                 if a.at_plan:
                     cells.append(at_plan_cell(spec, r))
+                cells += [cap_cell(spec, r, m) for m in a.at_mib]
                 lines.append("| " + " | ".join(cells) + " |")
     print("\n".join(lines))
     ratios = [(r["ratio"], c, r) for c, r in done if r["ratio"] is not None and r["status"] == "compiled"]

@@ -1,7 +1,7 @@
 """What the AOT cache already holds: analytic vs compiled GiB per device, term by term, without compiling.
 
 python benchmarks/aot_table.py [--model llama3_1_8b_long] [--remat full offload] [--ulysses auto 4] [--markdown
-[--at-plan]]
+[--at-plan] [--at-mib N ...]]
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import argparse
 import json
 import sys
 
-from benchmarks.aot import LENGTHS, at_plan_cell, row_cells, spec_for
+from benchmarks.aot import LENGTHS, at_plan_cell, cap_cell, row_cells, spec_for
 from jobs import strategies
 from orchestrator.plan import aot, memory
 
@@ -24,6 +24,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--markdown", action="store_true", help="rows as benchmarks/aot.py's markdown table")
     ap.add_argument(
         "--at-plan", action="store_true", help="with --markdown: the cached compile at the planner's HBM"
+    )
+    ap.add_argument(
+        "--at-mib", nargs="*", type=int, default=[], help="with --markdown: cached capped compiles"
     )
     a = ap.parse_args(argv)
     seen = set()
@@ -42,6 +45,7 @@ def main(argv: list[str]) -> int:
                             cells = row_cells(cluster, row)
                             if a.at_plan:
                                 cells.append(at_plan_cell(spec, row, compile=False))
+                            cells += [cap_cell(spec, row, m, compile=False) for m in a.at_mib]
                             print("| " + " | ".join(cells) + " |")
                             continue
                         got = json.loads(path.read_text())

@@ -51,6 +51,15 @@ def test_compiler_rejection_keeps_the_compilers_figures():
     assert got["required_for"] == "HLO temporaries"
     assert any("f32[126,1,57344,16,256]" in line for line in got["largest_buffers"])
     assert aot.compiler_rejection("INVALID_ARGUMENT: shapes do not match") is None
+    # the wording after the compiler tried to fit (usp at 14M told HBM is 47,700 MiB): its heap split too
+    tried = aot.compiler_rejection(
+        "RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: XLA:TPU compile permanent error. Ran out of memory in "
+        "memory space hbm. Used 46.75G of 46.58G hbm. Exceeded hbm capacity by 172.10M.\n\nProgram hbm "
+        "requirement 45.88G:\n    HLO temp         45.86G (100.0% utilization: Unpadded (30.75G) Padded (30.75G), "
+        "33.0% fragmentation (15.11G))\n"
+    )
+    assert tried["required_bytes"] == int(46.75 * 2**30) and tried["available_bytes"] == int(46.58 * 2**30)
+    assert tried["live_bytes"] == int(30.75 * 2**30) and tried["fragmentation_bytes"] == int(15.11 * 2**30)
     spec = tiny_spec(hbm=96 * 2**30)
     verdict, reason = aot.verdict(spec, {**got, "topology": "tpu7x:2x2x1"})
     assert verdict == "infeasible"

@@ -80,6 +80,12 @@ _OOM = re.compile(
     r"available HBM \((?P<have>[\d.]+)\s*(?P<hu>[KMGT]?)i?B?\)"
 )
 _USED = re.compile(r"Used (?P<need>[\d.]+)(?P<nu>[KMGT]?)i?B? of (?P<have>[\d.]+)(?P<hu>[KMGT]?)i?B? hbm")
+# After trying to fit, the compiler splits its heap at the peak into live bytes and allocator fragmentation:
+# "HLO temp 45.86G (100.0% utilization: Unpadded (30.75G) Padded (30.75G), 33.0% fragmentation (15.11G))".
+_HEAP = re.compile(
+    r"HLO temp\s+[\d.]+\s*[KMGT]?i?B? \([\d.]+% utilization: Unpadded \((?P<live>[\d.]+)\s*(?P<lu>[KMGT]?)i?B?\) "
+    r"Padded \([^)]*\), [\d.]+% fragmentation \((?P<frag>[\d.]+)\s*(?P<fu>[KMGT]?)i?B?\)\)"
+)
 _REJECTED = ("RESOURCE_EXHAUSTED", "Ran out of memory", "exceeds available HBM")
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 # Lines of the compiler's "largest program allocations" list worth keeping (size, shape, operator, name).
@@ -100,6 +106,9 @@ def compiler_rejection(message: str) -> dict[str, Any] | None:
         out["required_bytes"] = int(float(m["need"]) * _UNITS[m["nu"]])
         out["available_bytes"] = int(float(m["have"]) * _UNITS[m["hu"]])
         out["required_for"] = "the program"
+    if m := _HEAP.search(message):  # what the peak holds, and what packing it lost
+        out["live_bytes"] = int(float(m["live"]) * _UNITS[m["lu"]])
+        out["fragmentation_bytes"] = int(float(m["frag"]) * _UNITS[m["fu"]])
     lines = [ln.strip() for ln in message.splitlines() if _BUFFER_LINE.match(ln)]
     out["largest_buffers"] = lines[:24]  # the compiler lists the biggest first; a few are enough to act on
     return out
@@ -168,6 +177,8 @@ def verdict(spec: TrialSpec, got: dict[str, Any]) -> tuple[str, str]:
         need, have = got.get("required_bytes"), got.get("available_bytes")
         what = got.get("required_for", "the program")
         figures = f"needs {gib(need)} for {what}, {gib(have)} available" if need and have else got["error"]
+        if got.get("live_bytes"):
+            figures += f" (at its peak {gib(got['live_bytes'])} live, {gib(got['fragmentation_bytes'])} fragmentation)"
         top = "; ".join(got.get("largest_buffers", [])[:4])
         return "infeasible", f"TPU compiler: {figures}" + (f" (largest: {top})" if top else "")
     if got.get("status") == "failed":
