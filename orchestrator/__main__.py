@@ -56,18 +56,19 @@ def _report_invalid(specs: list, rows: list) -> None:
 
 
 def _aot(specs: list, rows: list, cfg) -> tuple[dict, int]:
-    """dry_run=true aot=true: compile the runnable points for the cluster's TPU topology, analytic vs compiled.
+    """dry_run=true aot=true: compile the valid points for the cluster's TPU topology, analytic vs compiled —
+    the planner's infeasible ones too, since the compiler may fit what the planner's estimate does not.
     Returns (trial id -> comparison row, exit code)."""
     from orchestrator.plan import aot
 
     if not aot.available():
         print("error: aot=true needs libtpu on this host: pip install -e '.[tpu]'", file=sys.stderr)
         return {}, 2
-    runnable = [s for s, r in zip(specs, rows, strict=True) if r.verdict == "run"]
+    valid = [s for s, r in zip(specs, rows, strict=True) if r.verdict != "invalid"]
     from rich.console import Console
 
     console = Console(width=max(Console().width, 140))
-    compared = aot.compare(runnable, cfg.get("aot_topology") or None)
+    compared = aot.compare(valid, cfg.get("aot_topology") or None)
     aot.render_comparison(compared, console)
     return {r["trial_id"]: r for r in compared}, 0
 

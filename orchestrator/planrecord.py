@@ -33,6 +33,8 @@ def point_metrics(row: Any, compiled: dict[str, Any] | None) -> dict[str, float]
     }
     if compiled and compiled.get("compiled_bytes"):
         out["compiled_bytes_per_device"] = compiled["compiled_bytes"]
+    if compiled and compiled.get("compiler_peak_bytes"):  # what the compiler checks against HBM (aot.verdict)
+        out["compiler_peak_bytes_per_device"] = compiled["compiler_peak_bytes"]
     return {k: float(v) for k, v in out.items() if v is not None}
 
 
@@ -96,6 +98,7 @@ def record(
             for k, label in (
                 ("predicted_bytes_per_device", "predicted"),
                 ("compiled_bytes_per_device", "compiled"),
+                ("compiler_peak_bytes_per_device", "compiler_peak"),
             ):
                 if k in m:
                     key = f"{label}_memory_gib/{spec.strategy.name}"
