@@ -161,9 +161,9 @@ def compile_memory(spec: TrialSpec, topology: str | None = None) -> dict[str, An
     }
     # Donated state aliases its output: the high-water mark is arguments + fresh outputs + scratch.
     out["peak_bytes"] = out["argument_bytes"] + out["output_bytes"] - out["alias_bytes"] + out["temp_bytes"]
-    # The compiler's own high-water mark of the scheduled program: on TPU it is what it checks against HBM
-    # (a compile capped just below it is refused), while temp_bytes also holds an allowance that grows with
-    # the HBM it is given (README, "what compiled means"). Kept beside peak_bytes, which stays the headline.
+    # The compiler's own high-water mark of the scheduled program, what it keeps under the chip's HBM (told the
+    # chip is smaller it packs and rematerializes down to a floor it names), while temp_bytes also holds allocator
+    # slack: the sum can exceed the chip (README, "what compiled means"). Kept beside peak_bytes, the headline.
     if getattr(ma, "peak_memory_in_bytes", 0):
         out["compiler_peak_bytes"] = int(ma.peak_memory_in_bytes)
     return out
