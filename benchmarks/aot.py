@@ -46,8 +46,8 @@ def spec_for(
     ulysses: int | str = "auto",
 ) -> TrialSpec:
     """Every device on the sequence, the context axes split as `mesh=auto` splits them (usp: 4-way Ulysses
-    for the 4 KV heads of llama3_1_8b_long) unless `ulysses` fixes the inner degree (of strategies that have one); over `slices` slices the
-    context axis crosses them (DCN)."""
+    for the 4 KV heads of llama3_1_8b_long) unless `ulysses` fixes the inner degree (of strategies that have
+    one); over `slices` slices the context axis crosses them (DCN)."""
     c, m = ClusterSpec(**conf("cluster", cluster)), conf("model", model)
     c = dataclasses.replace(c, slices_per_trial=slices)
     inner = (

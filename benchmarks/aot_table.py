@@ -7,7 +7,6 @@ python benchmarks/aot_table.py [--model llama3_1_8b_long] [--remat full offload]
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 from benchmarks.aot import LENGTHS, at_plan_cell, cap_cell, row_cells, spec_for
@@ -40,23 +39,20 @@ def main(argv: list[str]) -> int:
                         if not path.exists() or path in seen:
                             continue
                         seen.add(path)
-                        if a.markdown:  # cached, so compare() reads the cache and compiles nothing
-                            row = aot.compare([spec])[0]
+                        row = aot.compare([spec])[0]  # cached, so this reads the cache and compiles nothing
+                        if a.markdown:
                             cells = row_cells(cluster, row)
                             if a.at_plan:
                                 cells.append(at_plan_cell(spec, row, compile=False))
                             cells += [cap_cell(spec, row, m, compile=False) for m in a.at_mib]
                             print("| " + " | ".join(cells) + " |")
                             continue
-                        got = json.loads(path.read_text())
-                        b = memory.breakdown(spec)
-                        pred = memory.peak(b)
-                        comp = got.get("peak_bytes") or got.get("required_bytes")
-                        ratio = pred / comp if comp else float("nan")
+                        comp = row["compiled_bytes"] or 0
                         print(f"{cluster:10} {name:11} {spec.mesh.label():28} {length:>10,} {remat:8} analytic "
-                              f"{pred / 2**30:6.1f} compiled {comp / 2**30 if comp else 0:6.1f} "
-                              f"({got.get('status', '?'):10}) ratio {ratio:.2f}")  # fmt: skip
+                              f"{row['analytic_bytes'] / 2**30:6.1f} compiled {comp / 2**30:6.1f} "
+                              f"({row['status']:10}) ratio {row['ratio'] or float('nan'):.2f}")  # fmt: skip
                         if a.terms:
+                            b = memory.breakdown(spec)
                             print(
                                 "    " + ", ".join(f"{k} {v / 2**30:.1f}" for k, v in b.items() if v > 2**28)
                             )

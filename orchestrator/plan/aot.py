@@ -92,23 +92,22 @@ _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 _BUFFER_LINE = re.compile(r"^\s*(?:\d+\.\s*)?(Size|Shape|Operator|Allocation type|XLA label)\s*:", re.I)
 
 
+def _size(m: re.Match, number: str, unit: str) -> int:
+    return int(float(m[number]) * _UNITS[m[unit]])
+
+
 def compiler_rejection(message: str) -> dict[str, Any] | None:
     """The figures of a compile the TPU compiler refused for lack of HBM; None if `message` is not that."""
     if not any(m in message for m in _REJECTED):
         return None
     out: dict[str, Any] = {"status": "rejected", "error": message.strip().splitlines()[0][:500]}
-    m = _OOM.search(message)
-    if m:
-        out["required_bytes"] = int(float(m["need"]) * _UNITS[m["nu"]])
-        out["available_bytes"] = int(float(m["have"]) * _UNITS[m["hu"]])
-        out["required_for"] = m["what"]
-    elif m := _USED.search(message):  # the other wording, after the compiler tried to fit: "Used X of Y hbm"
-        out["required_bytes"] = int(float(m["need"]) * _UNITS[m["nu"]])
-        out["available_bytes"] = int(float(m["have"]) * _UNITS[m["hu"]])
-        out["required_for"] = "the program"
+    # Two wordings: before trying ("total memory required for HLO temporaries (X) exceeds available HBM (Y)")
+    # and after ("Used X of Y hbm"); the first names what overflowed, so it wins when both are there.
+    if m := _OOM.search(message) or _USED.search(message):
+        out["required_bytes"], out["available_bytes"] = _size(m, "need", "nu"), _size(m, "have", "hu")
+        out["required_for"] = m.groupdict().get("what") or "the program"
     if m := _HEAP.search(message):  # what the peak holds, and what packing it lost
-        out["live_bytes"] = int(float(m["live"]) * _UNITS[m["lu"]])
-        out["fragmentation_bytes"] = int(float(m["frag"]) * _UNITS[m["fu"]])
+        out["live_bytes"], out["fragmentation_bytes"] = _size(m, "live", "lu"), _size(m, "frag", "fu")
     lines = [ln.strip() for ln in message.splitlines() if _BUFFER_LINE.match(ln)]
     out["largest_buffers"] = lines[:24]  # the compiler lists the biggest first; a few are enough to act on
     return out
