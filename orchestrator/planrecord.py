@@ -33,7 +33,8 @@ def point_metrics(row: Any, compiled: dict[str, Any] | None) -> dict[str, float]
     }
     if compiled and compiled.get("compiled_bytes"):
         out["compiled_bytes_per_device"] = compiled["compiled_bytes"]
-    if compiled and compiled.get("compiler_peak_bytes"):  # what the compiler checks against HBM (aot.verdict)
+    if compiled and compiled.get("compiler_peak_bytes") and not compiled.get("host_temp_bytes"):
+        # what the compiler checks against HBM (aot.verdict); with pinned-host temporaries it is the host's
         out["compiler_peak_bytes_per_device"] = compiled["compiler_peak_bytes"]
     return {k: float(v) for k, v in out.items() if v is not None}
 

@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
-from orchestrator.plan import aot
+from orchestrator.plan import aot, memory
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -103,23 +103,32 @@ def test_rejected_compile_is_infeasible_not_a_traceback(tmp_path, monkeypatch):
     assert aot.compiled_memory(huge)["status"] == "rejected"  # from the cache
 
 
+def small_llama(layers: int, length: int) -> TrialSpec:
+    """Llama 3.1 8B's shapes with few layers, ring over tpu7x 2x2x1's 8 devices."""
+    cluster = replace(ClusterSpec(**conf("cluster", "tpu7x_128")), topology="2x2x1")
+    model = replace(ModelSpec(**conf("model", "llama3_1_8b_long")), layers=layers)
+    return TrialSpec(
+        model=model, mesh=MeshSpec(context=8), strategy=StrategySpec(**conf("strategy", "ring")),
+        context_length=length, train=TrainSpec(remat="full"), cluster=cluster,
+    )  # fmt: skip
+
+
 @pytest.mark.slow
-def test_loss_phase_matches_tpu_compiler(tmp_path, monkeypatch):
+def test_loss_phase_within_15_percent_of_the_tpu_compilers_peak(tmp_path, monkeypatch):
     """A point whose peak is the loss phase (Llama 3.1 8B's 128,256-entry tables and 8,192-token logit chunks,
-    two layers, 8,192 tokens per device on tpu7x 2x2x1): the planner within 15 % of the compiler and not below
-    it by more than 5 %. Before the loss phase held both tables (bf16 gathered twice, fp32 gradients) and the
-    logits as the compiler lays them out, this was 0.90 (15.6 vs 17.3 GiB)."""
+    two layers, 8,192 tokens per device on tpu7x 2x2x1): the planner within [0.95, 1.15] x the compiler's own
+    peak for the chip (measured 1.06). The layer phase is held to the full-size compiles (README's AOT table):
+    at this slice's 4 layers x 131,072 tokens per device the compiler, with 60 GiB to spare, spends 213 KiB per
+    token on one layer's backward where at 14M (128 devices, the chip nearly full) it spends 158-184."""
     pytest.importorskip("libtpu")
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     monkeypatch.setattr(aot, "CACHE_DIR", tmp_path)
-    cluster = replace(ClusterSpec(**conf("cluster", "tpu7x_128")), topology="2x2x1")
-    model = replace(ModelSpec(**conf("model", "llama3_1_8b_long")), layers=2)
-    spec = TrialSpec(
-        model=model, mesh=MeshSpec(context=8), strategy=StrategySpec(**conf("strategy", "ring")),
-        context_length=65_536, train=TrainSpec(remat="full"), cluster=cluster,
-    )  # fmt: skip
+    spec = small_llama(2, 65_536)
+    b = memory.breakdown(spec)
+    assert sum(b[k] for k in memory.LOSS_PHASE) > memory.layer_phase(b)
     [row] = aot.compare([spec])
-    assert row["status"] == "compiled" and 0.95 <= row["ratio"] <= 1.15, row
+    assert row["status"] == "compiled" and row["compiler_peak_bytes"], row
+    assert 0.95 <= row["ratio"] <= 1.15, row
 
 
 def test_capped_compile_says_whether_a_point_fits_a_given_hbm(tmp_path, monkeypatch):

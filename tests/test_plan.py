@@ -92,16 +92,19 @@ def test_14m_ring_and_usp_fit_tpu7x():
         assert rows[name].predicted_hbm_bytes_per_device < 96 * 2**30
 
 
-def test_14m_on_v5p_needs_offloaded_layer_inputs():
-    """64 devices hold 229,376 tokens each: with remat=full the saved layer inputs alone are 56 GiB of 95;
-    offloading them to host memory (remat=offload, as the public 10M recipe does) makes ring and USP fit."""
+def test_14m_on_v5p_full_remat_is_tight_and_offload_frees_the_layer_inputs():
+    """64 devices hold 229,376 tokens each: with remat=full the saved layer inputs alone are 56 GiB of 95, and
+    ring is at the edge (libtpu fits it with a 93.6 GiB peak; the planner says 98.5, 1.05 x that: README's AOT
+    table); offloading them to host memory (remat=offload, the public v5p recipe's policy) makes ring and USP
+    fit with room."""
     full, offload = rows_14m_remat("v5p_128", "full"), rows_14m_remat("v5p_128", "offload")
+    assert 93.6 * 2**30 < full["ring"].predicted_hbm_bytes_per_device < 1.15 * 93.6 * 2**30
     for name in ("ring", "usp"):
-        assert full[name].verdict == "infeasible" and "v5p has 95.0 GiB" in full[name].reason
         assert full[name].memory["saved_activations"] == pytest.approx(56 * 2**30, rel=0.01)
         assert offload[name].verdict == "run", offload[name].reason
         assert offload[name].memory["saved_activations"] == 0
         assert offload[name].memory["host_offload"] == pytest.approx(56 * 2**30, rel=0.01)
+        assert offload[name].predicted_hbm_bytes_per_device < 80 * 2**30
 
 
 def test_131k_all_four_feasible():

@@ -36,21 +36,26 @@ def attention_bytes(spec: TrialSpec, x: Local | None = None) -> int:
 
 
 def breakdown(spec: TrialSpec, *, loss_chunk_tokens: int | None = None) -> dict[str, int]:
-    """Per-device bytes by term; `peak` combines them into the predicted HBM high-water mark of one step."""
+    """Per-device bytes by term; `peak` combines them into the predicted HBM high-water mark of one step.
+
+    Held against the TPU compiler's own peak for the chip (memory_analysis's peak_memory_in_bytes, the figure
+    it refuses by; benchmarks/aot.py), not its argument + output - alias + temp, whose temporaries carry
+    allocator slack that grows with the HBM the compiler is given (README, "what compiled means")."""
     m, x = spec.model, local_sizes(spec)
     n, E, D, N = m.n_params(), m.embed, m.head_dim, m.layers
     tok, remat = x.tokens, spec.train.remat
-    # Residuals of one layer per token, what backward needs: norm outputs and mid residual (E-sized),
-    # roped q, k and v, attention out (bf16) and lse (fp32), gate and up and their product (M-sized).
-    res = 3 * E * BF16 + (2 * x.hq + 2 * x.hkv) * D * BF16 + x.hq * FP32 + 3 * x.M * BF16
-    # Backward of one layer: gradients flowing through the MLP (3 x M) and residual stream, dq/dk/dv.
-    grad_ws = 3 * x.M * BF16 + 2 * E * FP32 + (x.hq + 2 * x.hkv) * D * BF16
+    # Residuals of one layer per token, what its backward reads: on the attention's side the norm output,
+    # roped q, k and v, the attention out (bf16) and its lse (fp32); on the MLP's the mid residual and its
+    # norm output, gate and up and their product.
+    attn_res = E * BF16 + (2 * x.hq + 2 * x.hkv) * D * BF16 + x.hq * FP32
+    mlp_res = 2 * E * BF16 + 3 * x.M * BF16
     # Bytes per token per layer of jobs/model.py's checkpoint names; what the remat preset plus train.memory keep
     # in HBM is `saved`, what they move to pinned host memory `host_tok` (counted in host_offload, not HBM).
     named = {"layer_input": E * BF16, "attn_out": x.hq * D * BF16 + x.hq * FP32, "mlp_act": x.M * BF16}
     mem = spec.train.memory
+    moved: tuple[str, ...] = ()
     if remat == "none":
-        saved, host_tok = E * BF16 + res, 0
+        saved, host_tok = E * BF16 + attn_res + mlp_res, 0
     else:
         kept, moved = residuals(remat, mem)
         # the layer input is the scanned layer's own input: kept in HBM unless offloaded
@@ -58,11 +63,15 @@ def breakdown(spec: TrialSpec, *, loss_chunk_tokens: int | None = None) -> dict[
             named[k] for k in kept if k != "layer_input"
         )
         host_tok = sum(named[k] for k in moved)
-    working = grad_ws + (0 if remat == "none" else res)
+    # What one layer's backward holds per token beside its attention's transients: the residual stream's gradient
+    # (fp32) and, under remat, the MLP's recomputed residuals (the attention's own are its kernel's inputs);
+    # without remat they are saved, and the backward's gradients (gate's, up's, the product's) take their place.
+    # With offloaded layer inputs, their staging buffers: this layer's and the next one's, each in flight to and
+    # from the host (4 per token; TPU compiles at 14M on v5p_128 and tpu7x_128).
+    stream = E * FP32 + (4 * E * BF16 if "layer_input" in moved else 0)
+    layer_tok = stream + (3 * x.M * BF16 if remat == "none" else mlp_res)
     chunk = LOSS_CHUNK_TOKENS if loss_chunk_tokens is None else loss_chunk_tokens
     lt = min(tok, chunk) if chunk > 0 else tok
-    gathered_layer = layer_params(m) // x.T
-    emb = (1 if m.tie_embeddings else 2) * m.vocab * E // x.T  # the embedding and unembedding tables
     return {
         # fp32 master params, fp32 grads and AdamW mu, nu: sharded over every mesh axis (FSDP x tensor).
         "params": n * FP32 // x.S,
@@ -78,27 +87,32 @@ def breakdown(spec: TrialSpec, *, loss_chunk_tokens: int | None = None) -> dict[
         + sum(k * n * FP32 // x.S for part, k in (("optimizer", 2), ("params", 1)) if part in mem.host),
         # Loss phase: one chunk's logits in fp32 and their gradient (the bf16 matmul output shares a slot with
         # them: the TPU compile of tpu7x_128 at 1M holds bf16[8192,128256] + f32[1,8192,128256] in one 3.91 GiB
-        # slot, f32[1,8192,128256] in another). Both tables gathered in bf16 twice (the all-gather's flat
-        # buffer and each table as laid out for its use) and their fp32 gradients whole before reduce-scatter.
+        # slot, f32[1,8192,128256] in another), the unembedding table gathered in bf16, and the last layer's
+        # output with its fp32 gradient. The tables' fp32 gradients are not live with the logits.
         "logits": lt * x.V * 2 * FP32,
-        "gathered_embeddings": emb * (2 * BF16 + FP32),
-        # Layer phase (backward of one layer): FSDP gathers it in bf16 and prefetches the next; its fp32
-        # grads exist before reduce-scatter; the recomputed residuals and the attention's transients.
-        "gathered_weights": gathered_layer * (2 * BF16 + FP32),
-        "layer_working_set": tok * working,
+        "unembedding": m.vocab * E // x.T * BF16,
+        "loss_activations": tok * E * (BF16 + FP32),
+        # Layer phase (backward of one layer): FSDP gathers it in bf16; its fp32 grads exist before
+        # reduce-scatter; the recomputed residuals and the attention's transients (kernel, travelling K/V).
+        "gathered_weights": layer_params(m) // x.T * (BF16 + FP32),
+        "layer_working_set": tok * layer_tok,
         "attention": attention_bytes(spec, x),
     }
 
 
 PERSISTENT = ("params", "grads", "optimizer", "batch", "saved_activations")
-LOSS_PHASE = ("logits", "gathered_embeddings")
+LOSS_PHASE = ("logits", "unembedding", "loss_activations")
 LAYER_PHASE = ("gathered_weights", "layer_working_set", "attention")
+
+
+def layer_phase(b: dict[str, int]) -> int:
+    return sum(b[k] for k in LAYER_PHASE)
 
 
 def peak(b: dict[str, int]) -> int:
     """Peak = what lives through the step plus the larger phase: the loss's logits are freed before any
     layer's backward starts, so the two phases never add up."""
-    return sum(b[k] for k in PERSISTENT) + max(sum(b[k] for k in LOSS_PHASE), sum(b[k] for k in LAYER_PHASE))
+    return sum(b[k] for k in PERSISTENT) + max(sum(b[k] for k in LOSS_PHASE), layer_phase(b))
 
 
 def total(spec: TrialSpec, **kw) -> int:
