@@ -114,7 +114,7 @@ def main(argv: list[str]) -> int:
         print("error: needs libtpu: pip install -e '.[tpu]'", file=sys.stderr)
         return 2
     head = ["cluster", "strategy", "mesh", "context", "remat", "analytic GiB", "compiled GiB",
-            "compiler's peak", "ratio", "verdict", "compile s"]  # fmt: skip
+            "compiler's peak", "analytic / peak", "verdict", "compile s"]  # fmt: skip
     head += ["at the planner's HBM"] if a.at_plan else []
     head += [f"at {m:,} MiB" for m in a.at_mib]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -145,7 +145,7 @@ def main(argv: list[str]) -> int:
     ratios = [(r["ratio"], c, r) for c, r in done if r["ratio"] is not None and r["status"] == "compiled"]
     if ratios:
         worst = max(ratios, key=lambda t: abs(t[0] - 1.0))
-        print(f"\nWorst analytic/compiled ratio: {worst[0]:.2f} ({worst[1]} {worst[2]['strategy']} "
+        print(f"\nWorst analytic / compiler's peak: {worst[0]:.2f} ({worst[1]} {worst[2]['strategy']} "
               f"{worst[2]['context_length']:,}).")  # fmt: skip
     for c, r in done:
         if r["context_length"] == L14M:

@@ -67,7 +67,8 @@ def breakdown(spec: TrialSpec, *, loss_chunk_tokens: int | None = None) -> dict[
     # (fp32) and, under remat, the MLP's recomputed residuals (the attention's own are its kernel's inputs);
     # without remat they are saved, and the backward's gradients (gate's, up's, the product's) take their place.
     # With offloaded layer inputs, their staging buffers: this layer's and the next one's, each in flight to and
-    # from the host (4 per token; TPU compiles at 14M on v5p_128 and tpu7x_128).
+    # from the host (4 per token: not measured, libtpu reports no device peak for a program with pinned-host
+    # temporaries; README, "what compiled means").
     stream = E * FP32 + (4 * E * BF16 if "layer_input" in moved else 0)
     layer_tok = stream + (3 * x.M * BF16 if remat == "none" else mlp_res)
     chunk = LOSS_CHUNK_TOKENS if loss_chunk_tokens is None else loss_chunk_tokens
