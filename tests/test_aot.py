@@ -89,6 +89,18 @@ def test_small_slice_verdicts_and_cache(tmp_path, monkeypatch):
     assert aot.compiled_memory(fits)["peak_bytes"] == rows[0]["compiled_bytes"]
 
 
+def test_a_peak_that_counts_host_temporaries_is_not_held_to_hbm():
+    """With remat=offload libtpu reports arguments + pinned-host temporaries as its peak (tpu7x_128 ring at 14M:
+    0.7 + 28.0 GiB), the host's figure: the verdict goes by the device's sum, and there is no device peak."""
+    spec = tiny_spec(hbm=30 * 2**30)
+    got = {"status": "compiled", "peak_bytes": 29 * 2**30, "compiler_peak_bytes": 31 * 2**30}
+    assert aot.device_peak(got) == 31 * 2**30 and aot.verdict(spec, got)[0] == "infeasible"
+    got["host_temp_bytes"] = 30 * 2**30
+    assert aot.device_peak(got) is None
+    v, reason = aot.verdict(spec, got)
+    assert v == "run" and "compiled peak 29.0 GiB" in reason, reason
+
+
 def test_rejected_compile_is_infeasible_not_a_traceback(tmp_path, monkeypatch):
     """A point far beyond a slice's HBM: the compiler's refusal becomes the verdict, and is cached too."""
     pytest.importorskip("libtpu")
