@@ -248,7 +248,7 @@ def _peak_cell(r: dict[str, Any]) -> str:
     """The compiler's own peak (compiled_memory's compiler_peak_bytes); "-" for compiles cached before it."""
     if not r.get("compiler_peak_bytes"):
         return "-"
-    host = " (host: arguments + pinned-host temporaries)" if r.get("host_temp_bytes") else ""
+    host = " (host)" if r.get("host_temp_bytes") else ""  # arguments + pinned-host temporaries
     return f"{r['compiler_peak_bytes'] / 2**30:,.1f} GiB{host}"
 
 
