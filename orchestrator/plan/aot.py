@@ -224,7 +224,7 @@ def compare(specs: list[TrialSpec], topology: str | None = None) -> list[dict[st
             got["topology"] = topology_tag(spec, topology) if spec.cluster.accelerator in CHIPS else "-"
         predicted = memory.total(spec)
         compiled = got.get("peak_bytes", got.get("required_bytes"))
-        # no device peak with host temporaries: no ratio (README: the offload rows' device heaps, from dumps)
+        # no device peak with host temporaries, so no ratio (README, "what compiled means": remat=offload)
         judged = device_peak(got) or (None if got.get("host_temp_bytes") else compiled)
         v, reason = verdict(spec, got)
         rows.append({
