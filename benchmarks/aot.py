@@ -76,8 +76,8 @@ def at_plan_cell(spec: TrialSpec, r: dict, *, compile: bool = True) -> str:
 
 
 def cap_cell(spec: TrialSpec, r: dict, mib: int, *, compile: bool = True) -> str:
-    """Compiled again as if HBM were `mib` MiB: "fits N" (GiB), or the compiler's "needs N" when it refuses (at a
-    tiny cap it refuses before trying: its figure is then a floor, what even a perfect packing would need)."""
+    """Compiled again as if HBM were `mib` MiB: "fits N" (GiB), or the compiler's "needs N" when it refuses (what
+    it would need before trying harder, no floor: only a fit is evidence; README, "what compiled means")."""
     got = aot_capped.fits(spec, mib, compile=compile) if r["status"] == "compiled" else None
     if got is None:
         return "-"
@@ -106,7 +106,7 @@ def main(argv: list[str]) -> int:
     )  # fmt: skip
     ap.add_argument(
         "--at-mib", nargs="*", type=int, default=[],
-        help="also compile each point as if HBM were this many MiB (1024: the compiler's floor for the point)",
+        help="also compile each point as if HBM were this many MiB (does it fit there?)",
     )  # fmt: skip
     ap.add_argument("--refresh", action="store_true", help="compile again even if cached")
     a = ap.parse_args(argv)

@@ -12,6 +12,7 @@ from collections import defaultdict
 from typing import Any
 
 from jobs.spec import TrialSpec
+from orchestrator.plan import aot
 from orchestrator.report import GIB, _axes, _finish
 from orchestrator.tracking import Tracker
 
@@ -33,9 +34,8 @@ def point_metrics(row: Any, compiled: dict[str, Any] | None) -> dict[str, float]
     }
     if compiled and compiled.get("compiled_bytes"):
         out["compiled_bytes_per_device"] = compiled["compiled_bytes"]
-    if compiled and compiled.get("compiler_peak_bytes") and not compiled.get("host_temp_bytes"):
-        # what the compiler checks against HBM (aot.verdict); with pinned-host temporaries it is the host's
-        out["compiler_peak_bytes_per_device"] = compiled["compiler_peak_bytes"]
+    if compiled and aot.device_peak(compiled):  # what the compiler checks against HBM (aot.verdict)
+        out["compiler_peak_bytes_per_device"] = aot.device_peak(compiled)
     return {k: float(v) for k, v in out.items() if v is not None}
 
 

@@ -161,8 +161,8 @@ def compile_memory(spec: TrialSpec, topology: str | None = None) -> dict[str, An
     # Donated state aliases its output: the high-water mark is arguments + fresh outputs + scratch.
     out["peak_bytes"] = out["argument_bytes"] + out["output_bytes"] - out["alias_bytes"] + out["temp_bytes"]
     # The compiler's own high-water mark of the scheduled program, what it keeps under the chip's HBM (told the
-    # chip is smaller it packs and rematerializes down to a floor it names), while temp_bytes also holds allocator
-    # slack: the sum can exceed the chip (README, "what compiled means"). Kept beside peak_bytes, the headline.
+    # chip is smaller it packs and rematerializes tighter), while temp_bytes also holds allocator slack: the sum
+    # can exceed the chip (README, "what compiled means"). Kept beside peak_bytes, the headline.
     if getattr(ma, "peak_memory_in_bytes", 0):
         out["compiler_peak_bytes"] = int(ma.peak_memory_in_bytes)
     # Pinned-host temporaries (remat=offload's layer inputs): not HBM, kept to tell the two memory spaces apart.
@@ -224,8 +224,9 @@ def compare(specs: list[TrialSpec], topology: str | None = None) -> list[dict[st
             got["topology"] = topology_tag(spec, topology) if spec.cluster.accelerator in CHIPS else "-"
         predicted = memory.total(spec)
         compiled = got.get("peak_bytes", got.get("required_bytes"))
-        # no device peak with host temporaries, so no ratio (README, "what compiled means": remat=offload)
-        judged = device_peak(got) or (None if got.get("host_temp_bytes") else compiled)
+        # the sum only where a cached compile predates the peak; with host temporaries there is no device peak,
+        # so no ratio (README, "what compiled means": remat=offload)
+        judged = compiled if "compiler_peak_bytes" not in got else device_peak(got)
         v, reason = verdict(spec, got)
         rows.append({
             "trial_id": spec.trial_id, "strategy": spec.strategy.name, "mesh": spec.mesh.label(),
