@@ -178,8 +178,9 @@ def test_aot_compiles_for_two_slices(tmp_path, monkeypatch):
     )  # fmt: skip
     assert aot.topology_tag(tiny) == "v5:2x2x1x2slices"
     one = replace(tiny, cluster=replace(c, slices_per_trial=1))
-    assert aot._cache_path(tiny, None) != aot._cache_path(one, None)  # same trial id, another program
+    assert aot.topology_tag(one) == "v5:2x2x1"  # same trial id, another program: the tag keeps them apart
     [row] = aot.compare([tiny])
     assert row["status"] == "compiled" and row["verdict"] == "run", row
     assert row["topology"] == "v5:2x2x1x2slices" and row["compiled_bytes"] > 0
-    assert [p.name for p in tmp_path.glob("*.json")] == [f"{tiny.trial_id}-v5_2x2x1x2slices.json"]
+    name = f"{tiny.trial_id}-v5_2x2x1x2slices-{aot.program_version(tiny)}.json"
+    assert [p.name for p in tmp_path.glob("*.json")] == [name]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from jobs.strategies.base import BF16, Local, Strategy, kernel_bytes
+from jobs.strategies.base import BF16, TILE_BYTES, Local, Strategy, kernel_bytes
 
 
 class AllGather(Strategy):
@@ -18,8 +18,15 @@ class AllGather(Strategy):
     dcn_axes = ("context", "data", "fsdp")
 
     def attention_bytes(self, x: Local, block_q: int, block_kv: int) -> int:
-        # Every device holds the whole sequence's K,V (bf16), and in backward their full fp32 gradients.
-        return 2 * x.L * x.kv_token * BF16 + kernel_bytes(x, x.Ll, x.L, x.hq, x.hkv, block_q, block_kv)
+        # Every device holds the whole sequence's K,V (bf16) and, in backward, one of them copied into the dK/dV
+        # kernel's layout and their gradients for the whole sequence as the kernel returns them, in K,V's dtype,
+        # before their reduce-scatter (splash accumulates each key block in VMEM): five bf16[1048576, 4, 256] at
+        # the peak of the tpu7x_128 compile at 1,048,576 tokens, no fp32 ones; beside them the local queries'
+        # accumulators and a score tile.
+        kv = 2 * x.L * x.kv_token * BF16
+        q_side = kernel_bytes(x, x.Ll, 0, x.hq, x.hkv, block_q, block_kv)
+        tile = x.B * x.hq * min(block_q, x.Ll) * min(block_kv, x.L) * TILE_BYTES
+        return kv + kv // 2 + kv + q_side + tile
 
     def comm_bytes(self, x: Local) -> tuple[int, int]:
         return int(2 * (x.P - 1) / x.P * x.L * x.kv_token * BF16), 0

@@ -1,12 +1,13 @@
 """Optional ground truth: compile the real train step for the cluster's TPU topology and read its memory.
 
 libtpu compiles for a virtual TPU slice on a CPU host. jax is imported only inside
-functions: the control plane stays importable without it. Results are cached on disk by trial id and
-topology, because a large compile takes minutes.
+functions: the control plane stays importable without it. Results are cached on disk by trial id,
+topology and program (a hash of the lowered step), because a large compile takes minutes.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -67,10 +68,37 @@ def _mesh(spec: TrialSpec, devices: list):
     return make_mesh(spec.mesh, devices, slices=spec.cluster.slices_per_trial)
 
 
+# The last program lowered (and its hash): a cache miss compiles what was hashed without tracing it again.
+_LOWERED: dict[tuple[str, str], tuple[Any, str]] = {}
+
+
+def lowered(spec: TrialSpec, topology: str | None = None) -> tuple[Any, str]:
+    """The train step lowered for the topology's devices, and a short hash of its StableHLO text (no source
+    locations): the program itself, whatever in jobs/ changed, so a compile cached for another one is not it."""
+    key = (spec.trial_id, topology_tag(spec, topology))  # the program's identity, as the cache's
+    if key not in _LOWERED:
+        from jobs.step import lower_train_step
+
+        devices = _devices(spec, topology)
+        if len(devices) != spec.mesh.size:
+            raise ValueError(
+                f"topology {key[1]} has {len(devices)} devices but mesh {spec.mesh.label()} needs "
+                f"{spec.mesh.size}; pass a topology with {spec.mesh.size} devices"
+            )
+        low = lower_train_step(spec, _mesh(spec, devices))
+        _LOWERED.clear()
+        _LOWERED[key] = (low, hashlib.sha256(low.as_text().encode()).hexdigest()[:8])
+    return _LOWERED[key]
+
+
+def program_version(spec: TrialSpec, topology: str | None = None) -> str:
+    return lowered(spec, topology)[1]
+
+
 def _cache_path(spec: TrialSpec, topology: str | None) -> Path:
     # The trial id leaves the cluster out, so the slice count must be in the tag: one program per topology.
     tag = topology_tag(spec, topology).replace(":", "_")
-    return CACHE_DIR / f"{spec.trial_id}-{tag}.json"
+    return CACHE_DIR / f"{spec.trial_id}-{tag}-{program_version(spec, topology)}.json"
 
 
 # The TPU compiler's own words when a program does not fit, e.g. "RESOURCE_EXHAUSTED: Ran out of memory in
@@ -131,18 +159,10 @@ def compiled_memory(spec: TrialSpec, topology: str | None = None, *, refresh: bo
 
 def compile_memory(spec: TrialSpec, topology: str | None = None) -> dict[str, Any]:
     """compiled_memory's answer, uncached: compiles now (with whatever libtpu flags this process started with)."""
-    from jobs.step import lower_train_step
-
-    devices = _devices(spec, topology)
-    if len(devices) != spec.mesh.size:
-        raise ValueError(
-            f"topology {topology_tag(spec, topology)} has {len(devices)} devices but mesh {spec.mesh.label()} "
-            f"needs {spec.mesh.size}; pass a topology with {spec.mesh.size} devices"
-        )
     t0 = time.perf_counter()
     base = {"trial_id": spec.trial_id, "topology": topology_tag(spec, topology)}
     try:
-        compiled = lower_train_step(spec, _mesh(spec, devices)).compile()
+        compiled = lowered(spec, topology)[0].compile()
     except Exception as e:  # noqa: BLE001 -- jaxlib raises its own XlaRuntimeError; only OOM is an answer
         rejected = compiler_rejection(str(e))
         if rejected is None:

@@ -66,15 +66,16 @@ def breakdown(spec: TrialSpec, *, loss_chunk_tokens: int | None = None) -> dict[
     # What one layer's backward holds per token beside its attention's transients: the residual stream's gradient
     # (fp32) and, under remat, the MLP's recomputed residuals (the attention's own are its kernel's inputs);
     # without remat they are saved, and the backward's gradients (gate's, up's, the product's) take their place.
-    # With offloaded layer inputs, their staging buffers: this layer's and the next one's, each in flight to and
-    # from the host (4 per token: not measured, libtpu reports no device peak for a program with pinned-host
-    # temporaries; README, "what compiled means").
-    stream = E * FP32 + (4 * E * BF16 if "layer_input" in moved else 0)
-    layer_tok = stream + (3 * x.M * BF16 if remat == "none" else mlp_res)
+    # Offloaded layer inputs come back through no buffer of their own: told the chip has 22,624 MiB, libtpu fits
+    # tpu7x_128 ring at 14M with them on host (README, "what compiled means"), below this model with four
+    # staging buffers per token.
+    layer_tok = E * FP32 + (3 * x.M * BF16 if remat == "none" else mlp_res)
     chunk = LOSS_CHUNK_TOKENS if loss_chunk_tokens is None else loss_chunk_tokens
     lt = min(tok, chunk) if chunk > 0 else tok
+    table = m.vocab * E // x.T * BF16  # one vocab x embed table in bf16, what a device holds of it
     return {
-        # fp32 master params, fp32 grads and AdamW mu, nu: sharded over every mesh axis (FSDP x tensor).
+        # fp32 master params, fp32 grads and AdamW mu, nu: sharded over every mesh axis (FSDP x tensor). The grads
+        # are the backward's accumulators: they exist from the last layer's backward on, not in the loss phase.
         "params": n * FP32 // x.S,
         "grads": n * FP32 // x.S,
         # train.memory.host=[optimizer]: AdamW's moments live in pinned host memory; only the update reads them
@@ -86,24 +87,45 @@ def breakdown(spec: TrialSpec, *, loss_chunk_tokens: int | None = None) -> dict[
         "saved_activations": N * tok * saved,
         "host_offload": N * tok * host_tok
         + sum(k * n * FP32 // x.S for part, k in (("optimizer", 2), ("params", 1)) if part in mem.host),
-        # Loss phase: one chunk's logits in fp32 and their gradient (the bf16 matmul output shares a slot with
-        # them: the TPU compile of tpu7x_128 at 1M holds bf16[8192,128256] + f32[1,8192,128256] in one 3.91 GiB
-        # slot, f32[1,8192,128256] in another), the unembedding table gathered in bf16, and the last layer's
-        # output with its fp32 gradient. The tables' fp32 gradients are not live with the logits.
+        # Loss phase (jobs/model.loss_fn's chunk scan and its backward), as the TPU compiles hold it (live ranges
+        # of the tpu7x_128 and v5p_128 compiles at 131,072 and 1,048,576 tokens): the unembedding table gathered in
+        # bf16 throughout; while a chunk is unembedded, its fp32 logits and their gradient (the bf16 matmul output
+        # shares their slot) with the last layer's output and its fp32 gradient; at the end, the table's gradient
+        # summed over the local tokens as a whole bf16 table, its copy reduced across devices, and the last
+        # chunk's logit gradient in bf16.
+        "unembedding": table,
         "logits": lt * x.V * 2 * FP32,
-        "unembedding": m.vocab * E // x.T * BF16,
         "loss_activations": tok * E * (BF16 + FP32),
-        # Layer phase (backward of one layer): FSDP gathers it in bf16; its fp32 grads exist before
-        # reduce-scatter; the recomputed residuals and the attention's transients (kernel, travelling K/V).
-        "gathered_weights": layer_params(m) // x.T * (BF16 + FP32),
+        "unembedding_grad": table,
+        "unembedding_grad_reduced": table,
+        "logits_grad": lt * x.V * BF16,
+        # Layer phase (backward of one layer): FSDP gathers its weights in bf16, and their gradients stay bf16 until
+        # reduce-scattered (the cast precedes the gather: bf16[4096,14336] gradients in the 14M compile); the
+        # recomputed residuals and the attention's transients (kernel, travelling K/V). The unembedding's
+        # gradient waits here for the update (both clusters' compiles keep one whole table of it).
+        "gathered_weights": layer_params(m) // x.T * (BF16 + BF16),
         "layer_working_set": tok * layer_tok,
         "attention": attention_bytes(spec, x),
     }
 
 
-PERSISTENT = ("params", "grads", "optimizer", "batch", "saved_activations")
-LOSS_PHASE = ("logits", "unembedding", "loss_activations")
-LAYER_PHASE = ("gathered_weights", "layer_working_set", "attention")
+PERSISTENT = ("params", "optimizer", "batch", "saved_activations")
+LOSS_PHASE = (
+    "unembedding",
+    "logits",
+    "loss_activations",
+    "unembedding_grad",
+    "unembedding_grad_reduced",
+    "logits_grad",
+)
+LAYER_PHASE = ("grads", "unembedding_grad", "gathered_weights", "layer_working_set", "attention")
+
+
+def loss_phase(b: dict[str, int]) -> int:
+    """The table throughout, and the larger of its two moments: a chunk's logits, or the table's gradient."""
+    unembed = b["logits"] + b["loss_activations"]
+    reduce = b["unembedding_grad"] + b["unembedding_grad_reduced"] + b["logits_grad"]
+    return b["unembedding"] + max(unembed, reduce)
 
 
 def layer_phase(b: dict[str, int]) -> int:
@@ -113,7 +135,7 @@ def layer_phase(b: dict[str, int]) -> int:
 def peak(b: dict[str, int]) -> int:
     """Peak = what lives through the step plus the larger phase: the loss's logits are freed before any
     layer's backward starts, so the two phases never add up."""
-    return sum(b[k] for k in PERSISTENT) + max(sum(b[k] for k in LOSS_PHASE), layer_phase(b))
+    return sum(b[k] for k in PERSISTENT) + max(loss_phase(b), layer_phase(b))
 
 
 def total(spec: TrialSpec, **kw) -> int:
