@@ -34,8 +34,8 @@ def point_metrics(row: Any, compiled: dict[str, Any] | None) -> dict[str, float]
     }
     if compiled and compiled.get("compiled_bytes"):
         out["compiled_bytes_per_device"] = compiled["compiled_bytes"]
-    if compiled and aot.device_peak(compiled):  # what the compiler checks against HBM (aot.verdict)
-        out["compiler_peak_bytes_per_device"] = aot.device_peak(compiled)
+    if compiled and (peak := aot.device_peak(compiled)):  # what the compiler checks against HBM (aot.verdict)
+        out["compiler_peak_bytes_per_device"] = peak
     return {k: float(v) for k, v in out.items() if v is not None}
 
 

@@ -66,9 +66,8 @@ def breakdown(spec: TrialSpec, *, loss_chunk_tokens: int | None = None) -> dict[
     # What one layer's backward holds per token beside its attention's transients: the residual stream's gradient
     # (fp32) and, under remat, the MLP's recomputed residuals (the attention's own are its kernel's inputs);
     # without remat they are saved, and the backward's gradients (gate's, up's, the product's) take their place.
-    # Offloaded layer inputs come back through no buffer of their own: told the chip has 22,624 MiB, libtpu fits
-    # tpu7x_128 ring at 14M with them on host (README, "what compiled means"), below this model with four
-    # staging buffers per token.
+    # Offloaded layer inputs come back through no buffer of their own: a model with four staging buffers per
+    # token was above what libtpu fits tpu7x_128 ring at 14M into (README, "what compiled means": remat=offload).
     layer_tok = E * FP32 + (3 * x.M * BF16 if remat == "none" else mlp_res)
     chunk = LOSS_CHUNK_TOKENS if loss_chunk_tokens is None else loss_chunk_tokens
     lt = min(tok, chunk) if chunk > 0 else tok
@@ -110,14 +109,6 @@ def breakdown(spec: TrialSpec, *, loss_chunk_tokens: int | None = None) -> dict[
 
 
 PERSISTENT = ("params", "optimizer", "batch", "saved_activations")
-LOSS_PHASE = (
-    "unembedding",
-    "logits",
-    "loss_activations",
-    "unembedding_grad",
-    "unembedding_grad_reduced",
-    "logits_grad",
-)
 LAYER_PHASE = ("grads", "unembedding_grad", "gathered_weights", "layer_working_set", "attention")
 
 
