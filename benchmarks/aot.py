@@ -87,6 +87,25 @@ def cap_cell(spec: TrialSpec, r: dict, mib: int, *, compile: bool = True) -> str
     return f"needs {need / 2**30:.1f}" if need else "refused"
 
 
+# The planner's band against the compiler (issue #12): never more than 5 % below, at most 15 % above.
+BAND = (0.95, 1.15)
+
+
+def band_cell(spec: TrialSpec, r: dict, *, compile: bool = True) -> str:
+    """Where no device peak exists (remat=offload: libtpu's peak is the host's), bound analytic / needed from
+    both sides with two capped compiles: a fit at planner/0.95 MiB says the planner is at most 5 % below what the
+    compiler needs; a refusal at planner/1.15 says it is less than 15 % above. "-" when not compiled (or,
+    with compile=False, not cached)."""
+    lo, hi = (cap_cell(spec, r, -(-int(r["analytic_bytes"] / f) // 2**20), compile=compile) for f in BAND)
+    if "-" in (lo, hi):
+        return "-"
+    if not lo.startswith("fits"):
+        return f"< {BAND[0]} ({lo} at planner/{BAND[0]})"
+    if hi.startswith("fits"):
+        return f"> {BAND[1]} ({hi} at planner/{BAND[1]})"
+    return f"{BAND[0]}–{BAND[1]} ({lo}, refused at {r['analytic_bytes'] / BAND[1] / 2**30:.1f})"
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="llama3_1_8b_long")
@@ -108,6 +127,10 @@ def main(argv: list[str]) -> int:
         "--at-mib", nargs="*", type=int, default=[],
         help="also compile each point as if HBM were this many MiB (does it fit there?)",
     )  # fmt: skip
+    ap.add_argument(
+        "--band", action="store_true",
+        help="also compile each point at planner/0.95 and planner/1.15 MiB: is analytic / needed in [0.95, 1.15]?",
+    )  # fmt: skip
     ap.add_argument("--refresh", action="store_true", help="compile again even if cached")
     a = ap.parse_args(argv)
     if not aot.available():
@@ -117,6 +140,7 @@ def main(argv: list[str]) -> int:
             "compiler's peak", "analytic / peak", "verdict", "compile s"]  # fmt: skip
     head += ["at the planner's HBM"] if a.at_plan else []
     head += [f"at {m:,} MiB" for m in a.at_mib]
+    head += ["analytic / needed (capped)"] if a.band else []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     done: list[tuple[str, dict]] = []
     for cluster in a.clusters:
@@ -140,6 +164,7 @@ def main(argv: list[str]) -> int:
                 if a.at_plan:
                     cells.append(at_plan_cell(spec, r))
                 cells += [cap_cell(spec, r, m) for m in a.at_mib]
+                cells += [band_cell(spec, r)] if a.band else []
                 lines.append("| " + " | ".join(cells) + " |")
     print("\n".join(lines))
     ratios = [(r["ratio"], c, r) for c, r in done if r["ratio"] is not None and r["status"] == "compiled"]

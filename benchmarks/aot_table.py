@@ -1,7 +1,7 @@
 """What the AOT cache already holds: analytic vs compiled GiB per device, term by term, without compiling.
 
 python benchmarks/aot_table.py [--model llama3_1_8b_long] [--remat full offload] [--ulysses auto 4] [--markdown
-[--at-plan] [--at-mib N ...]]
+[--at-plan] [--at-mib N ...] [--band]]
 """
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from benchmarks.aot import LENGTHS, at_plan_cell, cap_cell, row_cells, spec_for
+from benchmarks.aot import LENGTHS, at_plan_cell, band_cell, cap_cell, row_cells, spec_for
 from jobs import strategies
-from orchestrator.plan import aot, memory
+from orchestrator.plan import aot, memory, validate
 
 
 def main(argv: list[str]) -> int:
@@ -27,6 +27,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument(
         "--at-mib", nargs="*", type=int, default=[], help="with --markdown: cached capped compiles"
     )
+    ap.add_argument("--band", action="store_true", help="with --markdown: the cached capped compiles' band")
     a = ap.parse_args(argv)
     seen = set()
     for cluster in ("tpu7x_128", "v5p_128"):
@@ -35,6 +36,8 @@ def main(argv: list[str]) -> int:
                 for remat in a.remat:
                     for u in a.ulysses:
                         spec = spec_for(a.model, cluster, name, length, remat, ulysses=u)
+                        if validate.problems(spec) or not aot.cached_any(spec):
+                            continue  # an invalid point has no program; an uncached one need not be lowered
                         path = aot._cache_path(spec, None)
                         if not path.exists() or path in seen:
                             continue
@@ -45,6 +48,7 @@ def main(argv: list[str]) -> int:
                             if a.at_plan:
                                 cells.append(at_plan_cell(spec, row, compile=False))
                             cells += [cap_cell(spec, row, m, compile=False) for m in a.at_mib]
+                            cells += [band_cell(spec, row, compile=False)] if a.band else []
                             print("| " + " | ".join(cells) + " |")
                             continue
                         comp = row["compiled_bytes"] or 0

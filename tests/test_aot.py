@@ -76,7 +76,9 @@ def test_small_slice_verdicts_and_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(aot, "CACHE_DIR", tmp_path)
     fits, tight = tiny_spec(hbm=96 * 2**30), tiny_spec(hbm=2**20)
     assert fits.trial_id == tight.trial_id  # the cluster is not part of the identity: one compile serves both
+    assert not aot.cached_any(fits)
     rows = aot.compare([fits, tight])
+    assert aot.cached_any(fits)  # found by a glob, without lowering the step again
     assert [r["verdict"] for r in rows] == ["run", "infeasible"], rows
     assert rows[0]["status"] == "compiled" and rows[0]["compiled_bytes"] > 2**20
     # the compiler's own peak is recorded too, and never above memory_analysis's sum

@@ -101,6 +101,13 @@ def _cache_path(spec: TrialSpec, topology: str | None) -> Path:
     return CACHE_DIR / f"{spec.trial_id}-{tag}-{program_version(spec, topology)}.json"
 
 
+def cached_any(spec: TrialSpec, topology: str | None = None) -> bool:
+    """Whether any program of this trial and topology was compiled: a glob, no lowering (which takes minutes
+    for some points), to skip points never compiled before asking which program is cached."""
+    tag = topology_tag(spec, topology).replace(":", "_")
+    return any(CACHE_DIR.glob(f"{spec.trial_id}-{tag}-*.json"))
+
+
 # The TPU compiler's own words when a program does not fit, e.g. "RESOURCE_EXHAUSTED: Ran out of memory in
 # memory space hbm. ... the total memory required for HLO temporaries (150.60G) exceeds available HBM (94.75G)".
 _OOM = re.compile(
