@@ -69,10 +69,15 @@ def row_cells(cluster: str, r: dict) -> list[str]:
             f"{r['analytic_bytes'] / 2**30:.1f}", comp, own, ratio, r["verdict"], f"{r['compile_s']:.0f}"]  # fmt: skip
 
 
+def planner_mib(r: dict, factor: float = 1.0) -> int:
+    """The planner's figure / factor in whole MiB (rounded up), a cap for a capped compile."""
+    return -(-int(r["analytic_bytes"] / factor) // 2**20)
+
+
 def at_plan_cell(spec: TrialSpec, r: dict, *, compile: bool = True) -> str:
     """Compiled again with HBM = the planner's figure (benchmarks/aot_capped.py): "fits" or what it needs; "-"
     when not compiled (or, with compile=False, not cached)."""
-    return cap_cell(spec, r, -(-r["analytic_bytes"] // 2**20), compile=compile)
+    return cap_cell(spec, r, planner_mib(r), compile=compile)
 
 
 def cap_cell(spec: TrialSpec, r: dict, mib: int, *, compile: bool = True) -> str:
@@ -96,14 +101,15 @@ def band_cell(spec: TrialSpec, r: dict, *, compile: bool = True) -> str:
     both sides with two capped compiles: a fit at planner/0.95 MiB says the planner is at most 5 % below what the
     compiler needs; a refusal at planner/1.15 says it is less than 15 % above. "-" when not compiled (or,
     with compile=False, not cached)."""
-    lo, hi = (cap_cell(spec, r, -(-int(r["analytic_bytes"] / f) // 2**20), compile=compile) for f in BAND)
+    caps = [planner_mib(r, f) for f in BAND]
+    lo, hi = (cap_cell(spec, r, mib, compile=compile) for mib in caps)
     if "-" in (lo, hi):
         return "-"
     if not lo.startswith("fits"):
         return f"< {BAND[0]} ({lo} at planner/{BAND[0]})"
     if hi.startswith("fits"):
         return f"> {BAND[1]} ({hi} at planner/{BAND[1]})"
-    return f"{BAND[0]}–{BAND[1]} ({lo}, refused at {r['analytic_bytes'] / BAND[1] / 2**30:.1f})"
+    return f"{BAND[0]}–{BAND[1]} ({lo}, refused at {caps[1] / 1024:.1f})"
 
 
 def main(argv: list[str]) -> int:

@@ -95,17 +95,19 @@ def program_version(spec: TrialSpec, topology: str | None = None) -> str:
     return lowered(spec, topology)[1]
 
 
-def _cache_path(spec: TrialSpec, topology: str | None) -> Path:
+def _cache_stem(spec: TrialSpec, topology: str | None) -> str:
     # The trial id leaves the cluster out, so the slice count must be in the tag: one program per topology.
-    tag = topology_tag(spec, topology).replace(":", "_")
-    return CACHE_DIR / f"{spec.trial_id}-{tag}-{program_version(spec, topology)}.json"
+    return f"{spec.trial_id}-{topology_tag(spec, topology).replace(':', '_')}"
+
+
+def _cache_path(spec: TrialSpec, topology: str | None) -> Path:
+    return CACHE_DIR / f"{_cache_stem(spec, topology)}-{program_version(spec, topology)}.json"
 
 
 def cached_any(spec: TrialSpec, topology: str | None = None) -> bool:
     """Whether any program of this trial and topology was compiled: a glob, no lowering (which takes minutes
     for some points), to skip points never compiled before asking which program is cached."""
-    tag = topology_tag(spec, topology).replace(":", "_")
-    return any(CACHE_DIR.glob(f"{spec.trial_id}-{tag}-*.json"))
+    return any(CACHE_DIR.glob(f"{_cache_stem(spec, topology)}-*.json"))
 
 
 # The TPU compiler's own words when a program does not fit, e.g. "RESOURCE_EXHAUSTED: Ran out of memory in
