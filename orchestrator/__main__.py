@@ -1,18 +1,28 @@
-"""`python -m orchestrator [+sweep=NAME] [group=option ...] [key=value ...]`: compose, plan, run."""
+"""`python -m orchestrator [-m] [+sweep=NAME] [group=option ...] [key=value ...]`: compose, plan, run.
+
+`--help`, `--cfg job` and `--info` (orchestrator/cli.py) print and start nothing."""
 
 from __future__ import annotations
 
 import logging
 import sys
 
-from orchestrator.config import ConfigError, load
+from orchestrator import cli
+from orchestrator.config import ConfigError
 from orchestrator.grid import expand
 
 
 def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        cfg = load(argv)
+        args = cli.parse_args(argv)
+        if args.help:
+            print(cli.help_text())
+            return 0
+        cfg = cli.compose(args)
+        if args.cfg or args.info:
+            print(cli.show(cfg, args), end="")
+            return 0
         specs = expand(cfg)
         from orchestrator.plan import plan, render_table, to_json
 

@@ -1,11 +1,13 @@
-"""Compose the Hydra config once, and turn config errors into one clear line."""
+"""Compose the Hydra config once, turn config errors into one clear line, and show what composed (--info)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
+from hydra.core.default_element import DefaultsTreeNode, GroupDefault, InputDefault
 from hydra.core.global_hydra import GlobalHydra
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from jobs import strategies
@@ -56,3 +58,57 @@ def group_option(group: str, name: str, conf_dir: Path = CONF_DIR) -> dict:
         opts = sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
         raise ConfigError(f"unknown {group} {name!r} in the sweep grid — choose from: {', '.join(opts)}")
     return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+
+
+def info(overrides: list[str], what: str = "all", conf_dir: Path = CONF_DIR) -> str:
+    """What Hydra's `--info` shows, from the compose API's config loader: the search path, the config groups,
+    the defaults tree and list (composition order). Hydra's own `hydra/` configs are left out: nothing here
+    uses them (no run dir, launcher or sweeper)."""
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+            loader = GlobalHydra.instance().config_loader()
+            found = loader.compute_defaults_list("config", list(overrides), RunMode.RUN)
+            search = [(e.provider, e.path) for e in loader.get_search_path().get_path()]
+            groups = {g: loader.get_group_options(g) for g in loader.list_groups("") if g != "hydra"}
+    except Exception as e:
+        raise ConfigError(_one_line(e, overrides)) from e
+    choices = found.overrides.known_choices
+    listed = "".join(f"  {g}: {', '.join(f'[{o}]' if choices.get(g) == o else o for o in opts)}\n"
+                     for g, opts in groups.items())  # fmt: skip
+    rows = [(d.config_path or "", d.package or "", str(d.is_self), d.parent or "")
+            for d in found.defaults if not (d.config_path or "").startswith("hydra/")]  # fmt: skip
+    parts = {
+        "searchpath": _table("Config search path", ("Provider", "Search path"), search),
+        "groups": f"Config groups (the chosen option in [])\n{listed}",
+        "defaults-tree": "Defaults tree\n" + "".join(f"{ln}\n" for ln in _tree(found.defaults_tree)),
+        "defaults": _table("Defaults list", ("Config path", "Package", "_self_", "Parent"), rows),
+        "plugins": "Plugins: not applicable: trials run on Ray, not through a Hydra launcher or sweeper\n",
+    }
+    order = {"all": ("searchpath", "groups", "defaults-tree", "defaults"),
+             "config": ("searchpath", "defaults-tree", "defaults")}.get(what, (what,))  # fmt: skip
+    return "\n".join(parts[k] for k in order)
+
+
+def _table(title: str, head: tuple[str, ...], rows: list[tuple]) -> str:
+    cells = [head, *[tuple(str(c) for c in r) for r in rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(head))]
+    line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |"
+    rule = "-" * len(line(head))
+    return "\n".join([title, rule, line(head), rule, *map(line, cells[1:]), rule]) + "\n"
+
+
+def _tree(node: DefaultsTreeNode | InputDefault, depth: int = 0) -> list[str]:
+    """Hydra's defaults tree as indented lines, without its own hydra/config branch."""
+    here = node.node if isinstance(node, DefaultsTreeNode) else node
+    if isinstance(here, GroupDefault):
+        label = f"{here.get_override_key()}: {here.get_name()}"
+    else:
+        label = here.get_config_path()
+    if label.startswith("hydra/"):
+        return []
+    kids = (node.children or []) if isinstance(node, DefaultsTreeNode) else []
+    lines = [f"{'  ' * depth}{label}{':' if kids else ''}"]
+    for child in kids:
+        lines += _tree(child, depth + 1)
+    return lines

@@ -45,6 +45,15 @@ def _flatten(tree: dict, prefix: str = "") -> dict[str, list]:
     return out
 
 
+def _dotted(tree: dict, prefix: str = "") -> dict[str, Any]:
+    """`set` may nest (`+sweep.set.train.steps=4` writes {train: {steps: 4}}): one dotted key per leaf, so a
+    nested set changes that key, not its whole section."""
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        out |= _dotted(v, f"{prefix}{k}.") if isinstance(v, dict) and v else {f"{prefix}{k}": v}
+    return out
+
+
 def points(sweep: dict | None) -> list[tuple[tuple[str, Any], ...]]:
     """The grid's points as ((axis, value), ...): zipped groups move together, the rest are crossed."""
     if not sweep:
@@ -85,7 +94,8 @@ def expand(cfg: DictConfig, conf_dir=CONF_DIR) -> list[TrialSpec]:
     """Every point of the sweep (or the single base point) as a TrialSpec, in grid order."""
     base = OmegaConf.to_container(cfg, resolve=True)
     sweep = base.pop("sweep", None)
-    for dotted, value in ((sweep or {}).get("set") or {}).items():
+    sets = _dotted((sweep or {}).get("set") or {})
+    for dotted, value in sets.items():
         checks.check_sweep_key(dotted, "sweep.set key")
         _set(base, dotted, value)
     grid = points(sweep)
@@ -101,6 +111,9 @@ def expand(cfg: DictConfig, conf_dir=CONF_DIR) -> list[TrialSpec]:
                 if key not in options:
                     options[key] = group_option(axis, str(value), conf_dir)
                 d[axis] = copy.deepcopy(options[key])
+                for dotted, v in sets.items():  # a set key inside the group holds for every option
+                    if dotted.startswith(f"{axis}."):
+                        _set(d, dotted, copy.deepcopy(v))
             else:
                 _set(d, axis, value)
         found = checks.check_point(d)

@@ -1,0 +1,301 @@
+"""The command line as a Hydra user expects it: overrides, `-m` sweeps, --help, --cfg, --info.
+
+Hydra's `@hydra.main` is not the entry point (the driver composes once and Ray is the executor, DESIGN.md §1),
+so its flags are handled here: `-m key=a,b` becomes a grid axis of `sweep`, exactly as a sweep file's `axes`.
+Bad input of any kind is a ConfigError: one line, exit 2, nothing started.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Glob, Override, QuotedString, ValueType
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from orchestrator import checks
+from orchestrator.config import CONF_DIR, GROUPS, ConfigError, group_option, info, load
+from orchestrator.grid import GROUP_AXES, points
+from orchestrator.schema import TRIAL_KEYS
+
+CFG_CHOICES = ("job", "hydra", "all")
+INFO_CHOICES = ("all", "config", "defaults", "defaults-tree", "searchpath", "plugins")
+_FLAGS = {"-h": "help", "--help": "help", "-m": "multirun", "--multirun": "multirun", "--resolve": "resolve",
+          "-c": "cfg", "--cfg": "cfg", "-p": "package", "--package": "package",
+          "-i": "info", "--info": "info"}  # fmt: skip
+_SWITCHES = ("help", "multirun", "resolve")
+ALLOWED = (f"-h/--help, -m/--multirun, -c/--cfg {'|'.join(CFG_CHOICES)}, --resolve, -p/--package KEY, "
+           f"-i/--info [{'|'.join(INFO_CHOICES)}]")  # fmt: skip
+NO_HYDRA_NODE = ("# hydra: not applicable: conf/ is composed with Hydra's compose API and trials run on Ray, "
+                 "so no hydra node (run dir, launcher, sweeper, logging) is used\n")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Args:
+    """The parsed command line: Hydra overrides (their own grammar) and the flags."""
+
+    overrides: tuple[str, ...] = ()
+    multirun: bool = False  # sweep overrides (key=a,b) become grid axes
+    help: bool = False
+    cfg: str = ""  # job | hydra | all: print the config instead of running
+    resolve: bool = False  # accepted as Hydra has it: --cfg always resolves (a trial never sees `${...}`)
+    package: str = ""  # with --cfg: only this part of the config
+    info: str = ""  # one of INFO_CHOICES: what Hydra's --info shows
+
+
+def parse_args(argv: list[str]) -> Args:
+    """Flags anywhere on the line, like Hydra's; anything not starting with `-` is an override."""
+    found: dict[str, Any] = {}
+    overrides: list[str] = []
+    rest = list(argv)
+    while rest:
+        token = rest.pop(0)
+        if not token.startswith("-"):
+            overrides.append(token)
+            continue
+        flag, eq, value = token.partition("=")
+        name = _FLAGS.get(flag)
+        if name is None:
+            raise ConfigError(f"unknown flag {token!r}; allowed: {ALLOWED}, then overrides key=value")
+        if name in _SWITCHES:
+            if eq:
+                raise ConfigError(f"{flag} takes no value, got {token!r}")
+            value = True
+        elif name == "info":  # its value is optional, as in Hydra: --info alone is --info all
+            value = value or (rest.pop(0) if rest and rest[0] in INFO_CHOICES else "all")
+        elif not eq:
+            if not rest or rest[0].startswith("-"):
+                raise ConfigError(f"{flag} needs a value, e.g. {flag} {'job' if name == 'cfg' else 'model'}")
+            value = rest.pop(0)
+        found[name] = value
+    for name, choices in (("cfg", CFG_CHOICES), ("info", INFO_CHOICES)):
+        if name in found and found[name] not in choices:
+            raise ConfigError(f"--{name} takes one of {', '.join(choices)}, got {found[name]!r}")
+    return Args(overrides=tuple(overrides), **found)
+
+
+def split_sweeps(args: Args, conf_dir: Path = CONF_DIR) -> tuple[list[str], dict[str, list]]:
+    """(the plain overrides, the grid axes from `-m` sweep overrides, typed as Hydra parsed them)."""
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(args.overrides))
+    except Exception as e:  # Hydra's grammar error, already naming the override
+        raise ConfigError(" ".join(str(e).split())) from e
+    plain: list[str] = []
+    axes: dict[str, list] = {}
+    for text, o in zip(args.overrides, parsed, strict=True):
+        if not o.is_sweep_override():
+            plain.append(text)
+        elif not args.multirun:
+            key, value = o.get_key_element(), o.get_value_string()
+            simple = o.value_type == ValueType.SIMPLE_CHOICE_SWEEP  # a,b: the list and string forms are plain
+            ways = f"write {key}=[{value}] for a list, {key}='{value}' for a string, or " if simple else ""
+            raise ConfigError(f"ambiguous value for argument {text!r}: {ways}add -m (or --multirun) to sweep "
+                              "over it")  # fmt: skip
+        else:
+            axes[o.key_or_group] = _axis_values(o, text, conf_dir)
+    return plain, axes
+
+
+def _axis_values(o: Override, text: str, conf_dir: Path) -> list:
+    key = o.key_or_group
+    if key == "sweep":
+        raise ConfigError(
+            f"{text!r}: one sweep file per run; pick one +sweep=NAME and add axes with -m key=a,b"
+        )
+    if o.package or o.is_hydra_override():
+        raise ConfigError(
+            f"{text!r} cannot be a grid axis: sweep a trial key or one of {', '.join(GROUP_AXES)}"
+        )
+    if o.is_interval_sweep():
+        raise ConfigError(f"{text!r} is a continuous interval (for a sampler); a grid needs listed values, "
+                          f"e.g. {key}=a,b, {key}=range(1,4) or {key}=choice(a,b)")  # fmt: skip
+    checks.check_sweep_key(key, "sweep axis")
+    value = o.value()
+    if isinstance(value, Glob):
+        if key not in GROUP_AXES:
+            raise ConfigError(f"{text!r}: glob() picks options of a config group ({', '.join(GROUP_AXES)})")
+        values: list = value.filter(sorted(p.stem for p in (conf_dir / key).glob("*.yaml")))
+    else:
+        values = [_plain(v) for v in o.sweep_iterator()]
+    if key in GROUP_AXES:
+        for v in values:
+            group_option(key, str(v), conf_dir)  # an unknown option fails here, as in a sweep file
+    return values
+
+
+def _plain(v: Any) -> Any:
+    """A parsed element as YAML would give it: quoted strings as str, inside lists and dicts too."""
+    if isinstance(v, QuotedString):
+        return v.text
+    if isinstance(v, list):
+        return [_plain(x) for x in v]
+    if isinstance(v, dict):
+        return {_plain(k): _plain(x) for k, x in v.items()}
+    return v
+
+
+def compose(args: Args, conf_dir: Path = CONF_DIR) -> DictConfig:
+    """Compose the plain overrides; `-m` axes join `+sweep=NAME`'s (replacing an axis of the same key) or
+    make a sweep named "cli" (a fixed `+sweep.id=...` still resumes it)."""
+    plain, axes = split_sweeps(args, conf_dir)
+    cfg = load(plain, conf_dir)
+    sweep = OmegaConf.to_container(cfg.sweep, resolve=True) if cfg.get("sweep") else {}
+    merged = _flat(sweep.get("axes") or {}) | axes  # dict order: a replaced axis keeps its place
+    # `strategy.block_q=128` with a strategy axis: each point loads its option whole, so the key goes to the
+    # sweep's `set`, which grid.expand applies on top of every option it loads
+    kept = _group_keys(plain, {a for a in merged if a in GROUP_AXES})
+    if axes or kept:
+        with open_dict(cfg):
+            cfg.sweep = {"name": sweep.get("name") or "cli", "id": sweep.get("id") or "", "axes": merged,
+                         "zip": sweep.get("zip") or [], "set": _flat(sweep.get("set") or {}) | kept}  # fmt: skip
+    return cfg
+
+
+def _group_keys(plain: list[str], groups: set[str]) -> dict[str, Any]:
+    """The plain overrides that set a key inside a group that is a grid axis, as dotted key -> value."""
+    if not groups:
+        return {}
+    parsed = OverridesParser.create().parse_overrides(plain)
+    return {o.key_or_group: _plain(o.value()) for o in parsed
+            if not o.is_delete() and o.key_or_group.split(".")[0] in groups and "." in o.key_or_group}  # fmt: skip
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    """Nested axes (as `+sweep.axes.train.steps=[..]` writes them) as dotted keys, so `-m` replaces them."""
+    out: dict = {}
+    for k, v in tree.items():
+        out |= _flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v}
+    return out
+
+
+def show(cfg: DictConfig, args: Args, conf_dir: Path = CONF_DIR) -> str:
+    """--info or --cfg output; starts nothing."""
+    if args.info:
+        text = info(split_sweeps(args, conf_dir)[0], args.info, conf_dir)
+        if args.info in ("all", "config"):
+            text += "\nConfig\n" + cfg_text(cfg, Args(cfg="job"))
+        return text
+    return cfg_text(cfg, args)
+
+
+def cfg_text(cfg: DictConfig, args: Args) -> str:
+    """The config a trial gets, as YAML, resolved; with a sweep, the base (`sweep.set` applied), the grid."""
+    if args.cfg == "hydra":
+        return NO_HYDRA_NODE
+    tree = OmegaConf.to_container(cfg, resolve=True)
+    sweep = tree.pop("sweep", None) or {}
+    base = OmegaConf.create(tree)
+    OmegaConf.set_struct(base, True)  # a `set` key that is not in the config fails, as in grid.expand
+    for dotted, value in (sweep.get("set") or {}).items():
+        checks.check_sweep_key(dotted, "sweep.set key")
+        try:
+            OmegaConf.update(base, dotted, value, merge=False)
+        except Exception as e:
+            raise ConfigError(f"sweep.set key {dotted!r} is not a config key — check the name against "
+                              "conf/config.yaml") from e  # fmt: skip
+    if args.package:
+        node = OmegaConf.select(base, args.package)
+        if node is None:
+            raise ConfigError(f"package {args.package!r} not found in the config; top-level keys: "
+                              f"{', '.join(base)}")  # fmt: skip
+        body = OmegaConf.to_yaml(node) if OmegaConf.is_config(node) else f"{node}\n"
+        text = f"# @package {args.package}\n{body}"
+    else:
+        text = OmegaConf.to_yaml(base)
+        if sweep:
+            grid = points(sweep)
+            shown = {"sweep": {**sweep, "size": len(grid), "points": [dict(p) for p in grid]}}
+            text += "# the grid: each point is a trial of the config above with its axes set\n"
+            text += yaml.safe_dump(shown, default_flow_style=None, sort_keys=False, width=110)
+    return text + (NO_HYDRA_NODE if args.cfg == "all" else "")
+
+
+# The driver's switches (conf/config.yaml holds their defaults; tests/test_cli_hydra.py keeps both in step).
+SWITCHES = {
+    "dry_run": "plan every point and print the plan; start nothing",
+    "output": "table | json: how dry_run prints the plan",
+    "aot": "with dry_run: compile the valid points for the cluster's TPU topology too (.[tpu])",
+    "aot_topology": "with aot: compile for this topology instead of the cluster's, e.g. 2x2x1",
+    "record": "with dry_run: log the plan to MLflow as planned runs (tag planned=true), plots",
+    "skip_invalid": "launch the valid points even if some are invalid (else nothing starts)",
+    "progress": "auto | rich | plain: the live display of the sweep",
+    "retries.preemption": "relaunches of a trial whose host was lost (preempted, node died)",
+    "retries.failure": "relaunches of a trial that raised; a separate budget: a lost host is not a bug",
+    "gate.enabled": "after the sweep, compare each trial with its previous finished run (same trial id)",
+    "gate.max_drop": "an MFU or tokens/s drop past this fraction tags the sweep regression=true: exit 3",
+}
+EXAMPLES = (
+    ("+sweep=smoke", "4 tiny trials on local Ray, tracked in ./mlflow.db (about a minute)"),
+    (
+        "-m strategy=ring,usp context_length=1024,2048 dry_run=true",
+        "a 2 x 2 grid from the command line, planned",
+    ),
+    ("+sweep=cp_scaling cluster=tpu7x_128 --cfg job", "the config and the grid of a sweep; nothing starts"),
+)
+EXIT_CODES = (
+    (0, "done: no trial failed (with dry_run: no point invalid, or skip_invalid=true)"),
+    (1, "some trials failed, or tracking never came back (writes journaled for a rerun)"),
+    (2, "bad input: one error line, nothing started"),
+    (3, "the regression gate tripped"),
+)
+
+
+def switch_defaults(conf_dir: Path = CONF_DIR) -> dict[str, Any]:
+    """The driver's switches in conf/config.yaml (every top-level key that is neither a trial key nor a
+    group) as dotted key -> default."""
+    tree = OmegaConf.to_container(OmegaConf.load(conf_dir / "config.yaml"))
+    keep = {k: v for k, v in tree.items() if k not in {"defaults", *TRIAL_KEYS, *GROUPS}}
+    return _flat(keep)
+
+
+def help_text(conf_dir: Path = CONF_DIR) -> str:
+    """`python -m orchestrator --help`, read from conf/ without composing (docs/reference/cli.md shows it)."""
+    listed = OmegaConf.to_container(OmegaConf.load(conf_dir / "config.yaml"))["defaults"]
+    defaults = {k: v for d in listed if isinstance(d, dict) for k, v in d.items()}
+    groups = []
+    for g in GROUPS:
+        opts = [
+            f"{o}*" if o == defaults.get(g) else o
+            for o in sorted(p.stem for p in (conf_dir / g).glob("*.yaml"))
+        ]
+        none = "" if g in defaults else "  (none by default)"
+        groups.append(f"  {('+' if g == 'sweep' else '') + g + '=NAME':<20}{', '.join(opts)}{none}")
+    shown = {k: "true" if v is True else "false" if v is False else '""' if v == "" else v
+             for k, v in switch_defaults(conf_dir).items()}  # fmt: skip
+    switches = [f"  {f'{k}={v}':<26}{SWITCHES.get(k, '')}" for k, v in shown.items()]
+    flags = [
+        ("-h, --help", "this help"),
+        ("-m, --multirun", "sweep overrides key=a,b (or range(1,4), choice(a,b), glob(*)) become grid"),
+        ("", "axes, crossed as in a sweep file; with +sweep=NAME they add to or replace its axes"),
+        ("-c, --cfg job|hydra|all", "print the config a trial gets (resolved) and the grid; start nothing"),
+        ("--resolve", "accepted: --cfg always resolves interpolations"),
+        ("-p, --package KEY", "with --cfg: only that part of the config, e.g. -p model"),
+        ("-i, --info [WHAT]", "the config search path, groups, defaults tree and list; start nothing"),
+        ("", f"WHAT: {'|'.join(INFO_CHOICES)}"),
+    ]  # fmt: skip
+    return "\n".join([
+        "usage: python -m orchestrator [-m] [+sweep=NAME] [group=NAME ...] [key=value ...] [flags]",
+        "",
+        "Compose the Hydra config in conf/ once, expand the sweep's grid into trials, validate and plan",
+        "every point (memory, communication, fit on the cluster), then run the runnable ones on Ray,",
+        "tracked in MLflow (a parent run per sweep, a child run per trial). No sweep: one trial.",
+        "Overrides are Hydra's: key=value sets, +key=value adds, ~key deletes, group=NAME picks a config.",
+        "",
+        "Config groups (* the default; a grid axis of model, strategy, mesh or cluster takes these names):",
+        *groups,
+        "",
+        "Driver switches (one value for the whole sweep, never part of a trial id):",
+        *switches,
+        "",
+        "Flags:",
+        *(f"  {f:<26}{what}" for f, what in flags),
+        "",
+        "Examples:",
+        *(f"  python -m orchestrator {a}\n      {what}" for a, what in EXAMPLES),
+        "",
+        "Exit codes:",
+        *(f"  {c}  {what}" for c, what in EXIT_CODES),
+    ])  # fmt: skip
