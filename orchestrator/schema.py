@@ -2,7 +2,8 @@
 
 A trial's sections take their keys and types from the seam's own dataclasses (jobs/spec.py), so a field added
 there is checked without a second list; the driver's switches have small dataclasses here. orchestrator/checks.py
-holds a composed config against this before Ray or a tracking store starts.
+holds a composed config against this before Ray or a tracking store starts. Each key's meaning is a line in
+orchestrator/keydocs.py; orchestrator/reference.py renders all three into docs/reference/config.md.
 """
 
 from __future__ import annotations

@@ -1,0 +1,168 @@
+"""One line of meaning (with units) per config key, keyed by dotted key: the schema's words for people.
+
+orchestrator/schema.py says what a key accepts, conf/ what it defaults to, this what it means;
+orchestrator/reference.py renders the three into docs/reference/config.md, and tests/test_reference.py fails
+when a key of the schema or of a conf/ file has no line here, or a line names a key that no longer exists.
+A section's own line (e.g. "train.data") opens its part of the page.
+"""
+
+from __future__ import annotations
+
+DOCS: dict[str, str] = {
+    # --- top level: the trial's length and the driver's switches (one value for the whole sweep) -------------
+    "context_length": "Tokens per sequence (L): what the context-parallel strategies split over the context axes.",
+    "dry_run": "Plan and print the grid (verdict, predicted memory, step time and MFU per point); start no Ray, "
+    "train nothing.",
+    "output": "How `dry_run` prints the plan: a rich table, or JSON rows (one per grid point).",
+    "aot": "With `dry_run`: also compile every valid point ahead of time for the cluster's TPU topology and "
+    "print analytic vs compiled memory (needs libtpu: `pip install -e '.[tpu]'`).",
+    "aot_topology": 'Topology for the `aot` compile instead of `cluster.topology`, e.g. `2x2x1` ("": the cluster\'s).',
+    "record": "With `dry_run`: record the plan in MLflow as planned runs (sweep id `<id>-plan`, tag "
+    "`planned=true`), with plots.",
+    "skip_invalid": "Run the valid grid points even when some are invalid (without it an invalid point means "
+    "exit code 2, nothing launched).",
+    "progress": "Progress display: `rich` (a live table), `plain` (a log line per state change), `auto` "
+    "(rich on a terminal, else plain).",
+    # --- model: conf/model/ ----------------------------------------------------------------------------------
+    "model": "The model: a Llama-family dense decoder (RMSNorm, RoPE, GQA, SwiGLU), layers stacked and scanned.",
+    "model.name": "Model name, shown in params, plan rows and plot titles.",
+    "model.vocab": "Vocabulary size V (tokens); the unembedding is E x V.",
+    "model.embed": "Hidden width E.",
+    "model.layers": "Decoder layers N.",
+    "model.q_heads": "Query heads Hq; a Ulysses degree must divide Hq / tensor.",
+    "model.kv_heads": "Key/value heads Hkv (grouped-query attention: Hq is a multiple of it); `mesh.tensor` "
+    "must divide it.",
+    "model.head_dim": "Head dimension D.",
+    "model.mlp": "SwiGLU hidden width M.",
+    "model.rope_theta": "RoPE base frequency theta (positions are the tokens' true positions, also under zigzag).",
+    "model.norm_eps": "RMSNorm epsilon.",
+    "model.tie_embeddings": "Share one V x E table between the input embedding and the unembedding.",
+    # --- strategy: conf/strategy/ ----------------------------------------------------------------------------
+    "strategy": "Which context-parallel (CP) attention, its token layout and its local kernel.",
+    "strategy.name": "CP strategy from the registry (jobs/strategies); `none` is the dense reference "
+    "(context axes of size 1).",
+    "strategy.layout": "Token order over the context shards: `zigzag` (2R chunks, device r holds r and 2R-1-r: "
+    "equal causal work, needs context_length % 2R == 0) or `contiguous` (natural order).",
+    "strategy.kernel": "Local attention kernel: `auto` (splash on TPU, flash on GPU, xla elsewhere), `xla` "
+    "(blockwise, every backend), `splash` (Pallas, TPU only), `flash` (GPU only).",
+    "strategy.block_q": "Query block of the local kernel, in tokens.",
+    "strategy.block_kv": "Key/value block of the local kernel, in tokens.",
+    # --- mesh: conf/mesh/ ------------------------------------------------------------------------------------
+    "mesh": "Device mesh axis sizes (jobs/mesh.py owns the axes); their product must equal the trial's devices "
+    "(`mesh=auto` fills the context axes).",
+    "mesh.data": "Data-parallel axis: the batch is split over data x fsdp.",
+    "mesh.fsdp": "Fully-sharded data-parallel axis: splits the batch; parameters and AdamW state are sharded "
+    "over every axis but tensor.",
+    "mesh.tensor": "Tensor-parallel axis: splits the heads and the MLP.",
+    "mesh.context": "Context (sequence) axis: the whole CP degree for single-axis strategies, the ring of usp, "
+    "the outer ring of double_ring; `auto`: every device not on data, fsdp or tensor, split as the strategy says.",
+    "mesh.context_ulysses": "Inner context axis: usp's Ulysses degree, double_ring's inner ring (1 for the "
+    "others); `auto`: chosen by the strategy (usp: the largest the heads allow).",
+    "mesh.dcn": "The axis laid across slices over DCN when `cluster.slices_per_trial` > 1 (its outer factor "
+    'indexes the slice); "": one slice.',
+    # --- cluster: conf/cluster/ ------------------------------------------------------------------------------
+    "cluster": "Where trials run, and the hardware and step-time constants the planner prices them with; "
+    "execution only, never part of the trial id.",
+    "cluster.name": "Cluster name: param and parent-run tag `cluster`; the regression gate compares runs of the "
+    "same cluster only.",
+    "cluster.kind": "How Ray is reached: `local` (a Ray started here), `local_multihost` (several JAX processes "
+    "here, joined by jax.distributed), `fake_tpu` (local nodes posing as TPU hosts), `tpu` (real slices "
+    "reserved with ray.util.tpu), `address` (an existing Ray cluster at `cluster.address`).",
+    "cluster.platform": "JAX backend of the hosts; `cpu` simulates `devices_per_host` devices per process.",
+    "cluster.accelerator": "Chip name (`v5p`, `tpu7x`, `cpu`): the spec-sheet peak when "
+    "`peak_tflops_per_device` is 0, and the TPU generation of slice reservations and AOT compiles.",
+    "cluster.hosts": "Hosts per slice, one JAX process each.",
+    "cluster.devices_per_host": "JAX devices per host (a v5p chip is one device, a tpu7x chip two).",
+    "cluster.slices": "Slices in the cluster: trials at once are slices // slices_per_trial (on TPU, counted "
+    "from the slices Ray sees); a fake_tpu cluster starts this many.",
+    "cluster.slices_per_trial": "Slices one trial spans (multislice over DCN; `mesh.dcn` names the axis "
+    "across them).",
+    "cluster.topology": 'TPU slice topology, e.g. `4x4x4`, for slice reservations and AOT compiles ("": not a TPU).',
+    "cluster.peak_tflops_per_device": "Peak bf16 TFLOP/s per JAX device, MFU's denominator; 0: the "
+    "accelerator's spec-sheet peak, or on CPU a matmul measured on the spot (labelled `cpu_measured_<dtype>`).",
+    "cluster.hbm_bytes_per_device": "Device memory per JAX device, in bytes: points the planner predicts "
+    "above it are infeasible (0: no limit).",
+    "cluster.ici_bytes_per_s": "ICI bandwidth of one link, one direction, in bytes/s (planner; 0: 1e11 assumed).",
+    "cluster.dcn_bytes_per_s": "Data-centre network bandwidth per host, one direction, in bytes/s (planner; "
+    "0: DCN time not modelled).",
+    "cluster.max_step_seconds": "Planner's budget, in seconds per step: points predicted slower are "
+    "infeasible on this cluster (0: no budget).",
+    "cluster.concurrency": "Trials at once (0: one per `slices_per_trial` slices; on TPU the slices Ray sees).",
+    "cluster.address": 'Ray address: "" starts a local Ray (or the fake TPU cluster), `auto` joins the cluster '
+    "this machine belongs to, `ray://host:port` connects.",
+    "cluster.matmul_efficiency": "Step-time model: fraction of peak the layer matmuls reach.",
+    "cluster.attention_efficiency": "Step-time model: the attention kernel's fraction of peak at large "
+    "head_dim and blocks.",
+    "cluster.attention_head_dim_half": "Step-time model: head_dim Dh at which softmax work halves the kernel's "
+    "rate (x D/(D+Dh); 0: no head_dim effect).",
+    "cluster.attention_block_half": "Step-time model: tokens per hop bh at which per-hop cost halves the "
+    "kernel's rate (x b/(b+bh); 0: no block effect).",
+    "cluster.attention_recompute": "Step-time model: attention forwards replayed in backward when remat does "
+    "not keep the attention output.",
+    "cluster.collective_links": "Step-time model: ICI links an all-gather or all-to-all drives at once (a "
+    "ring hop uses one).",
+    "cluster.step_overhead_s": "Step-time model: fixed seconds per step (dispatch, optimizer update, host loop).",
+    "cluster.host_bytes_per_s": "Step-time model: host offload bandwidth per device, in bytes/s (0: offload "
+    "transfers not modelled).",
+    # --- train -----------------------------------------------------------------------------------------------
+    "train": "Training settings of a trial.",
+    "train.steps": "Optimizer steps per trial; each attempt's first step is warm-up, left out of the median "
+    "step time.",
+    "train.batch": "Global batch, in sequences of `context_length` tokens; a multiple of data x fsdp x "
+    "grad_accum.",
+    "train.dtype": "Compute dtype; parameters and AdamW state stay float32.",
+    "train.remat": "Rematerialisation preset: `none` (keep every residual), `full` (recompute each layer in "
+    "backward, keep its input), `save_attn` (also keep attention outputs), `offload` (layer inputs in pinned "
+    "host memory).",
+    "train.lr": "AdamW peak learning rate: linear warm-up from 0, then cosine decay to lr/10 at the last step "
+    "(0: a throughput-only run).",
+    "train.warmup": "Warm-up steps of the learning rate.",
+    "train.weight_decay": "AdamW decoupled weight decay.",
+    "train.grad_clip": "Global gradient norm the update is clipped to.",
+    "train.grad_accum": "Micro-batches accumulated per step (the batch is split into this many).",
+    "train.seed": "Seed of the parameter init and the data (a batch is a pure function of seed and step).",
+    "train.data": "What a trial trains on.",
+    "train.data.kind": "`recall`: a synthetic key-value recall task whose answers sit ~L/2 tokens back (the "
+    "loss beats ln 8 only if attention across devices is right); `tokens`: the token file at `path`.",
+    "train.data.path": "Flat token file, local or `gs://bucket/object`, memory-mapped (each host reads its own "
+    'shards); "" with `recall`.',
+    "train.data.dtype": "Element type of the token file.",
+    "train.memory": "What the step keeps where, on top of the `train.remat` preset; left out of the trial id "
+    "while all three lists are empty.",
+    "train.memory.save": "Residuals kept in HBM between forward and backward instead of recomputed.",
+    "train.memory.offload": "Residuals kept in pinned host memory between forward and backward.",
+    "train.memory.host": "Train state kept in pinned host memory between steps (a TPU feature for now: on GPU "
+    "it raised the compiled peak).",
+    # --- run ---------------------------------------------------------------------------------------------------
+    "run": "Execution details of a trial (where it checkpoints, how often); not part of the trial id.",
+    "run.checkpoint_dir": "Checkpoint root, local or `gs://`; a trial saves under `<root>/<sweep_id>/<trial_id>` "
+    '("": `./.cache/checkpoints`).',
+    "run.checkpoint_every": "Steps between orbax checkpoints (0: none); a retry or a rerun of the sweep resumes "
+    "from the last one.",
+    # --- tracking: conf/tracking/ ------------------------------------------------------------------------------
+    "tracking": "The MLflow store the driver writes to (workers never talk to MLflow).",
+    "tracking.uri": "MLflow tracking URI: `sqlite:///mlflow.db` (a file in the working directory) or a "
+    "server's `http(s)://` URL.",
+    "tracking.experiment": "MLflow experiment of the sweep's runs (created when missing).",
+    "tracking.artifact_location": "Artifact root of the experiment when this driver creates it, e.g. "
+    '`gs://bucket/prefix` ("": the store\'s default).',
+    # --- retries, gate -------------------------------------------------------------------------------------------
+    "retries": "Retry budgets per trial, one per outcome kind: a lost host is not a bug.",
+    "retries.preemption": "Reruns after a preemption (a host, node or slice lost); with `run.checkpoint_every` "
+    "> 0 each resumes from the last checkpoint.",
+    "retries.failure": "Reruns after an exception in the job; out of memory (`infeasible`) is never retried.",
+    "gate": "The regression gate after a sweep: each finished trial against the previous finished run of its "
+    "trial id on the same cluster, from another sweep.",
+    "gate.enabled": "Run the regression gate when the sweep ends.",
+    "gate.max_drop": "Largest allowed drop of `final_mfu` or `final_tokens_per_s`, a fraction of the baseline; "
+    "beyond it the parent run gets `regression=true` and the CLI exits 3.",
+    # --- sweep: conf/sweep/, added with +sweep=NAME ------------------------------------------------------------
+    "sweep": "The grid: absent (a single trial) unless added with `+sweep=NAME`.",
+    "sweep.name": "Sweep name: the parent run's `sweep_name` tag, and the start of a fresh sweep id.",
+    "sweep.id": 'Sweep instance: "" makes a fresh `<name>-<YYYYmmdd-HHMMSS>`; a fixed id resumes it, skipping '
+    "its finished trials.",
+    "sweep.axes": "Grid axes, axis -> list of values: `model`, `strategy`, `mesh`, `cluster` take option names, "
+    "any other axis is a dotted trial key; `${cp_strategies:}` is every registered CP strategy.",
+    "sweep.zip": "Lists of axis names whose values move together (equal lengths) instead of being crossed.",
+    "sweep.set": "Dotted trial key -> value, set on every grid point.",
+}

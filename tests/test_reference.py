@@ -1,0 +1,211 @@
+"""Tier 1: the generated config reference and the MLflow layout page cannot drift from the code.
+
+docs/reference/config.md is the output of `python -m orchestrator.reference`; every schema and conf/ key has a
+meaning in orchestrator/keydocs.py. docs/reference/mlflow.md is written by hand, so every name it lists is checked
+against the code, and the names the code writes are checked against the page.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import shutil
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import pytest
+from conftest import ROOT
+
+from jobs.spec import MemorySpec
+from orchestrator import reference
+from orchestrator.config import CONF_DIR, load
+from orchestrator.grid import expand
+from orchestrator.keydocs import DOCS
+from orchestrator.records import FINAL, STEP_METRICS, trial_params
+
+MLFLOW_PAGE = ROOT / "docs" / "reference" / "mlflow.md"
+SOURCES = [p for p in (ROOT / "orchestrator").rglob("*.py") if p.name not in ("keydocs.py", "reference.py")]
+SOURCES.append(ROOT / "jobs" / "train.py")  # the start, step and summary records
+# Record keys that never become MLflow metrics (not numbers, or the step itself).
+NOT_METRICS = {"kind", "trial_id", "platform", "peak_source", "dcn_processes", "steps", "step", "t_ms"}
+
+
+# --- config reference ---------------------------------------------------------------------------------------
+def test_every_schema_and_conf_key_has_a_meaning():
+    keys = [*reference.schema(), *reference.yaml_keys()]
+    assert "train.memory.save" in keys and "cluster.attention_block_half" in keys and "sweep.axes" in keys
+    missing = reference.missing_docs(keys)
+    assert not missing, f"add a one-line meaning to orchestrator/keydocs.py DOCS for: {', '.join(missing)}"
+
+
+@dataclass(frozen=True)
+class _Knobs:
+    depth: int = 1
+
+
+@dataclass(frozen=True)
+class _FakeRoot:
+    context_length: int
+    knobs: _Knobs = field(default_factory=_Knobs)
+
+
+def test_an_undocumented_key_is_caught_in_the_schema_and_in_conf(tmp_path):
+    assert reference.missing_docs(reference.schema((_FakeRoot,))) == ["knobs", "knobs.depth"]
+    assert reference.missing_docs(["train.steps"], {"train.steps": "  "}) == ["train.steps"]  # blank = none
+    conf = shutil.copytree(CONF_DIR, tmp_path / "conf")
+    (conf / "config.yaml").write_text((conf / "config.yaml").read_text() + "\nnew_switch: true\n")
+    tiny = conf / "model" / "tiny.yaml"
+    tiny.write_text(tiny.read_text() + "new_width: 3\n")
+    assert reference.missing_docs(reference.yaml_keys(conf)) == ["new_switch", "model.new_width"]
+
+
+def test_no_meaning_for_a_key_that_no_longer_exists():
+    keys = reference.schema()
+    stale = reference.stale_docs(keys)
+    assert not stale, f"orchestrator/keydocs.py describes keys the schema no longer has: {', '.join(stale)}"
+    assert reference.stale_docs(keys, {**DOCS, "train.gone": "x"}) == ["train.gone"]
+
+
+def test_the_committed_config_page_is_the_generators_output():
+    want = reference.render()
+    have = reference.PAGE.read_text() if reference.PAGE.exists() else ""
+    pairs = zip(have.splitlines(), want.splitlines(), strict=False)  # a line added or dropped: the first
+    diff = next(
+        (f"line {i + 1}: {a!r} != {b!r}" for i, (a, b) in enumerate(pairs) if a != b), "lengths differ"
+    )
+    assert have == want, f"docs/reference/config.md is stale ({diff}): run `python -m orchestrator.reference`"
+
+
+def test_the_committed_cli_page_is_the_help_text():
+    from orchestrator import cli, cli_page
+
+    have = cli_page.PAGE.read_text() if cli_page.PAGE.exists() else ""
+    assert have == cli_page.render(), "docs/reference/cli.md is stale: run `python -m orchestrator.reference`"
+    assert cli.help_text().splitlines()[0] in have
+
+
+def test_the_page_marks_what_enters_the_trial_id():
+    ids = reference.identity_keys()
+    assert {"context_length", "mesh.dcn", "train.memory.save", "train.data.path", "model.vocab"} <= ids
+    assert not {k for k in ids if k.split(".")[0] in ("cluster", "run", "tracking", "sweep")}
+    assert "| `cluster.kind` | `local` | one of `local`, `local_multihost`" in reference.render()
+
+
+# --- MLflow layout ----------------------------------------------------------------------------------------
+def page_names() -> dict[tuple[str, str], set[str]]:
+    """(## heading, ### heading) -> the names in the first column of that part's tables."""
+    out: dict[tuple[str, str], set[str]] = defaultdict(set)
+    h2 = h3 = ""
+    for line in MLFLOW_PAGE.read_text().splitlines():
+        if line.startswith("## "):
+            h2, h3 = line[3:], ""
+        elif line.startswith("### "):
+            h3 = line[4:]
+        elif line.startswith("| `"):
+            out[h2, h3].add(line.split("`")[1])
+    return out
+
+
+def literals() -> set[str]:
+    return {
+        n.value
+        for p in SOURCES
+        for n in ast.walk(ast.parse(p.read_text()))
+        if isinstance(n, ast.Constant) and isinstance(n.value, str)
+    }
+
+
+def dict_keys(path, *functions: str) -> set[str]:
+    """String keys of the dict literals (and `d["k"] = ...` targets) inside these functions of a module."""
+    keys = set()
+    for fn in ast.walk(ast.parse(path.read_text())):
+        if isinstance(fn, ast.FunctionDef) and fn.name in functions:
+            for n in ast.walk(fn):
+                if isinstance(n, ast.Dict):
+                    keys |= {k.value for k in n.keys if isinstance(k, ast.Constant)}
+                elif isinstance(n, ast.Subscript) and isinstance(n.ctx, ast.Store):
+                    keys |= {n.slice.value} if isinstance(n.slice, ast.Constant) else set()
+    return keys
+
+
+def spec_with_memory():
+    """The base trial with train.memory set, so trial_params gives its memory_* params too."""
+    (spec,) = expand(load([]))
+    memory = MemorySpec(save=("attn_out",), offload=("layer_input",), host=("optimizer",))
+    return dataclasses.replace(spec, train=dataclasses.replace(spec.train, memory=memory))
+
+
+def base(name: str) -> str:
+    return name.removesuffix("/<strategy>")
+
+
+class _Ops(list):
+    def put(self, op: dict) -> None:
+        self.append(op)
+
+
+@pytest.fixture(scope="module")
+def planned() -> dict[str, set[str]]:
+    """What planrecord.record writes for a small plan (with compiles), through the real Tracker's methods, as
+    "parent tags", "child metrics", ... -> names."""
+    from orchestrator import planrecord
+    from orchestrator.plan import plan
+    from orchestrator.tracking import Tracker
+
+    specs = expand(load(["+sweep=smoke"]))
+    rows = plan(specs)
+    tracker = Tracker.__new__(Tracker)  # no store and no writer thread: the ops are kept, not delivered
+    tracker.queue, tracker.logs = _Ops(), {}
+    compiled = {s.trial_id: {"compiled_bytes": 1, "compiler_peak_bytes": 1} for s in specs}
+    planrecord.record(tracker, "smoke", "x", specs, rows, compiled)
+    out: dict[str, set[str]] = defaultdict(set)
+    for op in tracker.queue:
+        run = "parent" if op["key"] == "sweep" else "child"
+        for kind in ("identity", "tags", "params"):
+            out[f"{run} {'params' if kind == 'params' else 'tags'}"] |= set(op.get(kind, {}))
+        out[f"{run} tags"] |= {"mlflow.parentRunId"} if op.get("parent") else set()
+        out[f"{run} metrics"] |= {base_of_planned(p[0]) for p in op.get("metrics", [])}
+        out[f"{run} artifacts"] |= {op["path"]} if "path" in op else set()
+    return out
+
+
+def base_of_planned(metric: str) -> str:
+    head, _, strategy = metric.partition("/")
+    return f"{head}/<strategy>" if strategy else head
+
+
+def test_the_planned_runs_on_the_page_are_what_planrecord_writes(planned):
+    names = page_names()
+    parent = names["Planned parent run", "Tags"] | names["Planned parent run", "Metrics"]
+    assert parent | names["Planned parent run", "Artifacts"] == (
+        planned["parent tags"] | planned["parent metrics"] | planned["parent artifacts"]
+    )
+    trial = names["Child run (trial)", "Tags"] | names["Child run (trial)", "Params"]
+    mine = names["Planned child run", "Tags"] | names["Planned child run", "Metrics"]
+    wrote = planned["child tags"] | planned["child params"] | planned["child metrics"]
+    assert mine <= wrote, f"the page lists planned names the code does not write: {mine - wrote}"
+    missing = wrote - mine - trial - {"trial_spec.json"}
+    assert not missing, f"planned child runs get names docs/reference/mlflow.md does not list: {missing}"
+    assert planned["child artifacts"] == {"trial_spec.json"}
+
+
+def test_every_name_on_the_mlflow_page_is_written_by_the_code(planned):
+    known = literals() | {f"final_{k}" for k in FINAL} | {base(n) for v in planned.values() for n in v}
+    plots = {f"plots/{k}.png" for k in dict_keys(ROOT / "orchestrator" / "report.py", "make_figures")}
+    known |= plots | set(trial_params(spec_with_memory()))
+    listed = {n for names in page_names().values() for n in names}
+    unknown = sorted(n for n in listed if base(n) not in known)
+    assert not unknown, f"docs/reference/mlflow.md lists names the code never writes: {unknown}"
+
+
+def test_every_name_the_trial_runs_get_is_on_the_mlflow_page():
+    names = page_names()
+    metrics = names["Child run (trial)", "Metrics"]
+    records = dict_keys(ROOT / "jobs" / "train.py", "train", "memory_record", "slice_record") - NOT_METRICS
+    want = set(STEP_METRICS) | {f"final_{k}" for k in FINAL} | records - set(FINAL)
+    assert not want - metrics, f"add to docs/reference/mlflow.md's trial metrics: {sorted(want - metrics)}"
+    assert names["Child run (trial)", "Params"] == set(trial_params(spec_with_memory()))
+    parent = {base(n) for n in names["Parent run (sweep)", "Metrics"]}
+    assert parent == dict_keys(ROOT / "orchestrator" / "executor.py", "summary_metrics")
+    plots = {n for n in names["Parent run (sweep)", "Artifacts"] if n.startswith("plots/")}
+    assert plots == {f"plots/{k}.png" for k in dict_keys(ROOT / "orchestrator" / "report.py", "make_figures")}
