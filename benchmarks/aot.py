@@ -6,7 +6,7 @@ and topology, so a rerun prints at once):
     python benchmarks/aot.py
     python benchmarks/aot.py --strategies ring usp --lengths 1048576 4194304 --clusters tpu7x_128
 
-Prints a markdown table (for the README) and a closing note with the 14M rows and the worst ratio.
+Prints a markdown table (for docs/results/aot.md) and a closing note with the 14M rows and the worst ratio.
 """
 
 from __future__ import annotations
@@ -18,13 +18,15 @@ import sys
 import time
 from pathlib import Path
 
-from omegaconf import OmegaConf
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python benchmarks/...` finds `benchmarks`
 
-from benchmarks import aot_capped
-from jobs import strategies
-from jobs.spec import ClusterSpec, MemorySpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
-from orchestrator import grid
-from orchestrator.plan import aot, validate
+from omegaconf import OmegaConf  # noqa: E402
+
+from benchmarks import aot_capped  # noqa: E402
+from jobs import strategies  # noqa: E402
+from jobs.spec import ClusterSpec, MemorySpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec  # noqa: E402
+from orchestrator import grid  # noqa: E402
+from orchestrator.plan import aot, validate  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 L14M = 14_680_064
@@ -82,7 +84,7 @@ def at_plan_cell(spec: TrialSpec, r: dict, *, compile: bool = True) -> str:
 
 def cap_cell(spec: TrialSpec, r: dict, mib: int, *, compile: bool = True) -> str:
     """Compiled again as if HBM were `mib` MiB: "fits N" (GiB), or the compiler's "needs N" when it refuses (what
-    it would need before trying harder, no floor: only a fit is evidence; README, "what compiled means")."""
+    it would need before trying harder, no floor: only a fit is evidence; docs/results/aot.md)."""
     got = aot_capped.fits(spec, mib, compile=compile) if r["status"] == "compiled" else None
     if got is None:
         return "-"

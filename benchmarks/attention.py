@@ -13,6 +13,7 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import replace
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -28,6 +29,7 @@ from jobs.attention import attention  # noqa: E402
 from jobs.attention.kernel import KERNELS, resolve  # noqa: E402
 from jobs.attention.sharding import qkv_spec  # noqa: E402
 from jobs.mesh import small_mesh  # noqa: E402
+from orchestrator import provenance  # noqa: E402
 
 
 def ringattention_peer(mesh: Mesh, block: int):
@@ -117,7 +119,11 @@ def main() -> None:
     ap.add_argument(
         "--dense-max-length", type=int, default=4096, help="skip the L x L dense reference above this"
     )
+    provenance.add_page_argument(ap, "attention")
     a = ap.parse_args()
+    made = provenance.current(
+        "python benchmarks/attention.py", sys.argv[1:], load=True
+    )  # the load at the start
     dtype = jnp.dtype(a.dtype)
     B, L, H, K, D, P = a.batch, a.length, a.q_heads, a.kv_heads, a.head_dim, a.devices
     q_shape, kv_shape = (B, L, H, D), (B, L, K, D)
@@ -132,16 +138,24 @@ def main() -> None:
         c, u = splits[0]
         shape = {"context": c, "context_ulysses": u} if "context_ulysses" in st.axes else {"context": c}
         rows += [(name, shape, lay) for lay in dict.fromkeys(("contiguous", st.default_layout))]
-    print(
-        f"B={B} L={L} Hq={H} Hkv={K} D={D} dtype={a.dtype} block={a.block} devices={len(jax.devices())} causal"
-    )
+    setup = f"B={B} L={L} Hq={H} Hkv={K} D={D} dtype={a.dtype} block={a.block} devices={len(jax.devices())} causal"
+    print(setup)
     header = f"{'strategy':<12}{'mesh':<14}{'layout':<12}{'kernel':<8}{'ms/step':>10}{'cpu ms':>9}{'x dense':>9}{'compile s':>11}{'MiB/dev':>10}{'work%':>7}"
     print(header)
     print("-" * len(header))
     results: dict[tuple[str, str], tuple[float, float]] = {}
+    table: list[list[str]] = []  # the page's rows, as printed
     base = None
     only = {x for x in a.only.split(",") if x}
     keep = lambda s, lay: not only or s in only or f"{s}:{lay}" in only
+
+    def row(name, label, layout, kern, sec, cpu, comp, mb, work) -> None:
+        print(
+            f"{name:<12}{label:<14}{layout:<12}{kern:<8}{sec * 1e3:>10.1f}{cpu * 1e3:>9.0f}{sec / base:>9.2f}{comp:>11.1f}{mb:>10.1f}{100 * work:>7.1f}"
+        )
+        table.append([name, label, layout, kern, f"{sec * 1e3:.0f}", f"{cpu * 1e3:.0f}", f"{sec / base:.2f}",
+                      f"{comp:.1f}", f"{mb:.1f}", f"{100 * work:.1f} %"])  # fmt: skip
+
     for strategy, shape, layout in rows:
         if not keep(strategy, layout):
             continue
@@ -158,36 +172,76 @@ def main() -> None:
         label = "x".join(str(v) for v in shape.values())
         work = busiest_device_work(strategy, layout, int(np.prod(list(shape.values()))))
         kern = "-" if strategy == "reference" else resolve(a.kernel)  # the dense reference has no kernel
-        print(
-            f"{strategy:<12}{label:<14}{layout:<12}{kern:<8}{sec * 1e3:>10.1f}{cpu * 1e3:>9.0f}{sec / base:>9.2f}{comp:>11.1f}{mb:>10.1f}{100 * work:>7.1f}"
-        )
+        row(strategy, label, layout, kern, sec, cpu, comp, mb, work)
     mesh = small_mesh({"context": P})
     peer, why = (None, "not selected") if not keep("peer", "contiguous") else (1, "")
     if peer:
         peer, why = ringattention_peer(mesh, a.block)
+    notes = []
     if peer is None or K != H:
-        print(f"{'peer':<12}{'-':<14}{'-':<12}{'-':<8}  {why or 'ringattention needs Hkv == Hq (MHA)'}")
+        why = why or "ringattention needs Hkv == Hq (MHA)"
+        print(f"{'peer':<12}{'-':<14}{'-':<12}{'-':<8}  {why}")
+        notes.append(f"peer (`ringattention`) not run: {why}")
     else:
         sec, cpu, comp, mb = measure(
             peer, mesh, PartitionSpec(None, "context", None, None), shapes, dtype, a.iters
         )
+        base = base or sec
         results[("peer", "contiguous")] = (sec, cpu)
         work = busiest_device_work("peer", "contiguous", P)
-        print(
-            f"{'ringattn-pypi':<12}{P:<14}{'contiguous':<12}{'own':<8}{sec * 1e3:>10.1f}{cpu * 1e3:>9.0f}{sec / base:>9.2f}{comp:>11.1f}{mb:>10.1f}{100 * work:>7.1f}"
-        )
+        row(PEER, str(P), "contiguous", "own", sec, cpu, comp, mb, work)
     zz, cont, peer_r = (
         results.get(k) for k in (("ring", "zigzag"), ("ring", "contiguous"), ("peer", "contiguous"))
     )
+    ratios = []
     if zz and cont:
-        print(
+        ratios.append(
             f"ring zigzag / contiguous: wall {zz[0] / cont[0]:.2f}, cpu {zz[1] / cont[1]:.2f} "
             f"(target <= 0.6; busiest-device work ratio {P / 2 / (P - 0.5):.2f})"
         )
     if zz and peer_r:
-        print(
+        ratios.append(
             f"ring zigzag / ringattention (PyPI): wall {zz[0] / peer_r[0]:.2f}, cpu {zz[1] / peer_r[1]:.2f} (target <= 0.7)"
         )
+    for line in ratios:
+        print(line)
+    notes += ratios
+    if a.page:
+        made = replace(made, machine=f"{made.machine}, jax {jax.__version__}, {len(jax.devices())} simulated "
+                       f"{jax.devices()[0].platform.upper()} devices sharing those cores")  # fmt: skip
+        body = page_body(setup, a, table, notes)
+        print(f"wrote {provenance.write_page(a.page, 'Attention benchmark', made, NOTE, body)}")
+
+
+PEER = "ringattn-pypi"
+NOTE = """\
+Forward plus backward of one causal attention call per CP strategy on simulated CPU devices, against a dense
+one-device reference, through `jobs.attention.attention` (each strategy's first mesh split, its default layout
+and the contiguous one) and, as a peer, the `ringattention` PyPI package (Liu et al.'s blockwise ring, MHA only).
+The simulated devices share the host's cores, so wall time tracks the total work, not a real ring's critical
+path: load balance (zigzag) shows in the last column, and in wall time only on a host with a free core per
+device."""
+
+
+def page_body(setup: str, a: argparse.Namespace, table: list[list[str]], notes: list[str]) -> str:
+    head = ["strategy", "mesh", "layout", "kernel", "wall ms", "CPU ms", "× dense", "compile s", "MiB/device",
+            "busiest device's share of the scores"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in table]
+    return f"""\
+Setup: `{setup}`, fwd+bwd, median of {a.iters} runs after a warm-up.
+
+Columns: *mesh* the devices on the sequence (context, or context × context_ulysses); *layout* how tokens are
+laid out over them (zigzag: each device holds chunks r and 2P−1−r); *kernel* the local attention kernel (`-` for
+`reference`, dense attention over the whole L × L scores; `none` is our kernel on one device, no CP; `own` the
+peer's). *wall ms* is the median step; *CPU ms* the process CPU time of a step (all threads: the total work,
+robust to other load); *× dense* wall time over the first row's; *compile s* one compile of the step;
+*MiB/device* the compiled step's arguments + temporaries per device (`memory_analysis`); the last column is the
+share of the L × L score matrix the busiest device computes under the causal mask (dense on one device: 50 %).
+
+{chr(10).join(lines)}
+
+""" + "\n".join(f"- {n}" for n in notes)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Scheduling overhead: N short trials on local Ray, 2 at a time, through our scheduler and through Ray Tune.
 
-    python benchmarks/overhead.py [--trials 16] [--steps 3] [--concurrency 2] [--length 256]
+    python benchmarks/overhead.py [--trials 16] [--steps 3] [--concurrency 2] [--length 256] [--page]
 
 Both runs train the same trials (tiny model, ring over 8 simulated CPU devices, one seed per trial), each
 in a fresh process, with MLflow tracking (ours: the orchestrator's Tracker; Tune: MLflowLoggerCallback).
@@ -21,6 +21,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from orchestrator import provenance  # noqa: E402
 
 
 def overrides(args, sweep_id: str, seeds: list[int]) -> list[str]:
@@ -168,7 +170,12 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=2)
     ap.add_argument("--length", type=int, default=256)
     ap.add_argument("--skip-tune", action="store_true")
+    provenance.add_page_argument(ap, "overhead")
     args = ap.parse_args()
+    made = provenance.current(
+        "python benchmarks/overhead.py", sys.argv[1:], load=True
+    )  # before the run: its commit
+    page = provenance.page_path(args.page).resolve() if args.page else None  # before the chdir
     work = Path(tempfile.mkdtemp(prefix="overhead-"))
     os.chdir(work)
     # Workers inherit the driver's environment on a local Ray: one shared persistent compilation cache.
@@ -187,14 +194,60 @@ def main() -> int:
     )
     ok = res["overhead_max_s"] <= 3.0 and res["span_over_ideal"] <= 1.10
     print(f"  targets (overhead <= 3 s, span <= 1.10 x ideal): {'met' if ok else 'NOT met'}")
+    results = {"ours": res}
     if not args.skip_tune:
         from orchestrator.config import load
         from orchestrator.grid import expand
 
         specs = expand(load(overrides(args, "tune", seeds)))
-        report("Ray Tune reference (function trainable, MLflowLoggerCallback)", tune_reference(args, specs, work),
-               args.concurrency)  # fmt: skip
+        results["Ray Tune"] = report("Ray Tune reference (function trainable, MLflowLoggerCallback)",
+                                     tune_reference(args, specs, work), args.concurrency)  # fmt: skip
+    if page:
+        body = page_body(args, results, ok)
+        print(f"wrote {provenance.write_page(page, 'Launch overhead', made, NOTE, body)}")
     return 0 if ok else 1
+
+
+NOTE = """\
+The same short trials (tiny model, ring over 8 simulated CPU devices, each trial in a fresh process, MLflow
+tracking) through our scheduler (`orchestrator.executor` with the driver's Tracker) and through Ray Tune (a
+function trainable with `MLflowLoggerCallback`, a fresh actor per trial, the same job code), in one run on a
+local Ray. A warm-up trial fills the JAX persistent compilation cache first, and every "overhead" figure
+subtracts the compile time and step 0 that the job measured, so what is left is scheduling, process start and
+tracking. Load from other processes on the host moves these figures: run it on a quiet machine."""
+
+# (row label, key in report()'s dict, format, what it means)
+ROWS = [
+    ("per-trial overhead, median", "overhead_median_s", "{:.2f} s",
+     "submit → first step, minus compile and step 0 (Tune: from its own trial-start callback, after its worker "
+     "exists)"),
+    ("per-trial overhead, max", "overhead_max_s", "{:.2f} s", "the worst trial"),
+    ("submit → job process running, median", "submit_to_process_median_s", "{:.2f} s",
+     "until the trial's process started"),
+    ("compile from the persistent cache, median", "compile_median_s", "{:.2f} s", "as the job measured it"),
+    ("trial, median", "trial_median_s", "{:.2f} s", "submit → end of one trial"),
+    ("sweep span", "span_s", "{:.1f} s", "first submit → last trial's end"),
+    ("ideal span", "ideal_s", "{:.1f} s", "sum of the trials' submit → end times / concurrency"),
+    ("span / ideal", "span_over_ideal", "{:.3f} ×", "1.0 = no time lost between trials"),
+    ("span / in-process ideal", "span_over_ideal_in_process", "{:.3f} ×",
+     "against the trials' time inside their job process only"),
+    ("whole call", "total_s", "{:.1f} s", "including tracking setup and teardown"),
+]  # fmt: skip
+
+
+def page_body(args, results: dict[str, dict], ok: bool) -> str:
+    names = list(results)
+    lines = ["| figure | " + " | ".join(names) + " | what it is |", "|---" * (len(names) + 2) + "|"]
+    for label, key, fmt, what in ROWS:
+        lines.append(
+            f"| {label} | " + " | ".join(fmt.format(results[n][key]) for n in names) + f" | {what} |"
+        )
+    trials = results["ours"]["trials"]
+    return (
+        f"Setup: {trials} trials of {args.steps} steps at {args.length} tokens, {args.concurrency} at a time.\n\n"
+        + "\n".join(lines)
+        + f"\n\nTargets for ours (per-trial overhead ≤ 3 s, span ≤ 1.10 × ideal): {'met' if ok else 'not met'}.\n"
+    )
 
 
 if __name__ == "__main__":

@@ -53,6 +53,18 @@ def test_table_renders_every_row():
     assert md.count("\n") == len(ROWS) + 1 and "held out: 8M tokens or more" in md
 
 
+def test_page_has_constants_both_tables_and_caveats():
+    """docs/results/calibration.md's body: every row once, the three chips' constants, tpu7x's shared ones marked."""
+    body = calibration.page_body(TABLE)
+    labels = [c.row.label for c in TABLE]  # the 4M Ironwood run is there twice: with and without p-state 7
+    assert all(body.count(f"| {x} |") == labels.count(x) for x in labels)
+    assert body.count("| held out because |") == 1 and "## Caveats" in body
+    for chip in ("| v5p |", "| tpu7x |", "| local CPU |"):
+        assert chip in body
+    marked = body.count("(v5p's)") - 1  # less the sentence that explains the mark
+    assert marked == len(calibration.SHARED)
+
+
 def test_kernel_efficiency_grows_with_head_dim_and_block():
     c = ROWS[0].spec.cluster
     assert kernel_efficiency(c, 128, 65536) < kernel_efficiency(c, 256, 65536) <= c.attention_efficiency

@@ -94,8 +94,8 @@ def test_14m_ring_and_usp_fit_tpu7x():
 
 def test_14m_on_v5p_full_remat_is_tight_and_offload_frees_the_layer_inputs():
     """64 devices hold 229,376 tokens each: with remat=full the saved layer inputs alone are 56 GiB of 95, and
-    ring is at the edge (libtpu fits it with a 93.6 GiB peak; the planner says 99.1, 1.06 x that: README's AOT
-    table); offloading them to host memory (remat=offload, the public v5p recipe's policy) makes ring and USP
+    ring is at the edge (libtpu fits it with a 93.6 GiB peak; the planner says 99.1, 1.06 x that:
+    docs/results/aot.md); offloading them to host memory (remat=offload, the public v5p recipe's policy) makes ring and USP
     fit with room."""
     full, offload = rows_14m_remat("v5p_128", "full"), rows_14m_remat("v5p_128", "offload")
     assert 93.6 * 2**30 < full["ring"].predicted_hbm_bytes_per_device < 1.15 * 93.6 * 2**30
@@ -105,6 +105,20 @@ def test_14m_on_v5p_full_remat_is_tight_and_offload_frees_the_layer_inputs():
         assert offload[name].memory["saved_activations"] == 0
         assert offload[name].memory["host_offload"] == pytest.approx(56 * 2**30, rel=0.01)
         assert offload[name].predicted_hbm_bytes_per_device < 80 * 2**30
+
+
+def test_over_hbm_names_the_memory_policy_that_fits():
+    """v5p_128 ring at 14M with remat full is over HBM; the reason names the preset that fits (remat=offload,
+    the public v5p recipe's), with its figure; all_gather fits under none; a point that fits pays nothing."""
+    full, off = plan_one(spec()), plan_one(spec(remat="offload"))
+    assert full.verdict == "infeasible" and off.verdict == "run"
+    assert full.reason.startswith("needs ") and "largest term: saved activations" in full.reason
+    assert full.reason.endswith(
+        f"; fits with train.remat=offload ({memory.gib(off.predicted_hbm_bytes_per_device)})"
+    )
+    ag = plan_one(spec(strategy="all_gather"))
+    assert "; no train.remat preset fits (leanest: train.remat=offload, " in ag.reason
+    assert "train.remat" not in plan_one(spec(length=131_072)).reason
 
 
 def test_131k_all_four_feasible():

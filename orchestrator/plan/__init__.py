@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from jobs import strategies
 from jobs.spec import TrialSpec
 from orchestrator.plan import memory, roofline, steptime, validate
 from orchestrator.plan.validate import Problem, point_label, trial_id
+from orchestrator.schema import REMATS
 
 VERDICTS = ("run", "infeasible", "invalid")
 
@@ -73,6 +74,9 @@ def plan_one(spec: TrialSpec, problems: list[Problem] | None = None) -> PlanRow:
         hint = strategies.get(spec.strategy.name).overflow_hint(memory.local_sizes(spec))
         if hint:
             why[-1] += f"; {hint}"
+        policy = _policy_that_fits(spec, limit, budget)
+        if policy:
+            why[-1] += f"; {policy}"
     if budget > 0 and st.step_s > budget:
         why.append(f"predicted step {st.step_s:,.3g} s > this cluster's {budget:g} s budget")
     verdict = "infeasible" if why else "run"
@@ -88,6 +92,33 @@ def plan_one(spec: TrialSpec, problems: list[Problem] | None = None) -> PlanRow:
         memory=mem, comm_bytes_per_layer=roof.attention_comm_bytes_per_layer, roofline_step_s=roof.step_s,
         roofline_mfu=roof.mfu, limiter=st.limiter, dcn_exposed_s=st.dcn_exposed_s,
     )  # fmt: skip
+
+
+def _policy_that_fits(spec: TrialSpec, limit: int, budget: float) -> str:
+    """For a point over HBM: the remat preset, other than its own, that would run and is fastest by the
+    step-time model (e.g. "fits with train.remat=offload (43.2 GiB)"), or the leanest when none fits. Only points
+    over HBM pay for this (a breakdown per preset, a step time per one that fits). train.memory stays as given:
+    the presets add to it. Host-memory policies beyond the presets are not tried: the planner does not check
+    host capacity."""
+    fits, over = [], []
+    for remat in REMATS:
+        if remat == spec.train.remat:
+            continue
+        alt = replace(spec, train=replace(spec.train, remat=remat))
+        hbm = memory.peak(memory.breakdown(alt))
+        if hbm > limit:
+            over.append((hbm, remat))
+            continue
+        step = steptime.step_time(alt).step_s
+        if budget <= 0 or step <= budget:
+            fits.append((step, hbm, remat))
+    if fits:
+        _, hbm, remat = min(fits)
+        return f"fits with train.remat={remat} ({memory.gib(hbm)})"
+    if over and len(over) == len(REMATS) - (spec.train.remat in REMATS):
+        hbm, remat = min(over)
+        return f"no train.remat preset fits (leanest: train.remat={remat}, {memory.gib(hbm)})"
+    return ""
 
 
 def _tflops(spec: TrialSpec) -> float:
