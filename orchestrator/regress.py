@@ -51,6 +51,8 @@ class GateResult:
         return [c for c in self.changes if c.dropped]
 
     def summary(self) -> str:
+        if not self.changes:
+            return f"no baseline: none of the {len(self.new)} trials has an earlier finished run"
         if not self.regressions:
             return f"no drop beyond {self.max_drop:.0%} in {len(self.changes)} compared trials"
         parts = [f"{c.label}: " + ", ".join(f"{SHOWN[m]} {c.delta(m):+.0%}" for m in c.dropped)
@@ -101,11 +103,20 @@ def compare(client: MlflowClient, experiment_id: str, sweep_id: str, max_drop: f
 
 
 def render(result: GateResult, console: Console | None = None) -> None:
-    """Print the table of changes (red: a gated drop beyond the threshold)."""
+    """Print the table of changes (red: a gated drop beyond the threshold); new trials get one line."""
     if console is None:
         console = Console()
         if not console.is_terminal:  # cron and CI logs: no 80-column wrapping of the table
             console = Console(width=160)
+    if not result.changes:  # a first sweep: an empty table and every trial's name would say nothing
+        n = len(result.new)
+        which = "its one trial" if n == 1 else f"any of the {n} trials"
+        console.print(
+            f"regression gate: no earlier run of {which} to compare with; this sweep is the baseline"
+            if n
+            else f"regression gate: sweep {result.sweep_id} has no finished trial to compare"
+        )
+        return
     table = Table(
         title=f"regression gate: sweep {result.sweep_id} vs previous runs (max drop {result.max_drop:.0%})"
     )
@@ -126,7 +137,10 @@ def render(result: GateResult, console: Console | None = None) -> None:
         table.add_row(c.label, c.baseline_sweep, *cells, verdict)
     console.print(table)
     if result.new:
-        console.print(f"no baseline yet for {len(result.new)} trials: {', '.join(result.new)}")
+        n = len(result.new)
+        console.print(
+            f"{n} new {'trial' if n == 1 else 'trials'} not compared: no earlier run, a baseline from now on"
+        )
     console.print(result.summary())
 
 

@@ -51,6 +51,29 @@ def test_first_sweep_has_no_baseline(client, store):
     assert regress.gate(store, EXP, "s1", console=quiet()) == 0
 
 
+def gate_text(result: regress.GateResult) -> str:
+    console = Console(record=True, width=220, file=open("/dev/null", "w"))  # noqa: SIM115
+    regress.render(result, console)
+    return console.export_text()
+
+
+def test_all_new_sweep_prints_one_line():
+    result = regress.GateResult("s1", 0.10, [], new=[f"ring L={512 * 2**i} context8" for i in range(20)])
+    text = gate_text(result)
+    assert text.strip().splitlines() == [
+        "regression gate: no earlier run of any of the 20 trials to compare with; this sweep is the baseline"
+    ]
+    assert "baseline sweep" not in text and "ring L=512" not in text  # no empty table, no list of names
+
+
+def test_new_trials_are_counted_under_the_table():
+    ok = regress.Change("t1", "ring L=512 context8", "s1", {"final_mfu": (0.2, 0.21)})
+    result = regress.GateResult("s2", 0.10, [ok], new=["ring L=1024 context8", "ring L=2048 context8"])
+    text = gate_text(result)
+    assert "ring L=512 context8" in text and "ok" in text  # the compared trial keeps its table row
+    assert "2 new trials not compared" in text and "L=1024" not in text and "L=2048" not in text
+
+
 def test_unchanged_sweep_passes_and_is_tagged(client, store):
     log_sweep(client, "s1")
     parent = log_sweep(client, "s2", {"t-ring-512": 0.95})  # a 5% wobble is under the 10% threshold
