@@ -116,7 +116,7 @@ def embed(
     and looks up its own tokens, so the backward scatters into one table-sized gradient and sums it across
     devices (the gather's transpose): O(V*E) per device. Left to the partitioner, the lookup's transpose gathered
     the whole sequence's [L, E] gradient onto every device (tpu7x_128 at 131,072 tokens: 2 GiB of a 4.9 GiB
-    peak, by the compile's live ranges; README, "what compiled means")."""
+    peak, by the compile's live ranges; docs/explanation/memory-model.md)."""
     table_spec = param_specs(model, mesh)["embed"]
     vocab_axes = table_spec[0]
 

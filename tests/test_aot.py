@@ -156,7 +156,7 @@ def small_llama(layers: int, length: int) -> TrialSpec:
 def test_loss_phase_within_15_percent_of_the_tpu_compilers_peak(tmp_path, monkeypatch):
     """A point whose peak is the loss phase (Llama 3.1 8B's 128,256-entry tables and 8,192-token logit chunks,
     two layers, 8,192 tokens per device on tpu7x 2x2x1): the planner within [0.95, 1.15] x the compiler's own
-    peak for the chip (measured 1.00). The layer phase is held to the full-size compiles (README's AOT table):
+    peak for the chip (measured 1.00). The layer phase is held to the full-size compiles (docs/results/aot.md):
     at this slice's 4 layers x 131,072 tokens per device the compiler, with 60 GiB to spare, spends 217 KiB per
     token past the persistent state, saved inputs and gathered weights where at 14M (128 devices, the chip nearly
     full) it spends 188: the planner is 0.90 there."""

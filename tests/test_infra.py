@@ -23,7 +23,7 @@ kv = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-v
 
 INFRA = ROOT / "infra"
 K8S = INFRA / "k8s"
-README = ROOT / "docs" / "README_CLUSTER.md"
+README = ROOT / "docs" / "howto" / "cluster.md"
 K8S_VERSION = "1.34.0"  # GKE rapid channel; Ironwood needs 1.34+
 RAYCLUSTER = json.loads((INFRA / "schemas" / "raycluster.ray.io_v1.json").read_text())
 GKE_ACCELERATOR = {"v5p": "tpu-v5p-slice", "tpu7x": "tpu7x"}  # node label value per conf/cluster accelerator
@@ -77,7 +77,7 @@ def containers(doc: dict) -> list[dict]:
 
 
 def documented(marker: str) -> str:
-    """The code block right after `<!-- marker -->` in docs/README_CLUSTER.md."""
+    """The code block right after `<!-- marker -->` in docs/howto/cluster.md."""
     m = re.search(rf"<!-- {marker} -->\s*```\w*\n(.*?)```", README.read_text(), re.S)
     assert m, f"no code block after <!-- {marker} --> in {README}"
     return m.group(1).strip()

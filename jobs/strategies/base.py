@@ -69,7 +69,7 @@ class Strategy:
     layouts: tuple[str, ...] = ("contiguous", "zigzag")
     default_layout: str = "contiguous"  # what the recommender and the benchmarks pick
     collectives: tuple[str, ...] = ()  # HLO ops its compiled step must contain (a silent no-CP would not)
-    summary: str = ""  # one line for the recommender and the README
+    summary: str = ""  # one line for the recommender and the docs
 
     # -- mesh -----------------------------------------------------------------------------------------
     def cp(self, mesh: Mapping[str, int]) -> int:

@@ -191,7 +191,7 @@ def compile_memory(spec: TrialSpec, topology: str | None = None) -> dict[str, An
     out["peak_bytes"] = out["argument_bytes"] + out["output_bytes"] - out["alias_bytes"] + out["temp_bytes"]
     # The compiler's own high-water mark of the scheduled program, what it keeps under the chip's HBM (told the
     # chip is smaller it packs and rematerializes tighter), while temp_bytes also holds allocator slack: the sum
-    # can exceed the chip (README, "what compiled means"). Kept beside peak_bytes, the headline.
+    # can exceed the chip (docs/results/aot.md). Kept beside peak_bytes, the headline.
     if getattr(ma, "peak_memory_in_bytes", 0):
         out["compiler_peak_bytes"] = int(ma.peak_memory_in_bytes)
     # Pinned-host temporaries (remat=offload's layer inputs): not HBM, kept to tell the two memory spaces apart.
@@ -254,7 +254,7 @@ def compare(specs: list[TrialSpec], topology: str | None = None) -> list[dict[st
         predicted = memory.total(spec)
         compiled = got.get("peak_bytes", got.get("required_bytes"))
         # the sum only where a cached compile predates the peak; with host temporaries there is no device peak,
-        # so no ratio (README, "what compiled means": remat=offload)
+        # so no ratio (docs/results/aot.md, remat=offload)
         judged = compiled if "compiler_peak_bytes" not in got else device_peak(got)
         v, reason = verdict(spec, got)
         rows.append({

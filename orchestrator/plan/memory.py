@@ -40,7 +40,7 @@ def breakdown(spec: TrialSpec, *, loss_chunk_tokens: int | None = None) -> dict[
 
     Held against the TPU compiler's own peak for the chip (memory_analysis's peak_memory_in_bytes, the figure
     it refuses by; benchmarks/aot.py), not its argument + output - alias + temp, whose temporaries carry
-    allocator slack that grows with the HBM the compiler is given (README, "what compiled means")."""
+    allocator slack that grows with the HBM the compiler is given (docs/results/aot.md)."""
     m, x = spec.model, local_sizes(spec)
     n, E, D, N = m.n_params(), m.embed, m.head_dim, m.layers
     tok, remat = x.tokens, spec.train.remat
@@ -67,7 +67,7 @@ def breakdown(spec: TrialSpec, *, loss_chunk_tokens: int | None = None) -> dict[
     # (fp32) and, under remat, the MLP's recomputed residuals (the attention's own are its kernel's inputs);
     # without remat they are saved, and the backward's gradients (gate's, up's, the product's) take their place.
     # Offloaded layer inputs come back through no buffer of their own: a model with four staging buffers per
-    # token was above what libtpu fits tpu7x_128 ring at 14M into (README, "what compiled means": remat=offload).
+    # token was above what libtpu fits tpu7x_128 ring at 14M into (docs/results/aot.md, remat=offload).
     layer_tok = E * FP32 + (3 * x.M * BF16 if remat == "none" else mlp_res)
     chunk = LOSS_CHUNK_TOKENS if loss_chunk_tokens is None else loss_chunk_tokens
     lt = min(tok, chunk) if chunk > 0 else tok

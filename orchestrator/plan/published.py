@@ -23,7 +23,7 @@ from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec,
 CONF = Path(__file__).resolve().parents[2] / "conf"
 V5P_LC, TPU7X_LC = "tpu-recipes v5p 8B-LC", "tpu-recipes Ironwood 8B-LC"
 PR4687, PR4836, IRONWOOD = "MaxText #4687", "MaxText #4836", "tpu-recipes Ironwood"
-SOURCES = {  # tag -> where the figures are (README tables, "Measured MFU" / step time columns)
+SOURCES = {  # tag -> where the figures are (the sources' tables, "Measured MFU" / step time columns)
     V5P_LC: "github.com/AI-Hypercomputer/tpu-recipes training/v5p/Llama3.1-8B-LongContext-Maxtext/"
     "cluster_toolkit/README.md (runs of 2026-10-05)",
     TPU7X_LC: "github.com/AI-Hypercomputer/tpu-recipes training/ironwood/Llama3.1-8B-LongContext-Maxtext/"

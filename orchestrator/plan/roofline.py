@@ -1,4 +1,4 @@
-"""Step time from compute at peak and ICI traffic per layer (README: CP attention), and the MFU it implies."""
+"""Step time from compute at peak and ICI traffic per layer (docs/explanation/strategies.md), and the MFU it implies."""
 
 from __future__ import annotations
 
