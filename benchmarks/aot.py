@@ -18,15 +18,13 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python benchmarks/...` finds `benchmarks`
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python benchmarks/...` finds the repo
 
-from omegaconf import OmegaConf  # noqa: E402
-
-from benchmarks import aot_capped  # noqa: E402
 from jobs import strategies  # noqa: E402
 from jobs.spec import ClusterSpec, MemorySpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec  # noqa: E402
 from orchestrator import grid  # noqa: E402
-from orchestrator.plan import aot, validate  # noqa: E402
+from orchestrator.config import group_option  # noqa: E402
+from orchestrator.plan import aot, render, validate  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 L14M = 14_680_064
@@ -34,7 +32,7 @@ LENGTHS = [131_072, 1_048_576, 4_194_304, L14M]
 
 
 def conf(group: str, name: str) -> dict:
-    return OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / group / f"{name}.yaml"), resolve=True)
+    return group_option(group, name)
 
 
 def spec_for(
@@ -64,33 +62,31 @@ def spec_for(
     )  # fmt: skip
 
 
-def row_cells(cluster: str, r: dict) -> list[str]:
-    comp, own = aot._gib_cell(r), aot._peak_cell(r)
-    ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "-"
-    return [cluster, r["strategy"], r["mesh"], f"{r['context_length']:,}", r["remat"],
-            f"{r['analytic_bytes'] / 2**30:.1f}", comp, own, ratio, r["verdict"], f"{r['compile_s']:.0f}"]  # fmt: skip
+def row_cells(cluster: str, r: aot.Comparison) -> list[str]:
+    return [cluster, r.strategy, r.mesh, f"{r.context_length:,}", r.remat, f"{r.analytic_bytes / 2**30:.1f}",
+            render.compiled_cell(r), render.peak_cell(r), render.ratio_cell(r), r.verdict, f"{r.compile_s:.0f}"]  # fmt: skip
 
 
-def planner_mib(r: dict, factor: float = 1.0) -> int:
+def planner_mib(r: aot.Comparison, factor: float = 1.0) -> int:
     """The planner's figure / factor in whole MiB (rounded up), a cap for a capped compile."""
-    return -(-int(r["analytic_bytes"] / factor) // 2**20)
+    return -(-int(r.analytic_bytes / factor) // 2**20)
 
 
-def at_plan_cell(spec: TrialSpec, r: dict, *, compile: bool = True) -> str:
-    """Compiled again with HBM = the planner's figure (benchmarks/aot_capped.py): "fits" or what it needs; "-"
+def at_plan_cell(spec: TrialSpec, r: aot.Comparison, *, compile: bool = True) -> str:
+    """Compiled again with HBM = the planner's figure (aot.capped): "fits" or what it needs; "-"
     when not compiled (or, with compile=False, not cached)."""
     return cap_cell(spec, r, planner_mib(r), compile=compile)
 
 
-def cap_cell(spec: TrialSpec, r: dict, mib: int, *, compile: bool = True) -> str:
+def cap_cell(spec: TrialSpec, r: aot.Comparison, mib: int, *, compile: bool = True) -> str:
     """Compiled again as if HBM were `mib` MiB: "fits N" (GiB), or the compiler's "needs N" when it refuses (what
     it would need before trying harder, no floor: only a fit is evidence; docs/results/aot.md)."""
-    got = aot_capped.fits(spec, mib, compile=compile) if r["status"] == "compiled" else None
+    got = aot.capped.fits(spec, mib, compile=compile) if r.status == "compiled" else None
     if got is None:
         return "-"
-    if got["status"] == "compiled":
+    if got.status == "compiled":
         return f"fits {mib / 1024:.1f}"
-    need = got.get("required_bytes")
+    need = got.required_bytes
     return f"needs {need / 2**30:.1f}" if need else "refused"
 
 
@@ -98,7 +94,7 @@ def cap_cell(spec: TrialSpec, r: dict, mib: int, *, compile: bool = True) -> str
 BAND = (0.95, 1.15)
 
 
-def band_cell(spec: TrialSpec, r: dict, *, compile: bool = True) -> str:
+def band_cell(spec: TrialSpec, r: aot.Comparison, *, compile: bool = True) -> str:
     """Where no device peak exists (remat=offload: libtpu's peak is the host's), bound analytic / needed from
     both sides with two capped compiles: a fit at planner/0.95 MiB says the planner is at most 5 % below what the
     compiler needs; a refusal at planner/1.15 says it is less than 15 % above. "-" when not compiled (or,
@@ -150,7 +146,7 @@ def main(argv: list[str]) -> int:
     head += [f"at {m:,} MiB" for m in a.at_mib]
     head += ["analytic / needed (capped)"] if a.band else []
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    done: list[tuple[str, dict]] = []
+    done: list[tuple[str, aot.Comparison]] = []
     for cluster in a.clusters:
         for strategy in a.strategies:
             for length in a.lengths:
@@ -165,7 +161,7 @@ def main(argv: list[str]) -> int:
                     aot.compiled_memory(spec, refresh=True)
                 [r] = aot.compare([spec])
                 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB (Linux)
-                print(f"{cluster} {strategy} {length:,}: {r['verdict']} ({time.perf_counter() - t0:.0f} s; "
+                print(f"{cluster} {strategy} {length:,}: {r.verdict} ({time.perf_counter() - t0:.0f} s; "
                       f"host peak RSS so far {rss:.1f} GiB)", file=sys.stderr, flush=True)  # fmt: skip
                 done.append((cluster, r))
                 cells = row_cells(cluster, r)
@@ -175,15 +171,15 @@ def main(argv: list[str]) -> int:
                 cells += [band_cell(spec, r)] if a.band else []
                 lines.append("| " + " | ".join(cells) + " |")
     print("\n".join(lines))
-    ratios = [(r["ratio"], c, r) for c, r in done if r["ratio"] is not None and r["status"] == "compiled"]
+    ratios = [(r.ratio, c, r) for c, r in done if r.ratio is not None and r.status == "compiled"]
     if ratios:
         worst = max(ratios, key=lambda t: abs(t[0] - 1.0))
-        print(f"\nWorst analytic / compiler's peak: {worst[0]:.2f} ({worst[1]} {worst[2]['strategy']} "
-              f"{worst[2]['context_length']:,}).")  # fmt: skip
+        print(f"\nWorst analytic / compiler's peak: {worst[0]:.2f} ({worst[1]} {worst[2].strategy} "
+              f"{worst[2].context_length:,}).")  # fmt: skip
     for c, r in done:
-        if r["context_length"] == L14M:
-            print(f"14M: {c} {r['strategy']} {r['mesh']}: compiled {aot._gib_cell(r)} ({r['verdict']}), "
-                  f"analytic {r['analytic_bytes'] / 2**30:.1f} GiB; {r['reason']}")  # fmt: skip
+        if r.context_length == L14M:
+            print(f"14M: {c} {r.strategy} {r.mesh}: compiled {render.compiled_cell(r)} ({r.verdict}), "
+                  f"analytic {r.analytic_bytes / 2**30:.1f} GiB; {r.reason}")  # fmt: skip
     return 0
 
 

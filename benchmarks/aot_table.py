@@ -11,14 +11,13 @@ python benchmarks/aot_table.py --page --from OLD.md --measured-at COMMIT --measu
 from __future__ import annotations
 
 import argparse
-import re
 import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python benchmarks/...` finds `benchmarks`
 
-from benchmarks import aot_capped, aot_page  # noqa: E402
+from benchmarks import aot_page  # noqa: E402
 from benchmarks.aot import LENGTHS, at_plan_cell, band_cell, cap_cell, row_cells, spec_for  # noqa: E402
 from jobs import strategies  # noqa: E402
 from orchestrator import provenance  # noqa: E402
@@ -27,7 +26,6 @@ from orchestrator.plan import aot, memory, validate  # noqa: E402
 # The page's models, each with the context_ulysses degrees looked up (mesh=auto's, and one more split).
 PAGE_MODELS = [("llama3_1_8b_long", ["auto", "2"]), ("llama3_1_8b", ["auto", "4"])]
 PROG = "python benchmarks/aot_table.py"
-CAP = re.compile(r"\.cap(\d+)\.json$")  # benchmarks/aot_capped.py's cache name for a capped compile
 
 
 def cached(model: str, remats: list[str], ulysses: list[str]):
@@ -41,7 +39,7 @@ def cached(model: str, remats: list[str], ulysses: list[str]):
                         spec = spec_for(model, cluster, name, length, remat, ulysses=u)
                         if validate.problems(spec) or not aot.cached_any(spec):
                             continue  # an invalid point has no program; an uncached one need not be lowered
-                        path = aot._cache_path(spec, None)
+                        path = aot.cache_path(spec)
                         if not path.exists() or path in seen:
                             continue
                         seen.add(path)
@@ -55,13 +53,11 @@ def page_rows() -> tuple[list[aot_page.Row], list[aot_page.Row]]:
         for cluster, spec, r in cached(model, ["full", "offload"], ulysses):
             label = cluster if model == aot_page.DEFAULT_MODEL else f"{cluster}, {model}"
             rows.append(aot_page.Row(dict(zip(aot_page.HEAD, row_cells(label, r), strict=True))))
-            path = aot._cache_path(spec, None)
-            caps = [int(m.group(1)) for p in path.parent.glob(f"{path.stem}.cap*.json")
-                    if (m := CAP.search(p.name))]  # fmt: skip
-            if r.get("host_temp_bytes") and r["status"] == "compiled" and caps:
-                ok = {m: aot_capped.fits(spec, m, compile=False)["status"] == "compiled" for m in caps}
-                gib = r["analytic_bytes"] / 2**30
-                cells = [label, r["strategy"], r["mesh"], f"{gib:.1f}", *aot_page.band_cells(gib, ok)]
+            caps = aot.cached_caps(spec)
+            if r.result.host_temp_bytes and r.status == "compiled" and caps:
+                ok = {m: aot.capped.fits(spec, m, compile=False).status == "compiled" for m in caps}
+                gib = r.analytic_bytes / 2**30
+                cells = [label, r.strategy, r.mesh, f"{gib:.1f}", *aot_page.band_cells(gib, ok)]
                 band.append(aot_page.Row(dict(zip(aot_page.BAND_HEAD, cells, strict=True))))
     return rows, band
 
@@ -95,7 +91,7 @@ def write_page(a: argparse.Namespace, argv: list[str]) -> int:
         rows, band = page_rows()
         made, refresh = now, None
     if not rows:
-        print(f"error: no cached compiles under {aot.CACHE_DIR} or in the --from tables: nothing to write; "
+        print(f"error: no cached compiles under {aot.cache_dir()} or in the --from tables: nothing to write; "
               "compile with benchmarks/aot.py, or give --from", file=sys.stderr)  # fmt: skip
         return 1
     body = aot_page.body(rows, band)
@@ -140,10 +136,10 @@ def main(argv: list[str]) -> int:
             cells += [band_cell(spec, row, compile=False)] if a.band else []
             print("| " + " | ".join(cells) + " |")
             continue
-        comp = row["compiled_bytes"] or 0
+        comp = row.compiled_bytes or 0
         print(f"{cluster:10} {spec.strategy.name:11} {spec.mesh.label():28} {spec.context_length:>10,} "
-              f"{spec.train.remat:8} analytic {row['analytic_bytes'] / 2**30:6.1f} compiled {comp / 2**30:6.1f} "
-              f"({row['status']:10}) ratio {row['ratio'] or float('nan'):.2f}")  # fmt: skip
+              f"{spec.train.remat:8} analytic {row.analytic_bytes / 2**30:6.1f} compiled {comp / 2**30:6.1f} "
+              f"({row.status:10}) ratio {row.ratio or float('nan'):.2f}")  # fmt: skip
         if a.terms:
             b = memory.breakdown(spec)
             print("    " + ", ".join(f"{k} {v / 2**30:.1f}" for k, v in b.items() if v > 2**28))

@@ -26,7 +26,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from jobs import strategies  # noqa: E402
 from jobs.attention import attention  # noqa: E402
-from jobs.attention.kernel import KERNELS, resolve  # noqa: E402
+from jobs.attention.kernel import AUTO, KERNELS  # noqa: E402
 from jobs.attention.sharding import qkv_spec  # noqa: E402
 from jobs.mesh import small_mesh  # noqa: E402
 from orchestrator import provenance  # noqa: E402
@@ -171,7 +171,14 @@ def main() -> None:
         results[(strategy, layout)] = (sec, cpu)
         label = "x".join(str(v) for v in shape.values())
         work = busiest_device_work(strategy, layout, int(np.prod(list(shape.values()))))
-        kern = "-" if strategy == "reference" else resolve(a.kernel)  # the dense reference has no kernel
+        # the kernel that ran (auto: this host's backend's); the dense reference has none
+        kern = (
+            "-"
+            if strategy == "reference"
+            else AUTO.get(jax.default_backend(), "xla")
+            if a.kernel == "auto"
+            else a.kernel
+        )
         row(strategy, label, layout, kern, sec, cpu, comp, mb, work)
     mesh = small_mesh({"context": P})
     peer, why = (None, "not selected") if not keep("peer", "contiguous") else (1, "")

@@ -35,6 +35,18 @@ def ring_size(strategy: str, mesh: Mapping[str, int]) -> int:
     return _get(strategy).ring_size(mesh)
 
 
+def batch_problem(batch: int, data: int, fsdp: int, grad_accum: int = 1) -> str | None:
+    """The one batch rule: `grad_accum` microbatches, each sharded over data x fsdp (None: it divides)."""
+    dp, accum = data * fsdp, max(grad_accum, 1)
+    if batch % (dp * accum) == 0:
+        return None
+    return (
+        f"batch {batch} is split into grad_accum={accum} microbatches sharded over data*fsdp = {data}*{fsdp}: "
+        f"{batch} % {dp * accum} = {batch % (dp * accum)}; use a batch that is a multiple of {dp * accum} or "
+        "move devices to context"
+    )
+
+
 def validate(
     strategy: str,
     *,
@@ -69,13 +81,9 @@ def validate(
             f"tensor={t} shards heads, so it must divide q_heads={hq} and kv_heads={hkv}; "
             f"use a tensor size dividing {np.gcd(hq, hkv)}"
         )
-    if batch is not None:
-        b = size["data"] * size["fsdp"]
-        if batch % b:
-            raise ValueError(
-                f"batch is sharded over data x fsdp = {b}: batch {batch} % {b} = {batch % b}; "
-                f"use a batch that is a multiple of {b}"
-            )
+    problem = None if batch is None else batch_problem(batch, size["data"], size["fsdp"])
+    if problem:
+        raise ValueError(problem)
     if layout not in s.layouts:
         raise ValueError(f"{strategy} does not support layout={layout}; use one of {', '.join(s.layouts)}")
     seq = s.axes
@@ -120,7 +128,8 @@ def validate_dcn(strategy: str, *, mesh: Mapping[str, int], dcn: str, slices: in
         raise ValueError(f"unknown mesh.dcn axis {dcn!r}; mesh axes are {', '.join(MESH_AXES)}")
     why = s.dcn_refusal(dcn)
     if why:
-        rings = [n for n in strategies.CP_NAMES if dcn in s.axes and dcn in strategies.get(n).dcn_axes]
+        # the strategies that shard over dcn and may lay it across slices (the refused one's own axes don't matter)
+        rings = [n for n in strategies.CP_NAMES if dcn in (c := strategies.get(n)).axes and dcn in c.dcn_axes]
         alt = f", or strategy={' / '.join(rings)}, which may lay {dcn} across slices" if rings else ""
         raise ValueError(f"{strategy} cannot lay {dcn} across slices: {why}{alt}")
     n = int(mesh.get(dcn, 1))

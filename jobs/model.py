@@ -18,22 +18,31 @@ from jax.sharding import PartitionSpec as P
 from jobs import strategies
 from jobs.attention import attention
 from jobs.mesh import activation_spec, param_specs, token_spec
-from jobs.spec import BATCH_AXES, MemorySpec, ModelSpec, StrategySpec, residuals
+from jobs.spec import BATCH_AXES, LOSS_CHUNK, REMAT_PRESETS, MemorySpec, ModelSpec, StrategySpec, residuals
 
-LOSS_CHUNK = 8192  # tokens per device per unembedding chunk (orchestrator.plan.memory mirrors it)
 
-REMAT_POLICIES = {
-    "none": None,
-    "full": jax.checkpoint_policies.nothing_saveable,
-    "save_attn": jax.checkpoint_policies.save_only_these_names("attn_out"),
-    # each layer's input goes to pinned host memory between forward and backward (long context on TPU/GPU)
-    "offload": jax.checkpoint_policies.save_and_offload_only_these_names(
-        names_which_can_be_saved=[],
-        names_which_can_be_offloaded=["layer_input"],
+def _offload_policy(saved: tuple[str, ...], offloaded: tuple[str, ...]) -> Callable:
+    """Save `saved` in HBM and move `offloaded` to pinned host memory between forward and backward."""
+    return jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=list(saved),
+        names_which_can_be_offloaded=list(offloaded),
         offload_src="device",
         offload_dst="pinned_host",
-    ),
-}
+    )
+
+
+def _preset_policy(saved: tuple[str, ...], offloaded: tuple[str, ...]) -> Callable:
+    """The plainest jax policy for a preset's names (nothing_saveable when it keeps none): the one it has always
+    compiled with."""
+    if offloaded:
+        return _offload_policy(saved, offloaded)
+    if saved:
+        return jax.checkpoint_policies.save_only_these_names(*saved)
+    return jax.checkpoint_policies.nothing_saveable
+
+
+# jobs.spec owns the preset names and residuals; this maps each to its jax.checkpoint policy ("none": no remat)
+REMAT_POLICIES = {"none": None, **{name: _preset_policy(*names) for name, names in REMAT_PRESETS.items()}}
 PRESET_ONLY = MemorySpec()  # train.memory adds nothing to the train.remat preset
 
 
@@ -56,12 +65,7 @@ def remat_policy(remat: str, memory: MemorySpec = PRESET_ONLY) -> Callable | Non
     saved, offloaded = residuals(remat, memory)
     if both := sorted(set(saved) & set(offloaded)):
         raise ValueError(f"residuals {both} are both saved and offloaded (train.remat={remat}, train.memory)")
-    return jax.checkpoint_policies.save_and_offload_only_these_names(
-        names_which_can_be_saved=list(saved),
-        names_which_can_be_offloaded=list(offloaded),
-        offload_src="device",
-        offload_dst="pinned_host",
-    )
+    return _offload_policy(saved, offloaded)
 
 
 def init_params(model: ModelSpec, key: jax.Array) -> dict:

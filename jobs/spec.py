@@ -18,11 +18,21 @@ BATCH_AXES = ("data", "fsdp")  # the batch is sharded over these
 REMAT_NAMES = ("layer_input", "attn_out", "mlp_act")  # jobs/model.py's checkpoint_names, per layer
 HOST_STATE = ("optimizer", "params")  # train state that may live in pinned host memory between steps
 # train.remat presets as (saved, offloaded) residual names; "none" has no jax.checkpoint at all.
+# jobs/model.py builds each preset's jax.checkpoint policy from these.
 REMAT_PRESETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "full": ((), ()),
     "save_attn": (("attn_out",), ()),
     "offload": ((), ("layer_input",)),
 }
+REMATS = ("none", *REMAT_PRESETS)
+DTYPES = ("bfloat16", "float32")  # train.dtype: jax.numpy's names (jobs/step.py looks them up there)
+# Local attention kernels and the platform each needs (None: every backend); jobs/attention/kernel.py
+# implements each name. auto: splash on TPU, flash on GPU, xla elsewhere.
+KERNEL_PLATFORM: dict[str, str | None] = {"auto": None, "xla": None, "splash": "tpu", "flash": "gpu"}
+KERNELS = tuple(KERNEL_PLATFORM)
+# Tokens per device per unembedding chunk of jobs/model.loss_fn (the planner's memory model sizes the logits
+# by it); unchunked, the logits are the largest term at 14M tokens.
+LOSS_CHUNK = 8192
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,10 @@ from jax.sharding import PartitionSpec as P
 
 from jobs import mesh as meshlib
 from jobs.model import init_params, loss_fn
+from jobs.spec import DTYPES as DTYPE_NAMES
 from jobs.spec import TrialSpec
 
-DTYPES = {"bfloat16": jnp.bfloat16, "float32": jnp.float32}
+DTYPES = {name: getattr(jnp, name) for name in DTYPE_NAMES}  # train.dtype -> its jax.numpy type
 
 
 def optimizer(spec: TrialSpec) -> optax.GradientTransformation:

@@ -17,14 +17,15 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from jobs import flops
+from jobs import cp_rules, flops
 from jobs.data import Batches
 from jobs.faults import Faults
 from jobs.mesh import make_mesh
+from jobs.records import StartRecord, StepRecord, SummaryRecord, parse
 from jobs.spec import TrialSpec
 from jobs.step import abstract_args, batch_shardings, make_train_step
 
-Record = dict[str, Any]
+Record = dict[str, Any]  # a record's dict form (jobs/records.py): what crosses the process boundary
 
 
 def init_distributed(coordinator: str, num_processes: int, process_id: int) -> None:
@@ -86,9 +87,9 @@ def memory_record(compiled) -> Record:
         "alias_bytes": ma.alias_size_in_bytes,
         "temp_bytes": ma.temp_size_in_bytes,
     }
-    out["compiled_bytes_per_device"] = (
-        out["argument_bytes"] + out["output_bytes"] - out["alias_bytes"] + out["temp_bytes"]
-    )
+    from jobs.memstats import compiled_bytes
+
+    out["compiled_bytes_per_device"] = compiled_bytes(ma)
     return out
 
 
@@ -123,15 +124,14 @@ def check(spec: TrialSpec) -> None:
             f"heads not divisible by the tensor axis: q_heads {m.q_heads}, kv_heads {m.kv_heads}, tensor {t}; "
             f"use a tensor size dividing {m.kv_heads}"
         )
-    if spec.train.batch % (spec.mesh.data * spec.mesh.fsdp * spec.train.grad_accum):
-        raise ValueError(
-            f"batch {spec.train.batch} is not divisible by data*fsdp*grad_accum = "
-            f"{spec.mesh.data * spec.mesh.fsdp * spec.train.grad_accum}; raise the batch or shrink those"
-        )
+    problem = cp_rules.batch_problem(spec.train.batch, spec.mesh.data, spec.mesh.fsdp, spec.train.grad_accum)
+    if problem:
+        raise ValueError(problem)
 
 
 def train(spec: TrialSpec) -> Iterator[Record]:
-    """Run the trial; yield a `start` record, one `step` record per step, then a `summary`.
+    """Run the trial; yield a `start` record, one `step` record per step, then a `summary`, each in its dict
+    form (jobs/records.py), which is what the Ray batch, the standalone output and the checkpoint carry.
     With run.checkpoint_dir set, resume from its latest checkpoint and save every run.checkpoint_every steps."""
     check(spec)
     lead = jax.process_index() == 0
@@ -159,32 +159,32 @@ def train(spec: TrialSpec) -> Iterator[Record]:
     t0 = time.perf_counter()
     restored = ckpt.restore(abstract_args(spec, mesh)[0]) if ckpt else None
     restore_s = time.perf_counter() - t0 if restored else 0.0
-    state, first, history = restored if restored else (init_fn(jax.random.key(spec.train.seed)), 0, [])
+    state, first, saved = restored if restored else (init_fn(jax.random.key(spec.train.seed)), 0, [])
+    history: list[StepRecord] = [parse(r) for r in saved]  # type: ignore[misc]
     if lead:
-        yield {
-            "kind": "start",
-            "trial_id": spec.trial_id,
-            "devices": spec.mesh.size,
-            "processes": jax.process_count(),
-            "platform": jax.devices()[0].platform,
-            "compile_s": compile_s,
-            "restore_s": restore_s,
-            "peak_tflops_per_device": peak,
-            "peak_source": peak_source,
-            "tflops_per_device_per_step": tflops_step,
-            "resumed_from_step": first,
+        yield StartRecord(
+            trial_id=spec.trial_id,
+            devices=spec.mesh.size,
+            processes=jax.process_count(),
+            platform=jax.devices()[0].platform,
+            compile_s=compile_s,
+            restore_s=restore_s,
+            peak_tflops_per_device=peak,
+            peak_source=peak_source,
+            tflops_per_device_per_step=tflops_step,
+            resumed_from_step=first,
             **mem,
             **slice_record(mesh, spec.mesh.dcn, slices),
-        }
+        ).to_dict()
         # The checkpoint's records: the driver may never have received them (it drops steps it holds).
-        yield from history
+        yield from (r.to_dict() for r in history)
 
     bsh = batch_shardings(spec, mesh)
     tokens = spec.tokens_per_step
     faults = Faults(jax.process_index())
     last = time.perf_counter()
 
-    def finish(step: int, m: dict) -> Record:
+    def finish(step: int, m: dict) -> StepRecord:
         """Step `step`'s record, appended to `history` (what the next checkpoint carries)."""
         nonlocal last
         loss = float(m["loss"])  # blocks until `step` is done; the next step is already queued
@@ -192,20 +192,17 @@ def train(spec: TrialSpec) -> Iterator[Record]:
         dt, last = now - last, now
         tf = tflops_step / dt
         history.append(
-            {
-                "kind": "step",
-                "step": step,
-                "t_ms": int(time.time() * 1000),  # the record's own time: a re-sent copy is the same point
-                "loss": loss,
-                "grad_norm": float(m["grad_norm"]),
-                "step_time_s": dt,
-                "tokens_per_s": tokens / dt,
-                "tflops_per_s_per_device": tf,
-                "mfu": tf / peak if peak == peak and peak > 0 else float("nan"),
-                "peak_bytes_in_use": runtime_peak_bytes()
-                if lead
-                else None,  # only process 0's records are sent
-            }
+            StepRecord(
+                step=step,
+                t_ms=int(time.time() * 1000),  # the record's own time: a re-sent copy is the same point
+                loss=loss,
+                grad_norm=float(m["grad_norm"]),
+                step_time_s=dt,
+                tokens_per_s=tokens / dt,
+                tflops_per_s_per_device=tf,
+                mfu=tf / peak if peak == peak and peak > 0 else float("nan"),
+                peak_bytes_in_use=runtime_peak_bytes() if lead else None,  # only process 0's records are sent
+            )
         )
         return history[-1]
 
@@ -216,8 +213,8 @@ def train(spec: TrialSpec) -> Iterator[Record]:
         if prev is not None:
             rec = finish(*prev)
             if lead:
-                yield rec
-            faults.at(rec["step"], "after_report")
+                yield rec.to_dict()
+            faults.at(rec.step, "after_report")
         prev = (step, metrics)
         if ckpt and ckpt.due(step):
             # Report this step before saving, so the checkpoint holds every record up to the step it
@@ -225,41 +222,40 @@ def train(spec: TrialSpec) -> Iterator[Record]:
             faults.at(step, "before_save")
             rec = finish(*prev)
             prev = None
-            ckpt.save(step, state, history)
+            ckpt.save(step, state, [r.to_dict() for r in history])
             faults.at(step, "after_save")
             if lead:
-                yield rec
+                yield rec.to_dict()
             faults.at(step, "after_report")
             last = time.perf_counter()  # the save is not part of the next step's time
     if prev is not None:
         rec = finish(*prev)
         if lead:
-            yield rec
+            yield rec.to_dict()
     if ckpt:
         ckpt.close()
     if lead and history:
         # The first step of an attempt includes warm-up (allocation, first transfer): the median of the
         # others is the step time, and the summary says which steps (of which attempt) it covers. An
         # attempt that resumed after the last step times the steps its checkpoint carried instead.
-        ran = [r for r in history if r["step"] >= first]  # this attempt's steps
+        ran = [r for r in history if r.step >= first]  # this attempt's steps
         timed = ran or history
         timed = timed[1:] if len(timed) > 1 else timed
-        med = float(np.median([r["step_time_s"] for r in timed]))
-        yield {
-            "kind": "summary",
-            "steps": spec.train.steps,
-            "final_loss": history[-1]["loss"],
-            "steps_run": len(ran),
-            "attempt_from_step": first,
-            "timed_from_step": timed[0]["step"],
-            "timed_to_step": timed[-1]["step"],
-            "step_time_median_s": med,
-            "tokens_per_s": tokens / med,
-            "tflops_per_s_per_device": tflops_step / med,
-            "mfu": tflops_step / med / peak if peak == peak and peak > 0 else float("nan"),
-            "peak_bytes_in_use": runtime_peak_bytes(),
+        med = float(np.median([r.step_time_s for r in timed]))
+        yield SummaryRecord(
+            steps=spec.train.steps,
+            final_loss=history[-1].loss,
+            steps_run=len(ran),
+            attempt_from_step=first,
+            timed_from_step=timed[0].step,
+            timed_to_step=timed[-1].step,
+            step_time_median_s=med,
+            tokens_per_s=tokens / med,
+            tflops_per_s_per_device=tflops_step / med,
+            mfu=tflops_step / med / peak if peak == peak and peak > 0 else float("nan"),
+            peak_bytes_in_use=runtime_peak_bytes(),
             **mem,
-        }
+        ).to_dict()
 
 
 def main(argv: list[str]) -> int:

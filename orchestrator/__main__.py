@@ -8,8 +8,10 @@ import logging
 import sys
 
 from orchestrator import cli
-from orchestrator.config import ConfigError
+from orchestrator.config import Loaded
+from orchestrator.errors import ConfigError
 from orchestrator.grid import expand
+from orchestrator.schema import Options
 
 
 def main(argv: list[str]) -> int:
@@ -23,6 +25,7 @@ def main(argv: list[str]) -> int:
         if args.cfg or args.info:
             print(cli.show(cfg, args), end="")
             return 0
+        options = Loaded.of(cfg).options  # after cli.compose, so a `-m` sweep is the one typed
         specs = expand(cfg)
         from orchestrator.plan import plan, render_table, to_json
 
@@ -31,25 +34,25 @@ def main(argv: list[str]) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     invalid = [r for r in rows if r.verdict == "invalid"]
-    if cfg.dry_run:
-        if cfg.output == "json":
+    if options.dry_run:
+        if options.output == "json":
             print(to_json(rows))
         else:
             from rich.console import Console
 
             render_table(rows, Console(width=max(Console().width, 180)))
-        compiled, code = _aot(specs, rows, cfg) if cfg.get("aot") else ({}, 0)
-        if cfg.get("record") and code == 0:
-            _record(cfg, specs, rows, compiled)
-        if cfg.get("aot"):
+        compiled, code = _aot(specs, rows, options) if options.aot else ({}, 0)
+        if options.record and code == 0:
+            _record(options, specs, rows, compiled)
+        if options.aot:
             return code
-        return 2 if invalid and not cfg.skip_invalid else 0
-    if invalid and not cfg.skip_invalid:
+        return 2 if invalid and not options.skip_invalid else 0
+    if invalid and not options.skip_invalid:
         _report_invalid(specs, rows)
         return 2
     from orchestrator.run import run
 
-    return run(cfg, specs, rows)
+    return run(options, specs, rows)
 
 
 def _report_invalid(specs: list, rows: list) -> None:
@@ -65,11 +68,11 @@ def _report_invalid(specs: list, rows: list) -> None:
         print(f"  also {line}", file=sys.stderr)
 
 
-def _aot(specs: list, rows: list, cfg) -> tuple[dict, int]:
+def _aot(specs: list, rows: list, options: Options) -> tuple[dict, int]:
     """dry_run=true aot=true: compile the valid points for the cluster's TPU topology, analytic vs compiled —
     the planner's infeasible ones too, since the compiler may fit what the planner's estimate does not.
-    Returns (trial id -> comparison row, exit code)."""
-    from orchestrator.plan import aot
+    Returns (trial id -> aot.Comparison, exit code)."""
+    from orchestrator.plan import aot, render
 
     if not aot.available():
         print("error: aot=true needs libtpu on this host: pip install -e '.[tpu]'", file=sys.stderr)
@@ -78,19 +81,23 @@ def _aot(specs: list, rows: list, cfg) -> tuple[dict, int]:
     from rich.console import Console
 
     console = Console(width=max(Console().width, 140))
-    compared = aot.compare(valid, cfg.get("aot_topology") or None)
-    aot.render_comparison(compared, console)
-    return {r["trial_id"]: r for r in compared}, 0
+    compared = aot.compare(valid, options.aot_topology or None)
+    render.render_comparison(compared, console)
+    return {r.trial_id: r for r in compared}, 0
 
 
-def _record(cfg, specs: list, rows: list, compiled: dict) -> None:
+def _record(options: Options, specs: list, rows: list, compiled: dict) -> None:
     """dry_run=true record=true: the plan as planned MLflow runs (tag planned=true), with plots."""
     from orchestrator import planrecord
     from orchestrator.run import sweep_identity
-    from orchestrator.tracking import Tracker
+    from orchestrator.tracker import open_tracker, recording
 
-    name, sweep_id = sweep_identity(cfg)
-    tracker = Tracker(cfg.tracking.uri, cfg.tracking.experiment, cfg.tracking.get("artifact_location", ""))
+    if not recording(options.tracking):
+        print("record=true with tracking=none: the plan was printed, not recorded", file=sys.stderr)
+        return
+
+    name, sweep_id = sweep_identity(options)
+    tracker = open_tracker(options.tracking)
     sid = planrecord.record(tracker, name, sweep_id, specs, rows, compiled)
     if not tracker.flush(timeout=300):
         print(f"warning: {len(tracker.ops)} planned-run writes not delivered", file=sys.stderr)

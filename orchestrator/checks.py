@@ -1,7 +1,9 @@
 """Hold a composed config against orchestrator/schema.py: each bad key as one line (what, where, allowed, fix).
 
-Driver options are checked once at compose time (`check_options`, from config.load); trial keys per grid point
-(`check_point`, from grid.expand), since a sweep may set any of them. Nothing here imports Ray, JAX or MLflow.
+Each key on its own (type, range, choices, a data path that names a readable file); rules across keys and
+against the cluster or model are orchestrator/plan/validate.py's. Driver options are checked once at compose
+time (`check_options`, from config.load); trial keys per grid point (`check_point`, from grid.expand), since a
+sweep may set any of them. Nothing here imports Ray, JAX or MLflow.
 """
 
 from __future__ import annotations
@@ -15,8 +17,7 @@ from dataclasses import dataclass
 from functools import cache, lru_cache
 from typing import Any
 
-from jobs.spec import REMAT_PRESETS
-from orchestrator.config import ConfigError
+from orchestrator.errors import ConfigError
 from orchestrator.schema import RULES, TRIAL_KEYS, Options, PointConfig, Rule
 
 MISSING = dataclasses.MISSING
@@ -174,57 +175,20 @@ def _path_problem(path: str) -> str | None:
     return None if os.path.isfile(path) else "is not a file"
 
 
-def _memory(train: dict, out: list[Problem]) -> None:
-    """train.memory against train.remat: extra saves and offloads need a policy; a residual is saved or offloaded,
-    not both (jax.checkpoint_policies refuses the overlap, and which one was meant is unclear)."""
-    remat, mem = train.get("remat", "full"), train.get("memory") or {}
-    lists = {k: list(mem.get(k) or []) for k in ("save", "offload")}
-    if remat == "none":
-        if k := next((k for k, names in lists.items() if names), None):
-            out.append(Problem(f"train.memory.{k}", lists[k], "needs a remat policy, but train.remat=none keeps "
-                               "every residual in HBM", "train.memory.save/offload with train.remat=full, "
-                               "save_attn or offload", f"set train.remat=full, or drop train.memory.{k}"))  # fmt: skip
-        return
-    preset = dict(zip(("save", "offload"), REMAT_PRESETS[remat], strict=True))
-    verb = {"save": "saves it in HBM", "offload": "offloads it to host memory"}
-    for k, other in (("save", "offload"), ("offload", "save")):
-        for n in lists[k]:
-            if n in lists[other]:
-                why, fix = f"train.memory.{other} also names it", f"drop {n} from one of the two lists"
-            elif n in preset[other]:
-                why, fix = f"train.remat={remat} already {verb[other]}", "drop it, or use train.remat=full"
-            else:
-                continue
-            out.append(Problem(f"train.memory.{k}", lists[k], f"names {n}, but {why}",
-                               "each residual saved or offloaded, not both", fix))  # fmt: skip
-            return
-
-
-def _cross(d: dict, out: list[Problem]) -> None:
-    """Rules between keys: the data kind and its path, train.memory vs train.remat (types and names are already
-    known good)."""
-    _memory(d["train"], out)
-    data = d["train"].get("data") or {}
-    kind, path = data.get("kind", "recall"), data.get("path", "")
+def _data_path(d: dict, out: list[Problem]) -> None:
+    """train.data.path, once its type is known good: a readable local file or gs:// object, when set."""
+    path = (d["train"].get("data") or {}).get("path")
     if path and (why := _path_problem(path)):
         out.append(Problem("train.data.path", path, why, "an existing local file or gs://bucket/object",
                            "fix the path, or drop it (train.data.path='') for the recall task"))  # fmt: skip
-    elif kind == "tokens" and not path:
-        out.append(Problem("train.data.path", path, "is empty but train.data.kind=tokens reads a token file",
-                           "a local file or gs://bucket/object",
-                           "set train.data.path=..., or train.data.kind=recall for the synthetic task"))  # fmt: skip
-    elif kind == "recall" and path:
-        out.append(Problem("train.data.path", path, "is ignored by train.data.kind=recall",
-                           "a path only with train.data.kind=tokens",
-                           "set train.data.kind=tokens to train on it, or drop the path"))  # fmt: skip
 
 
 def check_point(d: dict) -> list[Problem]:
-    """Every bad key of one grid point (a resolved config dict); cross-key rules once the keys are good."""
+    """Every bad key of one grid point (a resolved config dict); the data path once the keys are good."""
     out: list[Problem] = []
     _walk(PointConfig, {k: d[k] for k in TRIAL_KEYS if k in d}, "", out)
     if not out:
-        _cross(d, out)
+        _data_path(d, out)
     return out
 
 

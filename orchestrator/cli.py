@@ -244,8 +244,7 @@ EXIT_CODES = (
 
 
 def switch_defaults(conf_dir: Path = CONF_DIR) -> dict[str, Any]:
-    """The driver's switches in conf/config.yaml (every top-level key that is neither a trial key nor a
-    group) as dotted key -> default."""
+    """conf/config.yaml's driver switches (top-level keys, neither trial keys nor groups): dotted key -> default."""
     tree = OmegaConf.to_container(OmegaConf.load(conf_dir / "config.yaml"))
     keep = {k: v for k, v in tree.items() if k not in {"defaults", *TRIAL_KEYS, *GROUPS}}
     return _flat(keep)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -11,6 +12,11 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from jobs import strategies
+from orchestrator import checks
+from orchestrator.errors import ConfigError
+from orchestrator.schema import Options
+
+__all__ = ["CONF_DIR", "GROUPS", "ConfigError", "Loaded", "group_option", "info", "load", "load_typed"]
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = ("model", "strategy", "mesh", "cluster", "tracking", "sweep")
@@ -20,15 +26,23 @@ GROUPS = ("model", "strategy", "mesh", "cluster", "tracking", "sweep")
 OmegaConf.register_new_resolver("cp_strategies", lambda: list(strategies.CP_NAMES), replace=True)
 
 
-class ConfigError(ValueError):
-    """Bad input found before anything starts: the CLI prints it as one line and exits 2."""
+@dataclass(frozen=True)
+class Loaded:
+    """A composed config: the tree grid.expand turns into trials, and the driver's switches, typed."""
+
+    cfg: DictConfig
+    options: Options
+
+    @classmethod
+    def of(cls, cfg: DictConfig) -> Loaded:
+        """Check a composed config's top-level options against the schema (the first problem raises) and
+        type them; trial keys are checked per grid point by grid.expand."""
+        return cls(cfg, checks.check_options(OmegaConf.to_container(cfg, resolve=True)))
 
 
-def load(overrides: list[str], conf_dir: Path = CONF_DIR) -> DictConfig:
-    """Compose `config.yaml` with command-line overrides (Hydra's own grammar), then check the top-level
-    options against the schema; trial keys are checked per grid point by grid.expand."""
-    from orchestrator import checks  # imports ConfigError from here
-
+def load_typed(overrides: list[str], conf_dir: Path = CONF_DIR) -> Loaded:
+    """Compose `config.yaml` with command-line overrides (Hydra's own grammar), then check and type the
+    driver's options."""
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
@@ -36,8 +50,12 @@ def load(overrides: list[str], conf_dir: Path = CONF_DIR) -> DictConfig:
         tree = OmegaConf.to_container(cfg, resolve=True)
     except Exception as e:  # hydra raises several types; all mean "bad input"
         raise ConfigError(_one_line(e, overrides)) from e
-    checks.check_options(tree)
-    return cfg
+    return Loaded(cfg, checks.check_options(tree))
+
+
+def load(overrides: list[str], conf_dir: Path = CONF_DIR) -> DictConfig:
+    """load_typed's config alone, checked the same, for callers that only expand it into trials."""
+    return load_typed(overrides, conf_dir).cfg
 
 
 def _one_line(e: Exception, overrides: list[str]) -> str:
@@ -52,7 +70,9 @@ def _one_line(e: Exception, overrides: list[str]) -> str:
 
 
 def group_option(group: str, name: str, conf_dir: Path = CONF_DIR) -> dict:
-    """One option of a config group as a plain dict (loaded once per grid axis value, not per point)."""
+    """One option of a config group (conf/<group>/<name>.yaml) as a plain dict, read as the driver composes
+    it (OmegaConf: YAML 1.1 would read `9.0e10` as a string). The one reader of a group option: the grid
+    (once per axis value, not per point), the planner's published rows, tests and benchmarks."""
     path = conf_dir / group / f"{name}.yaml"
     if not path.exists():
         opts = sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))

@@ -11,24 +11,24 @@ import signal
 import time
 from collections import deque
 
+from jobs.records import Record, StartRecord, StepRecord, SummaryRecord, parse_known
 from jobs.spec import TrialSpec
 from orchestrator import scheduler as sched
 from orchestrator.outcomes import Outcome, RetryBudgets
 from orchestrator.progress import Progress
 from orchestrator.records import memory_bytes
-from orchestrator.tracking import Tracker
+from orchestrator.tracker import Tracker
 
 log = logging.getLogger(__name__)
-Budgets = RetryBudgets  # the name callers used before outcomes.py
 
 
-def summary_metrics(summary: dict) -> dict[str, float]:
+def summary_metrics(summary: SummaryRecord) -> dict[str, float]:
     """Per-strategy figures the parent run charts against context length."""
     out = {
-        "mfu": summary.get("mfu", float("nan")),
-        "tokens_per_s": summary.get("tokens_per_s", float("nan")),
-        "step_time_s": summary.get("step_time_median_s", float("nan")),
-        "tflops_per_s_per_device": summary.get("tflops_per_s_per_device", float("nan")),
+        "mfu": summary.mfu,
+        "tokens_per_s": summary.tokens_per_s,
+        "step_time_s": summary.step_time_median_s,
+        "tflops_per_s_per_device": summary.tflops_per_s_per_device,
     }
     if mem := memory_bytes(summary):
         out["memory_gib"] = mem / 2**30
@@ -68,7 +68,7 @@ class Executor:
         self.used = {s.trial_id: {Outcome.PREEMPTED: 0, Outcome.FAILED: 0} for s in specs}
         self.attempts = {s.trial_id: 0 for s in specs}
         self.outcomes: dict[str, str] = {}
-        self.summaries: dict[str, dict] = {}
+        self.summaries: dict[str, SummaryRecord] = {}
         self.history: dict[str, list[dict]] = {s.trial_id: [] for s in specs}  # per attempt: where, when, end
         self.interrupted = False
 
@@ -84,7 +84,7 @@ class Executor:
                     continue
                 if ev.attempt != self.attempts.get(ev.trial_id):
                     if ev.kind == "records":  # a late batch of an ended attempt: still data (steps dedup)
-                        self.tracker.log_records(ev.trial_id, ev.records, ev.attempt)
+                        self.tracker.log_records(ev.trial_id, parse_known(ev.records), ev.attempt)
                     continue
                 getattr(self, f"_on_{ev.kind}")(ev, self.by_id[ev.trial_id], self.history[ev.trial_id][-1])
         finally:
@@ -117,18 +117,22 @@ class Executor:
             self.progress.event(ev.trial_id, f"attempt {ev.attempt} on {placement_note(att['hosts'])}")
 
     def _on_records(self, ev: sched.Event, spec: TrialSpec, att: dict) -> None:
+        records: list[Record] = parse_known(ev.records)  # the jobs' dict form, typed at this seam
         att.setdefault("first_record", time.time())
-        if "first_step" not in att and any(r["kind"] == "step" for r in ev.records):
-            att["first_step"] = time.time()
-        self.tracker.log_records(ev.trial_id, ev.records, ev.attempt)
-        for r in ev.records:
-            if r["kind"] == "step":
-                self.progress.update(ev.trial_id, state="running", step=r["step"] + 1, loss=r["loss"],
-                                     tokens_per_s=r["tokens_per_s"])  # fmt: skip
-            elif r["kind"] == "summary":
+        first = next((r for r in records if isinstance(r, StepRecord)), None)
+        if "first_step" not in att and first is not None:
+            att["first_step"] = time.time()  # when the driver had it
+            if first.t_ms:  # when the job finished it: the stream's round trip is the difference
+                att["first_step_in_job"] = first.t_ms / 1000
+        self.tracker.log_records(ev.trial_id, records, ev.attempt)
+        for r in records:
+            if isinstance(r, StepRecord):
+                self.progress.update(ev.trial_id, state="running", step=r.step + 1, loss=r.loss,
+                                     tokens_per_s=r.tokens_per_s)  # fmt: skip
+            elif isinstance(r, SummaryRecord):
                 self.summaries[ev.trial_id] = r
-            elif r["kind"] == "start":
-                self.progress.update(ev.trial_id, state="running", note=f"compiled in {r['compile_s']:.1f} s")
+            elif isinstance(r, StartRecord):
+                self.progress.update(ev.trial_id, state="running", note=f"compiled in {r.compile_s:.1f} s")
 
     def _on_outcome(self, ev: sched.Event, spec: TrialSpec, att: dict) -> None:
         tid, outcome = ev.trial_id, Outcome(ev.outcome)

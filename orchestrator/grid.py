@@ -12,7 +12,9 @@ from omegaconf import DictConfig, OmegaConf
 from jobs import strategies
 from jobs.spec import ClusterSpec, MeshSpec, TrialSpec
 from orchestrator import checks
-from orchestrator.config import CONF_DIR, ConfigError, group_option
+from orchestrator.config import CONF_DIR, group_option
+from orchestrator.errors import ConfigError
+from orchestrator.schema import MeshConfig
 
 GROUP_AXES = ("model", "strategy", "mesh", "cluster")  # axis values name a config group option
 
@@ -79,15 +81,13 @@ def points(sweep: dict | None) -> list[tuple[tuple[str, Any], ...]]:
 def resolve_mesh(mesh: dict, strategy: str, model: dict, devices: int) -> MeshSpec:
     """Fill "auto" axes: every device not on data/fsdp/tensor goes to the strategy's context axes, split as
     its registry entry says (usp: the largest Ulysses degree the KV heads allow, keeping a ring of 2)."""
-    m = dict(mesh)
-    fixed = m["data"] * m["fsdp"] * m["tensor"]
-    hq, hkv = model["q_heads"] // m["tensor"], max(model["kv_heads"] // m["tensor"], 1)
+    m = MeshConfig(**mesh)  # the schema's defaults for the axes a mesh option leaves out
+    fixed = m.data * m.fsdp * m.tensor
+    hq, hkv = model["q_heads"] // m.tensor, max(model["kv_heads"] // m.tensor, 1)
     c, u = strategies.get(strategy).resolve_mesh(
-        max(devices // fixed, 1), m.get("context", "auto"), m.get("context_ulysses", "auto"), hq, hkv
+        max(devices // fixed, 1), m.context, m.context_ulysses, hq, hkv
     )
-    return MeshSpec(
-        data=m["data"], fsdp=m["fsdp"], context=c, context_ulysses=u, tensor=m["tensor"], dcn=m.get("dcn", "")
-    )
+    return MeshSpec(data=m.data, fsdp=m.fsdp, context=c, context_ulysses=u, tensor=m.tensor, dcn=m.dcn)
 
 
 def expand(cfg: DictConfig, conf_dir=CONF_DIR) -> list[TrialSpec]:

@@ -140,9 +140,10 @@ DOCS: dict[str, str] = {
     "run.checkpoint_every": "Steps between orbax checkpoints (0: none); a retry or a rerun of the sweep resumes "
     "from the last one.",
     # --- tracking: conf/tracking/ ------------------------------------------------------------------------------
-    "tracking": "The MLflow store the driver writes to (workers never talk to MLflow).",
-    "tracking.uri": "MLflow tracking URI: `sqlite:///mlflow.db` (a file in the working directory) or a "
-    "server's `http(s)://` URL.",
+    "tracking": "The MLflow store the driver writes to (workers never talk to MLflow); `tracking=none` records "
+    "nothing.",
+    "tracking.uri": "MLflow tracking URI: `sqlite:///mlflow.db` (a file in the working directory), a "
+    "server's `http(s)://` URL, or `none` (no store: nothing recorded, no regression gate).",
     "tracking.experiment": "MLflow experiment of the sweep's runs (created when missing).",
     "tracking.artifact_location": "Artifact root of the experiment when this driver creates it, e.g. "
     '`gs://bucket/prefix` ("": the store\'s default).',
@@ -153,7 +154,7 @@ DOCS: dict[str, str] = {
     "retries.failure": "Reruns after an exception in the job; out of memory (`infeasible`) is never retried.",
     "gate": "The regression gate after a sweep: each finished trial against the previous finished run of its "
     "trial id on the same cluster, from another sweep.",
-    "gate.enabled": "Run the regression gate when the sweep ends.",
+    "gate.enabled": "Run the regression gate when the sweep ends (not with `tracking=none`: no baseline).",
     "gate.max_drop": "Largest allowed drop of `final_mfu` or `final_tokens_per_s`, a fraction of the baseline; "
     "beyond it the parent run gets `regression=true` and the CLI exits 3.",
     # --- sweep: conf/sweep/, added with +sweep=NAME ------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Any
 from jobs.spec import TrialSpec
 from orchestrator.plan import aot
 from orchestrator.report import GIB, _axes, _finish
-from orchestrator.tracking import Tracker
+from orchestrator.tracker import Tracker
 
 PLANNED_TAG = "planned"
 
@@ -23,7 +23,7 @@ def planned_sweep_id(sweep_id: str) -> str:
     return f"{sweep_id}-plan"
 
 
-def point_metrics(row: Any, compiled: dict[str, Any] | None) -> dict[str, float]:
+def point_metrics(row: Any, compiled: aot.CompileResult | None) -> dict[str, float]:
     """What one planned point logs: the planner's figures and, when compiled, the compiler's."""
     out = {
         "predicted_bytes_per_device": row.predicted_hbm_bytes_per_device,
@@ -32,9 +32,9 @@ def point_metrics(row: Any, compiled: dict[str, Any] | None) -> dict[str, float]
         "roofline_mfu": row.roofline_mfu,
         "tflops_per_device_per_step": row.tflops_per_device_per_step,
     }
-    if compiled and compiled.get("compiled_bytes"):
-        out["compiled_bytes_per_device"] = compiled["compiled_bytes"]
-    if compiled and (peak := aot.device_peak(compiled)):  # what the compiler checks against HBM (aot.verdict)
+    if compiled and compiled.compiled_bytes:
+        out["compiled_bytes_per_device"] = compiled.compiled_bytes
+    if compiled and (peak := compiled.device_peak):  # what the compiler checks against HBM (aot.verdict)
         out["compiler_peak_bytes_per_device"] = peak
     return {k: float(v) for k, v in out.items() if v is not None}
 
@@ -72,7 +72,7 @@ def record(
     sweep_id: str,
     specs: list[TrialSpec],
     rows: list,
-    compiled: dict | None = None,
+    compiled: dict[str, aot.Comparison] | None = None,
 ) -> str:
     """Queue the plan as planned runs; returns the planned sweep id. `compiled`: trial id -> aot.compare row."""
     sid = planned_sweep_id(sweep_id)
@@ -86,7 +86,8 @@ def record(
         status = "planned" if row.verdict == "run" else row.verdict
         tracker.start_trial(spec, sid, status, row.reason)
         tracker.set_tags(tid, {PLANNED_TAG: "true"})
-        m = point_metrics(row, (compiled or {}).get(tid))
+        got = (compiled or {}).get(tid)
+        m = point_metrics(row, got.result if got else None)
         tracker.log_metrics(tid, m)
         tracker.end(tid, "FINISHED")
         if row.verdict == "run":

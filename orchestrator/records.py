@@ -4,13 +4,20 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
 
+from jobs.records import Record, StartRecord, StepRecord, SummaryRecord
 from jobs.spec import TrialSpec
 
+# Which fields of each record become MLflow metrics (docs/reference/mlflow.md lists them; tests/test_records.py
+# checks every numeric field of a record is here). A key a newer job sends is kept in the trial log only.
 STEP_METRICS = ("loss", "grad_norm", "step_time_s", "tokens_per_s", "tflops_per_s_per_device", "mfu",
                 "peak_bytes_in_use")  # fmt: skip
-FINAL = ("step_time_median_s", "tokens_per_s", "tflops_per_s_per_device", "mfu")
+MEMORY_METRICS = ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "compiled_bytes_per_device")
+START_METRICS = ("devices", "processes", "compile_s", "restore_s", "peak_tflops_per_device",
+                 "tflops_per_device_per_step", "resumed_from_step", *MEMORY_METRICS, "slices")  # fmt: skip
+FINAL = ("step_time_median_s", "tokens_per_s", "tflops_per_s_per_device", "mfu")  # logged as final_<name>
+SUMMARY_METRICS = ("final_loss", "steps_run", "attempt_from_step", "timed_from_step", "timed_to_step", *FINAL,
+                   "peak_bytes_in_use", *MEMORY_METRICS)  # fmt: skip
 Point = list  # [key, value, timestamp_ms, step]: JSON-able, for the tracking journal
 
 
@@ -30,22 +37,22 @@ def trial_params(spec: TrialSpec) -> dict[str, str]:
     return {k: str(v) for k, v in p.items()}
 
 
-def memory_bytes(summary: dict[str, Any]) -> int | None:
+def memory_bytes(summary: SummaryRecord) -> int | None:
     """A trial's memory per device: the runtime peak where the backend reports one (TPU/GPU), else the
     compiler's figure (CPU reports no runtime peak)."""
-    return summary.get("peak_bytes_in_use") or summary.get("compiled_bytes_per_device")
+    return summary.peak_bytes_in_use or summary.compiled_bytes_per_device
 
 
-def record_points(r: dict[str, Any], now: int, attempt: int = 1) -> list[Point]:
+def record_points(r: Record, now: int, attempt: int = 1) -> list[Point]:
     """One metric record as MLflow points: step records per step (at the job's own time, so a copy re-sent
     after a resume is the same point), start records per attempt, summary ones at step 0."""
-    if r.get("kind") == "step":
-        vals = {m: r.get(m) for m in STEP_METRICS}
-        step, now = int(r["step"]), int(r.get("t_ms") or now)
-    elif r.get("kind") == "start":  # compile and restore time of this attempt, never mixed into steps
-        vals, step = dict(r), attempt
-    elif r.get("kind") == "summary":  # end-of-trial figures get final_; memory keeps its names
-        vals = {("final_" + k if k in FINAL else k): v for k, v in r.items() if k != "steps"}
+    if isinstance(r, StepRecord):
+        vals = {m: getattr(r, m) for m in STEP_METRICS}
+        step, now = r.step, int(r.t_ms or now)
+    elif isinstance(r, StartRecord):  # compile and restore time of this attempt, never mixed into steps
+        vals, step = {m: getattr(r, m) for m in START_METRICS}, attempt
+    elif isinstance(r, SummaryRecord):  # end-of-trial figures get final_; memory keeps its names
+        vals = {("final_" + k if k in FINAL else k): getattr(r, k) for k in SUMMARY_METRICS}
         if mem := memory_bytes(r):
             vals["memory_bytes_per_device"] = mem
         step = 0
@@ -55,28 +62,28 @@ def record_points(r: dict[str, Any], now: int, attempt: int = 1) -> list[Point]:
     return [[k, v, now, step] for k, v in ok.items() if v == v]
 
 
-def summary_covers(r: dict[str, Any], attempt: int) -> str:
+def summary_covers(r: SummaryRecord, attempt: int) -> str:
     """Which steps a summary's step time and MFU come from, e.g. "steps 7-11 of attempt 2 (resumed at 6)"."""
-    if "timed_from_step" not in r:
+    if r.timed_from_step is None:
         return ""
-    text = f"steps {r['timed_from_step']}-{r['timed_to_step']} of attempt {attempt}"
-    return text + (f" (resumed at step {r['attempt_from_step']})" if r.get("attempt_from_step") else "")
+    text = f"steps {r.timed_from_step}-{r.timed_to_step} of attempt {attempt}"
+    return text + (f" (resumed at step {r.attempt_from_step})" if r.attempt_from_step else "")
 
 
 @dataclass
 class TrialLog:
     """What the driver saw of one trial: records per attempt and status lines (the trial log artifact)."""
 
-    attempts: list[list[dict[str, Any]]] = field(default_factory=lambda: [[]])
+    attempts: list[list[Record]] = field(default_factory=lambda: [[]])
     lines: list[str] = field(default_factory=list)
 
     @property
-    def records(self) -> list[dict[str, Any]]:
+    def records(self) -> list[Record]:
         return self.attempts[-1]
 
-    def add(self, records: list[dict[str, Any]]) -> None:
+    def add(self, records: list[Record]) -> None:
         self.records.extend(records)
-        self.lines.extend(json.dumps(r, default=str) for r in records)
+        self.lines.extend(json.dumps(r.to_dict(), default=str) for r in records)
 
     def text(self) -> str:
         return "\n".join(self.lines) + "\n"

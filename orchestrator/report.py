@@ -7,14 +7,16 @@ the PNG is rendered by Agg when saved.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from matplotlib.figure import Figure
 
+from jobs.records import Record, StartRecord, StepRecord, SummaryRecord, parse_known
 from jobs.spec import TrialSpec
 from orchestrator.records import memory_bytes
+from orchestrator.tracker import Tracker
 
 GIB = 2**30
 
@@ -24,7 +26,7 @@ class TrialResult:
     """One finished trial as the report sees it: its spec, summary record and loss curve."""
 
     spec: TrialSpec
-    summary: dict[str, Any]
+    summary: SummaryRecord
     losses: list[tuple[int, float]] = field(default_factory=list)
     predicted_bytes: int | None = None
     peak_source: str = ""
@@ -40,28 +42,29 @@ class TrialResult:
 
 def collect(
     specs: Iterable[TrialSpec],
-    records_of: Callable[[str], list[dict[str, Any]]],
+    records_of: Callable[[str], list[Record] | list[Mapping[str, Any]]],
     predicted: dict[str, int | None] | None = None,
     predicted_step: dict[str, float | None] | None = None,
 ) -> list[TrialResult]:
-    """TrialResults for the specs whose records include a summary (finished trials)."""
+    """TrialResults for the specs whose records (typed, or their dict form) include a summary (finished
+    trials)."""
     out = []
     for spec in specs:
-        recs = records_of(spec.trial_id)
-        summary = next((r for r in reversed(recs) if r.get("kind") == "summary"), None)
+        recs = parse_known(records_of(spec.trial_id))
+        summary = next((r for r in reversed(recs) if isinstance(r, SummaryRecord)), None)
         if summary is None:
             continue
-        start = next((r for r in recs if r.get("kind") == "start"), {})
-        losses = [(int(r["step"]), float(r["loss"])) for r in recs if r.get("kind") == "step"]
+        start = next((r for r in recs if isinstance(r, StartRecord)), StartRecord())
+        losses = [(r.step, float(r.loss)) for r in recs if isinstance(r, StepRecord)]
         pred = (predicted or {}).get(spec.trial_id)
         step = (predicted_step or {}).get(spec.trial_id)
         at_run = _at_run_peak(spec, start) if step is not None else None
-        out.append(TrialResult(spec, summary, losses, pred, str(start.get("peak_source", "")), step, at_run))
+        out.append(TrialResult(spec, summary, losses, pred, start.peak_source, step, at_run))
     return out
 
 
-def _at_run_peak(spec: TrialSpec, start: dict[str, Any]) -> float | None:
-    peak = start.get("peak_tflops_per_device")
+def _at_run_peak(spec: TrialSpec, start: StartRecord) -> float | None:
+    peak = start.peak_tflops_per_device
     if spec.cluster.peak_tflops_per_device > 0 or not peak or peak != peak:
         return None  # a spec-sheet peak: the plan already used it
     from orchestrator.plan.steptime import step_time
@@ -111,7 +114,7 @@ def mfu_figure(trials: list[TrialResult]) -> Figure:
     label = "MFU" + (f" (peak: {source})" if source else "")
     fig, ax = _axes(f"MFU vs context length — {_where(trials)}", label)
     for name, ts in _series(trials).items():
-        ax.plot([t.spec.context_length for t in ts], [t.summary.get("mfu", float("nan")) for t in ts],
+        ax.plot([t.spec.context_length for t in ts], [t.summary.mfu for t in ts],
                 marker="o", label=name)  # fmt: skip
     ax.set_ylim(bottom=0)
     return _finish(fig, ax)
@@ -137,7 +140,7 @@ def step_time_figure(trials: list[TrialResult]) -> Figure:
     fig, ax = _axes(f"Step time vs context length — {_where(trials)}", "median step time (s)", logy=True)
     for i, (name, ts) in enumerate(_series(trials).items()):
         xs = [t.spec.context_length for t in ts]
-        ys = [t.summary.get("step_time_median_s", float("nan")) for t in ts]
+        ys = [t.summary.step_time_median_s for t in ts]
         ax.plot(xs, ys, marker="o", color=f"C{i}", label=f"{name} measured")
         pred = [t.predicted_step_s if t.predicted_step_s is not None else float("nan") for t in ts]
         if any(p == p for p in pred):  # the planner's forecast, dashed in the same colour
@@ -181,7 +184,7 @@ def make_figures(trials: list[TrialResult]) -> dict[str, Figure]:
 
 
 def publish(
-    tracker,
+    tracker: Tracker,
     specs: Iterable[TrialSpec],
     predicted: dict[str, int | None] | None = None,
     predicted_step: dict[str, float | None] | None = None,

@@ -6,30 +6,31 @@ import json
 import logging
 import time
 
-from omegaconf import DictConfig
-
 from jobs.spec import TrialSpec
 from orchestrator import cluster as clusters
 from orchestrator import regress, report
-from orchestrator.executor import Budgets, execute
+from orchestrator.executor import execute
+from orchestrator.outcomes import RetryBudgets
 from orchestrator.progress import Progress
-from orchestrator.tracking import Tracker
+from orchestrator.schema import Options, SweepConfig
+from orchestrator.tracker import open_tracker, recording
 
 log = logging.getLogger(__name__)
 
 
-def sweep_identity(cfg: DictConfig) -> tuple[str, str]:
-    sweep = cfg.get("sweep") or {}
-    name = sweep.get("name") or "single"
-    sid = sweep.get("id") or f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    return name, str(sid)
+def sweep_identity(options: Options) -> tuple[str, str]:
+    """(sweep name, sweep id): "single" without a sweep; a fresh timestamped id unless the sweep fixes one."""
+    sweep = options.sweep or SweepConfig()
+    name = sweep.name or "single"
+    return name, sweep.id or f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def run(cfg: DictConfig, specs: list[TrialSpec], rows: list) -> int:
-    """Record every planned point, launch the runnable ones, and return the exit code."""
-    name, sweep_id = sweep_identity(cfg)
+def run(options: Options, specs: list[TrialSpec], rows: list) -> int:
+    """Record every planned point, launch the runnable ones, and return the exit code. `options`: the driver's
+    typed options (config.Loaded.options)."""
+    name, sweep_id = sweep_identity(options)
     cluster = specs[0].cluster
-    tracker = Tracker(cfg.tracking.uri, cfg.tracking.experiment, cfg.tracking.get("artifact_location", ""))
+    tracker = open_tracker(options.tracking)
     if tracker.use_journal(sweep_id):  # an earlier driver was killed: what it never delivered lands first
         tracker.flush(timeout=120)
     done = tracker.finished_trials(sweep_id)
@@ -40,7 +41,7 @@ def run(cfg: DictConfig, specs: list[TrialSpec], rows: list) -> int:
 
     todo: list[TrialSpec] = []
     seen: set[str] = set()
-    with Progress(cfg.get("progress", "auto")) as progress:
+    with Progress(options.progress) as progress:
         for spec, row in zip(specs, rows, strict=True):
             tid = spec.trial_id
             if tid in seen:
@@ -66,10 +67,8 @@ def run(cfg: DictConfig, specs: list[TrialSpec], rows: list) -> int:
         if todo:
             clusters.connect(cluster)
             conc = clusters.concurrency(cluster)
-            b = cfg.get("retries") or {}
-            outcomes = execute(
-                todo, tracker, progress, conc, Budgets(b.get("preemption", 3), b.get("failure", 1)), sweep_id
-            )
+            budgets = RetryBudgets(options.retries.preemption, options.retries.failure)
+            outcomes = execute(todo, tracker, progress, conc, budgets, sweep_id)
     predicted = {s.trial_id: r.predicted_hbm_bytes_per_device for s, r in zip(specs, rows, strict=True)}
     step_s = {s.trial_id: r.predicted_step_s for s, r in zip(specs, rows, strict=True)}
     try:  # a plot must never cost a sweep its exit code
@@ -91,17 +90,18 @@ def run(cfg: DictConfig, specs: list[TrialSpec], rows: list) -> int:
     print(f"sweep {sweep_id}: {sum(o == 'finished' for o in outcomes.values())} finished, "
           f"{len(failed)} failed, {len(done)} skipped (already finished)")  # fmt: skip
     print(f"dashboard: {tracker.dashboard_hint()}")
-    return _gate(cfg, sweep_id, failed=bool(failed))
+    if not recording(options.tracking):  # tracking=none: no store holds a baseline for the gate
+        return 1 if failed else 0
+    return _gate(options, sweep_id, failed=bool(failed))
 
 
-def _gate(cfg: DictConfig, sweep_id: str, failed: bool) -> int:
+def _gate(options: Options, sweep_id: str, failed: bool) -> int:
     """Exit code: 1 when a trial failed, else 3 (regress.EXIT_REGRESSION) when the regression gate trips."""
-    g = cfg.get("gate") or {}
     code = 0
-    if g.get("enabled", False):
+    if options.gate.enabled:
         try:
             code = regress.gate(
-                cfg.tracking.uri, cfg.tracking.experiment, sweep_id, float(g.get("max_drop", 0.10))
+                options.tracking.uri, options.tracking.experiment, sweep_id, options.gate.max_drop
             )
         except Exception:
             log.exception("regression gate could not read the tracking store")

@@ -14,9 +14,12 @@ from dataclasses import dataclass, field
 from jobs import strategies
 from jobs.cp_rules import LAYOUTS
 from jobs.spec import (
+    DTYPES,
     HOST_STATE,
+    KERNELS,
     MESH_AXES,
     REMAT_NAMES,
+    REMATS,
     ClusterSpec,
     ModelSpec,
     RunSpec,
@@ -24,11 +27,6 @@ from jobs.spec import (
     TrainSpec,
 )
 
-# The names jobs.attention.kernel.KERNELS registers (that module imports jax, which the driver must not do
-# before launch; tests/test_schema.py keeps the two equal). auto: splash on TPU, flash on GPU, xla elsewhere.
-KERNELS = ("auto", "xla", "splash", "flash")
-REMATS = ("none", "full", "save_attn", "offload")
-DTYPES = ("bfloat16", "float32")
 DATA_KINDS = ("recall", "tokens")
 TOKEN_DTYPES = ("uint16", "uint32")  # jobs/data.py memory-maps a flat file of these
 CLUSTER_KINDS = ("local", "local_multihost", "fake_tpu", "tpu", "address")

@@ -16,11 +16,11 @@ import os
 import subprocess
 import tempfile
 import time
-from typing import Any
 
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 
+from jobs.records import Record, StepRecord, SummaryRecord
 from jobs.spec import TrialSpec
 from orchestrator.records import TrialLog, record_points, summary_covers, trial_params
 from orchestrator.writequeue import Op, WriteQueue
@@ -41,7 +41,9 @@ def code_revision() -> str:
         return "unknown"
 
 
-class Tracker:
+class MlflowTracker:
+    """The Tracker protocol (orchestrator/tracker.py) over an MLflow store."""
+
     def __init__(self, uri: str, experiment: str, artifact_location: str = ""):
         # Our queue retries; MLflow's own HTTP retries (minutes of backoff) would stall the queue instead.
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
@@ -224,19 +226,19 @@ class Tracker:
             self.log_text(key, j.text(), "trial_log.txt")
             self.end(key, terminal)
 
-    def log_records(self, key: str, records: list[dict[str, Any]], attempt: int = 1) -> None:
+    def log_records(self, key: str, records: list[Record], attempt: int = 1) -> None:
         """Step records become step metrics (a step already logged is dropped); start records become
         per-attempt metrics, summary records summary metrics."""
         seen = self.steps.setdefault(key, set())
-        fresh = [r for r in records if r.get("kind") != "step" or r["step"] not in seen]
-        seen.update(r["step"] for r in fresh if r.get("kind") == "step")
+        fresh = [r for r in records if not isinstance(r, StepRecord) or r.step not in seen]
+        seen.update(r.step for r in fresh if isinstance(r, StepRecord))
         attempt += self.prior_attempts.get(key, 0)
         self.logs.setdefault(key, TrialLog()).add(fresh)
         now = int(time.time() * 1000)
         points = [p for r in fresh for p in record_points(r, now, attempt)]
         if points:
             self.queue.put({"kind": "metrics", "key": key, "metrics": points})
-        covers = [summary_covers(r, attempt) for r in fresh if r.get("kind") == "summary"]
+        covers = [summary_covers(r, attempt) for r in fresh if isinstance(r, SummaryRecord)]
         if any(covers):
             self.set_tags(key, {"summary_covers": covers[-1]})
 
@@ -267,7 +269,7 @@ class Tracker:
     def run_id(self, key: str) -> str | None:
         return self.run_ids.get(key)
 
-    def records(self, key: str) -> list[dict[str, Any]]:
+    def records(self, key: str) -> list[Record]:
         """A trial's metric records as the driver logged them, every attempt in order (each step once)."""
         j = self.logs.get(key)
         return [r for attempt in j.attempts for r in attempt] if j else []
@@ -276,3 +278,6 @@ class Tracker:
         if self.uri.startswith(("http://", "https://")):
             return f"open {self.uri} (experiment {self.experiment!r})"
         return f"mlflow ui --backend-store-uri {self.uri}  # then open http://127.0.0.1:5000"
+
+
+Tracker = MlflowTracker  # for callers that build the MLflow tracker directly (benchmarks/tracking.py, tests)

@@ -1,5 +1,6 @@
 """cp_rules: pure-Python CP constraints shared by the planner and the attention code."""
 
+import re
 import subprocess
 import sys
 
@@ -78,7 +79,28 @@ def test_bad_configurations_raise_one_clear_line(kwargs, match):
 
 
 def test_batch_must_divide_data_parallel_axes():
-    with pytest.raises(ValueError, match=r"batch 3 % 4 = 3"):
+    with pytest.raises(ValueError, match=r"batch 3 is split .* 3 % 4 = 3"):
         cp_rules.validate(
             "ring", context_length=64, q_heads=4, kv_heads=4, mesh={"data": 2, "fsdp": 2}, batch=3
         )
+
+
+def test_one_batch_rule_for_the_planner_and_the_job():
+    """cp_rules.batch_problem is the rule; the planner and the job's own guard say exactly its words."""
+    from dataclasses import replace
+
+    from jobs.spec import MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
+    from jobs.train import check
+    from orchestrator.plan import validate
+
+    words = cp_rules.batch_problem(6, 2, 2, grad_accum=2)
+    assert words.startswith("batch 6 is split into grad_accum=2") and "6 % 8 = 6" in words
+    assert cp_rules.batch_problem(8, 2, 2, grad_accum=2) is None
+    model = ModelSpec(name="t", vocab=64, embed=32, layers=1, q_heads=4, kv_heads=4, head_dim=8, mlp=64)
+    spec = TrialSpec(model, MeshSpec(data=2, fsdp=2, context=2), StrategySpec(), context_length=64,
+                     train=TrainSpec(batch=6, grad_accum=2))  # fmt: skip
+    assert any(p.message == words for p in validate.problems(spec))
+    with pytest.raises(ValueError, match=re.escape(words)):
+        check(spec)
+    assert not [p for p in validate.problems(replace(spec, train=TrainSpec(batch=8, grad_accum=2)))
+                if p.rule.startswith("batch")]  # fmt: skip

@@ -8,15 +8,15 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
 from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
+from orchestrator.config import group_option
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def conf(group: str, name: str) -> dict:
-    return OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / group / f"{name}.yaml"), resolve=True)
+    return group_option(group, name)
 
 
 # (strategy, cluster, mesh, kernel): tpu7x 2x2x1 is 4 chips = 8 devices, v5p 2x2x1 is 4 megacore devices.
@@ -45,7 +45,7 @@ def test_splash_compiles_to_mosaic(strategy, cluster, mesh, kernel):
         model=ModelSpec(**conf("model", "tiny")), mesh=mesh, strategy=s, context_length=4096,
         train=TrainSpec(remat="full"), cluster=c,
     )  # fmt: skip
-    devices = aot._devices(spec, None)
+    devices = aot.devices(spec)
     assert len(devices) == mesh.size
     text = lower_train_step(spec, make_mesh(spec.mesh, devices)).compile().as_text()
     assert "tpu_custom_call" in text, f"{strategy} kernel={kernel}: no Mosaic kernel in the compiled HLO"

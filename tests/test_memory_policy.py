@@ -131,7 +131,7 @@ def test_offload_and_host_state_compile_to_tpu_host_memory():
     spec = tiny_spec(hbm=96 * 2**30)
     memory = MemorySpec(offload=("layer_input", "attn_out"), host=("optimizer", "params"))
     spec = replace(spec, train=replace(spec.train, memory=memory))
-    compiled = lower_train_step(spec, make_mesh(spec.mesh, aot._devices(spec, None))).compile()
+    compiled = lower_train_step(spec, make_mesh(spec.mesh, aot.devices(spec))).compile()
     ma = compiled.memory_analysis()
     state = 3 * spec.model.n_params() * 4 // spec.mesh.size  # fp32 params, mu, nu per device, unpadded
     assert ma.host_argument_size_in_bytes >= state and ma.host_output_size_in_bytes >= state

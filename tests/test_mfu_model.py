@@ -116,8 +116,8 @@ def test_step_time_plot_draws_predicted_next_to_measured():
 
 def test_cpu_probe_measures_this_host(monkeypatch):
     """Unpinned, the planner runs the job's own matmul probe in a child process (no jax in the driver)."""
-    from orchestrator.plan import steptime
+    from orchestrator.plan import peak
 
-    monkeypatch.delenv(steptime.CPU_PEAK_ENV, raising=False)
-    rate = steptime.measured_cpu_tflops.__wrapped__(4, "float32")
-    assert rate > 0 and rate != steptime.NOMINAL_CPU_TFLOPS  # measured, not the fallback
+    monkeypatch.delenv(peak.CPU_PEAK_ENV, raising=False)
+    rate = peak.measured_cpu_tflops.__wrapped__(4, "float32")
+    assert rate > 0 and rate != peak.NOMINAL_CPU_TFLOPS  # measured, not the fallback

@@ -5,22 +5,20 @@ from __future__ import annotations
 
 import os
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
 from jobs import cp_rules, strategies
 from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
+from orchestrator.config import group_option
 from orchestrator.plan import memory, plan, plan_one, to_markdown, validate
 from orchestrator.plan.recommend import recommend
 
-ROOT = Path(__file__).resolve().parent.parent
 L1M, L28M = 2**20, 28 * 2**20
 
 
 def conf(group: str, name: str) -> dict:
-    return OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / group / f"{name}.yaml"), resolve=True)
+    return group_option(group, name)
 
 
 def cluster(name: str = "tpu7x_128", slices: int = 2, **kw) -> ClusterSpec:
@@ -169,7 +167,7 @@ def test_aot_compiles_for_two_slices(tmp_path, monkeypatch):
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     from orchestrator.plan import aot
 
-    monkeypatch.setattr(aot, "CACHE_DIR", tmp_path)
+    monkeypatch.setenv("CP_AOT_CACHE", str(tmp_path))
     c = cluster("v5p_128", slices=2, topology="2x2x1")  # two 4-chip v5p slices: 8 devices
     tiny = TrialSpec(
         model=ModelSpec(**conf("model", "tiny")), mesh=MeshSpec(context=8, dcn="context"),
@@ -180,7 +178,7 @@ def test_aot_compiles_for_two_slices(tmp_path, monkeypatch):
     one = replace(tiny, cluster=replace(c, slices_per_trial=1))
     assert aot.topology_tag(one) == "v5:2x2x1"  # same trial id, another program: the tag keeps them apart
     [row] = aot.compare([tiny])
-    assert row["status"] == "compiled" and row["verdict"] == "run", row
-    assert row["topology"] == "v5:2x2x1x2slices" and row["compiled_bytes"] > 0
+    assert row.status == "compiled" and row.verdict == "run", row
+    assert row.topology == "v5:2x2x1x2slices" and row.compiled_bytes > 0
     name = f"{tiny.trial_id}-v5_2x2x1x2slices-{aot.program_version(tiny)}.json"
     assert [p.name for p in tmp_path.glob("*.json")] == [name]

@@ -7,10 +7,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 from rich.console import Console
 
 from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
+from orchestrator.config import group_option
 from orchestrator.plan import memory, plan, plan_one, render_table, to_json, to_markdown, validate
 from orchestrator.plan.recommend import recommend
 
@@ -21,16 +21,16 @@ L14M = 14 * 2**20
 @pytest.fixture(autouse=True)
 def pinned_cpu_peak(monkeypatch):
     """cluster=local plans with the host's measured matmul rate; pin it so verdicts do not follow the load."""
-    from orchestrator.plan import roofline, steptime
+    from orchestrator.plan import peak
 
-    monkeypatch.setenv(steptime.CPU_PEAK_ENV, str(roofline.NOMINAL_CPU_TFLOPS))
-    steptime.measured_cpu_tflops.cache_clear()
+    monkeypatch.setenv(peak.CPU_PEAK_ENV, str(peak.NOMINAL_CPU_TFLOPS))
+    peak.measured_cpu_tflops.cache_clear()
     yield
-    steptime.measured_cpu_tflops.cache_clear()
+    peak.measured_cpu_tflops.cache_clear()
 
 
 def conf(group: str, name: str) -> dict:
-    return OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / group / f"{name}.yaml"), resolve=True)
+    return group_option(group, name)
 
 
 def spec(
@@ -219,7 +219,8 @@ AOT_POINTS = [  # (strategy, mesh, length, block, remat): blocks cover each kern
 ]
 
 
-def _aot_rows() -> list[dict]:
+def _aot_rows() -> list:
+    """aot.compare's rows (aot.Comparison) for AOT_POINTS."""
     from orchestrator.plan import aot
 
     specs = []
@@ -235,7 +236,7 @@ def test_analytic_never_below_tpu_compiler():
     compile). Compiles for a v5p 2x2x1 slice; cached in .cache/aot after the first run."""
     pytest.importorskip("libtpu")
     for r in _aot_rows():
-        assert r["status"] == "compiled" and r["ratio"] >= 0.95, r
+        assert r.status == "compiled" and r.ratio >= 0.95, r
 
 
 @pytest.mark.slow
@@ -251,4 +252,4 @@ def test_analytic_vs_tpu_compiler():
     """
     pytest.importorskip("libtpu")
     for r in _aot_rows():
-        assert 0.75 <= r["ratio"] <= 1.25, r
+        assert 0.75 <= r.ratio <= 1.25, r

@@ -68,10 +68,11 @@ def test_a_planned_point_logs_the_compilers_peak_beside_the_sum():
     """aot=true: both compiled figures reach the planned run (the sum can exceed HBM for a program that fits)."""
     from types import SimpleNamespace
 
+    from orchestrator.plan import aot
     from orchestrator.planrecord import point_metrics
 
     row = SimpleNamespace(predicted_hbm_bytes_per_device=3e9, predicted_step_s=1.0, predicted_mfu=0.5,
                           roofline_mfu=0.6, tflops_per_device_per_step=1.0)  # fmt: skip
-    got = point_metrics(row, {"compiled_bytes": 127e9, "compiler_peak_bytes": 93e9})
+    got = point_metrics(row, aot.CompileResult(peak_bytes=127e9, compiler_peak_bytes=93e9))
     assert got["compiled_bytes_per_device"] == 127e9 and got["compiler_peak_bytes_per_device"] == 93e9
-    assert "compiler_peak_bytes_per_device" not in point_metrics(row, {"compiled_bytes": 127e9})
+    assert "compiler_peak_bytes_per_device" not in point_metrics(row, aot.CompileResult(peak_bytes=127e9))

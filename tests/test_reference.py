@@ -156,7 +156,12 @@ def planned() -> dict[str, set[str]]:
     rows = plan(specs)
     tracker = Tracker.__new__(Tracker)  # no store and no writer thread: the ops are kept, not delivered
     tracker.queue, tracker.logs = _Ops(), {}
-    compiled = {s.trial_id: {"compiled_bytes": 1, "compiler_peak_bytes": 1} for s in specs}
+    from types import SimpleNamespace
+
+    from orchestrator.plan import aot
+
+    result = aot.CompileResult(peak_bytes=1, compiler_peak_bytes=1)
+    compiled = {s.trial_id: SimpleNamespace(result=result) for s in specs}  # trial id -> aot.Comparison
     planrecord.record(tracker, "smoke", "x", specs, rows, compiled)
     out: dict[str, set[str]] = defaultdict(set)
     for op in tracker.queue:

@@ -11,6 +11,7 @@ import pytest
 from orchestrator import checks, schema
 from orchestrator.config import CONF_DIR, ConfigError, load
 from orchestrator.grid import expand
+from orchestrator.plan import validate
 
 OPTIONS = {
     g: sorted(p.stem for p in (CONF_DIR / g).glob("*.yaml")) for g in ("model", "strategy", "mesh", "cluster")
@@ -42,14 +43,18 @@ def test_tracking_server_and_driver_options_pass():
           "gate.enabled=false", "gate.max_drop=0", "retries.preemption=0", "+sweep=smoke", "sweep.id=s1"])  # fmt: skip
 
 
-def test_kernel_names_are_the_registrys():
-    """The schema cannot import jobs.attention (jax) before launch, so it names the kernels itself."""
+def test_kernel_names_have_one_owner():
+    """jobs.spec owns the kernel names (pure Python: the driver checks them before launch, without jax); the
+    schema, the kernel registry and the planner's platform rule must not drift from it."""
+    from jobs import spec
     from jobs.attention.kernel import KERNELS
     from orchestrator.plan.validate import KERNEL_PLATFORM
 
-    assert set(schema.KERNELS) == set(KERNELS) == set(KERNEL_PLATFORM)
+    assert schema.KERNELS == spec.KERNELS == tuple(KERNELS) == tuple(KERNEL_PLATFORM)
+    assert all(k.name == name for name, k in KERNELS.items())
     # auto resolves per platform at trace time, so it (and xla) pass on every cluster; the others need theirs
-    assert KERNEL_PLATFORM == {"auto": None, "xla": None, "splash": "tpu", "flash": "gpu"}
+    assert KERNEL_PLATFORM == spec.KERNEL_PLATFORM
+    assert spec.KERNEL_PLATFORM == {"auto": None, "xla": None, "splash": "tpu", "flash": "gpu"}
 
 
 def test_every_rule_names_a_real_key():
@@ -105,10 +110,17 @@ def test_data_kind_and_path(tmp_path):
     expand(
         load(["train.data.kind=tokens", "train.data.path=gs://bucket/data/tokens.bin"])
     )  # the job checks it
-    with pytest.raises(ConfigError, match="is ignored by train.data.kind=recall"):
-        expand(load([f"train.data.path={tokens}"]))
     with pytest.raises(ConfigError, match="is not a file"):
         expand(load(["train.data.kind=tokens", f"train.data.path={tmp_path}"]))
+    # kind against path is a rule across keys: the planner's (invalid verdict), not the schema's
+    (recall,) = expand(load([f"train.data.path={tokens}"]))
+    (empty,) = expand(load(["train.data.kind=tokens", "train.data.path=''"]))
+    ((rule, msg),) = [(p.rule, p.message) for p in validate.problems(recall)]
+    assert rule == "data kind vs path" and "is ignored by train.data.kind=recall" in msg
+    assert [p.message for p in validate.problems(empty)] == [
+        "train.data.path='' is empty but train.data.kind=tokens reads a token file; allowed: a local file or "
+        "gs://bucket/object — set train.data.path=..., or train.data.kind=recall for the synthetic task"
+    ]
 
 
 def test_per_point_message_names_the_first_bad_point_and_counts_the_rest():

@@ -1,5 +1,6 @@
 """The strategy registry: every entry is complete, pure Python, and wired to its body and config."""
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -7,13 +8,14 @@ from pathlib import Path
 import pytest
 
 from jobs import strategies
-from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrialSpec
+from jobs.spec import MESH_AXES, ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrialSpec
 from orchestrator.config import load
 from orchestrator.grid import expand, resolve_mesh
 from orchestrator.plan import memory, plan
 
 ROOT = Path(__file__).resolve().parent.parent
 LONG = ModelSpec("long", 128256, 4096, 32, 16, 4, 256, 14336)
+DOC_HOLDERS = (ast.Module, ast.FunctionDef, ast.ClassDef)
 
 
 def test_registry_imports_no_jax():
@@ -62,3 +64,14 @@ def test_double_ring_is_a_ring_over_both_context_axes():
     assert resolve_mesh(
         {"data": 1, "fsdp": 1, "tensor": 1}, "double_ring", {"q_heads": 8, "kv_heads": 8}, 8
     ) == (MeshSpec(context=4, context_ulysses=2))
+
+
+@pytest.mark.parametrize("name", strategies.NAMES)
+def test_body_takes_its_mesh_axes_from_the_registry(name):
+    """jobs/attention/<name>.py spells no mesh axis name (docstrings aside): the registry's `axes` own them."""
+    tree = ast.parse((ROOT / "jobs" / "attention" / f"{name}.py").read_text())
+    docs = {
+        id(n.body[0].value) for n in ast.walk(tree) if isinstance(n, DOC_HOLDERS) and ast.get_docstring(n)
+    }
+    names = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and id(n) not in docs}
+    assert not names & set(MESH_AXES)

@@ -5,18 +5,24 @@ on a local GCS emulator, stop it mid-write and start it again.
 """
 
 import json
+import subprocess
+import sys
 import threading
 import time
 
 import pytest
-from conftest import run_cli
+from conftest import ROOT, run_cli
 from matplotlib.figure import Figure
 from mlflow import MlflowClient
 from servers import gcs_client, start_gcs_emulator, start_mlflow_server
 from test_report import fake_records, make_spec
 
+from jobs.records import SummaryRecord, parse
 from orchestrator.records import STEP_METRICS
-from orchestrator.tracking import Tracker
+from orchestrator.schema import Tracking
+from orchestrator.tracker import NullTracker, open_tracker
+from orchestrator.tracker import Tracker as TrackerProtocol
+from orchestrator.tracking import MlflowTracker as Tracker
 
 BUCKET = "mlflow-art"
 
@@ -35,7 +41,7 @@ def runs_of(client: MlflowClient, experiment: str) -> tuple[list, list]:
 def log_trial(tracker: Tracker, spec, sweep_id: str, chunks: int = 1, pause: float = 0.0) -> None:
     """What the executor does for one finished trial, the records arriving in `chunks` batches."""
     tracker.set_status(spec.trial_id, "running")
-    recs = fake_records(spec)
+    recs = [parse(r) for r in fake_records(spec)]
     for i in range(chunks):
         tracker.log_records(spec.trial_id, recs[i * len(recs) // chunks : (i + 1) * len(recs) // chunks])
         time.sleep(pause)
@@ -76,7 +82,37 @@ def test_parent_and_child_runs(store, tmp_path, monkeypatch):
     assert "status finished" in log_text and '"kind": "summary"' in log_text
     assert [a.path for a in c.list_artifacts(parent.info.run_id, "plots")] == ["plots/empty.png"]
     assert [h.step for h in c.get_metric_history(parent.info.run_id, "mfu/ring")] == [1024]
-    assert t.records(spec.trial_id)[-1]["kind"] == "summary"
+    assert isinstance(t.records(spec.trial_id)[-1], SummaryRecord)
+    assert isinstance(t, TrackerProtocol)
+
+
+def test_tracking_none_is_the_null_tracker_and_imports_no_mlflow():
+    code = ("import sys; from orchestrator.config import load; from orchestrator.tracker import open_tracker; "
+            "t = open_tracker(load(['tracking=none']).tracking); "
+            "print(type(t).__name__, 'mlflow' in sys.modules, t.flush(), t.finished_trials('x'), len(t.ops))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["NullTracker", "False", "True", "{}", "0"], out.stderr[-2000:]
+
+
+def test_the_null_tracker_keeps_the_protocol_and_records_nothing():
+    t = open_tracker(Tracking(uri="none", experiment="x"))
+    assert isinstance(t, NullTracker) and isinstance(t, TrackerProtocol)
+    spec = make_spec("ring", 512)
+    t.start_sweep("smoke", "sw", "local")
+    t.start_trial(spec, "sw")
+    log_trial(t, spec, "sw")
+    assert t.records(spec.trial_id) == [] and t.use_journal("sw") == 0 and t.flush(timeout=1)
+    assert "nothing was recorded" in t.dashboard_hint()
+
+
+@pytest.mark.slow
+def test_a_single_trial_with_tracking_none_writes_no_store(tmp_path):
+    """A quick local debug run: one real trial, exit 0, and no mlflow.db, mlruns or tracking journal."""
+    res = run_cli(["tracking=none", "train.steps=2", "context_length=256", "progress=plain"], cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
+    assert "1 finished" in res.stdout and "nothing was recorded" in res.stdout
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "mlruns").exists()
+    assert not (tmp_path / ".cache" / "tracking").exists()
 
 
 def test_lost_answers_are_retried_without_duplicates(store, tmp_path, monkeypatch):

@@ -2,7 +2,7 @@
 
 from jobs.attention.api import attention
 from jobs.attention.core import merge
-from jobs.attention.kernel import KERNELS, Kernel, attend, get_kernel, register_kernel
+from jobs.attention.kernel import KERNELS, Kernel, attend, get_kernel
 from jobs.attention.layout import from_zigzag, to_zigzag
 from jobs.attention.reference import reference_attention
 from jobs.cp_rules import sequence_axes, validate, zigzag_permutation
@@ -16,7 +16,6 @@ __all__ = [
     "get_kernel",
     "merge",
     "reference_attention",
-    "register_kernel",
     "sequence_axes",
     "to_zigzag",
     "validate",

@@ -7,17 +7,17 @@ from collections.abc import Callable
 import jax
 from jax.sharding import Mesh
 
+from jobs import strategies
 from jobs.attention.hop import Order
 from jobs.attention.kernel import attend
 from jobs.attention.layout import global_positions
 from jobs.attention.sharding import Options, axis_size
 
-AXIS = "context"
-
 
 def all_gather_local(mesh: Mesh, L: int, o: Options) -> Callable:
     """Per-device body over A[B, L_context, H, D] (natural or zigzag order); mask from true positions."""
-    P = axis_size(mesh, AXIS)
+    (axis,) = strategies.get("all_gather").axes
+    P = axis_size(mesh, axis)
 
     def local(q_BxLlxHxD, k_BxLlxKxD, v_BxLlxKxD):
         pos_L = global_positions(L, o.layout, P)
@@ -28,10 +28,10 @@ def all_gather_local(mesh: Mesh, L: int, o: Options) -> Callable:
         if P == 1:
             return run(q_BxLlxHxD, k_BxLlxKxD, v_BxLlxKxD, pos_L)
         Ll = L // P
-        qpos_Ll = jax.lax.dynamic_slice_in_dim(pos_L, jax.lax.axis_index(AXIS) * Ll, Ll)
+        qpos_Ll = jax.lax.dynamic_slice_in_dim(pos_L, jax.lax.axis_index(axis) * Ll, Ll)
         # Autodiff turns these gathers into reduce-scatters of dK/dV in the backward pass.
-        k_BxLxKxD = jax.lax.all_gather(k_BxLlxKxD, AXIS, axis=1, tiled=True)
-        v_BxLxKxD = jax.lax.all_gather(v_BxLlxKxD, AXIS, axis=1, tiled=True)
+        k_BxLxKxD = jax.lax.all_gather(k_BxLlxKxD, axis, axis=1, tiled=True)
+        v_BxLxKxD = jax.lax.all_gather(v_BxLlxKxD, axis, axis=1, tiled=True)
         return run(q_BxLlxHxD, k_BxLxKxD, v_BxLxKxD, qpos_Ll)
 
     return local

@@ -24,12 +24,13 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
+from jobs import strategies
 from jobs.attention.core import merge
 from jobs.attention.layout import block_positions
 from jobs.attention.ring import RingConfig, hop_bwd, hop_fwd, loop, saved_core
 from jobs.attention.sharding import Options, axis_size
 
-OUTER_AXIS, INNER_AXIS = "context", "context_ulysses"
+OUTER_AXIS, INNER_AXIS = strategies.get("double_ring").axes  # the registry's (outer ring, inner ring)
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,11 @@ from jobs.attention.flash_kernel import flash_bwd, flash_fwd
 from jobs.attention.hop import MONOTONIC, Order
 from jobs.attention.splash_kernel import splash_bwd, splash_fwd
 from jobs.attention.xla_kernel import xla_bwd, xla_fwd
+from jobs.spec import KERNEL_PLATFORM
+from jobs.spec import KERNELS as NAMES
+
+# what auto runs on each platform that has a kernel of its own (elsewhere: xla)
+AUTO = {platform: name for name, platform in KERNEL_PLATFORM.items() if platform}
 
 
 class FwdFn(Protocol):
@@ -68,8 +73,8 @@ def _auto(phase: str):
     """
 
     def call(*args, **kw):
-        other = "flash" if jax.default_backend() == "gpu" else "xla"
-        tpu, rest = getattr(KERNELS["splash"], phase), getattr(KERNELS[other], phase)
+        other = AUTO["gpu"] if jax.default_backend() == "gpu" else "xla"
+        tpu, rest = getattr(KERNELS[AUTO["tpu"]], phase), getattr(KERNELS[other], phase)
         return jax.lax.platform_dependent(
             *args, tpu=lambda *a: tpu(*a, **kw), default=lambda *a: rest(*a, **kw)
         )
@@ -77,30 +82,20 @@ def _auto(phase: str):
     return call
 
 
-KERNELS: dict[str, Kernel] = {
-    "xla": Kernel("xla", _positional(xla_fwd), _positional(xla_bwd)),
-    "splash": Kernel("splash", splash_fwd, splash_bwd),
-    "flash": Kernel("flash", flash_fwd, flash_bwd),
-    "auto": Kernel("auto", _auto("fwd"), _auto("bwd")),
+_PAIRS = {
+    "xla": (_positional(xla_fwd), _positional(xla_bwd)),
+    "splash": (splash_fwd, splash_bwd),
+    "flash": (flash_fwd, flash_bwd),
+    "auto": (_auto("fwd"), _auto("bwd")),
 }
-
-
-def resolve(name: str, platform: str | None = None) -> str:
-    """The kernel that runs for `name` on `platform` (default: this host's backend); for reports."""
-    if name != "auto":
-        return name
-    return {"tpu": "splash", "gpu": "flash"}.get(platform or jax.default_backend(), "xla")
+# one per name jobs.spec owns (a name without an implementation fails here, at import)
+KERNELS: dict[str, Kernel] = {name: Kernel(name, *_PAIRS[name]) for name in NAMES}
 
 
 def get_kernel(name: str) -> Kernel:
     if name not in KERNELS:
         raise ValueError(f"unknown attention kernel {name!r}; use one of {', '.join(KERNELS)}")
     return KERNELS[name]
-
-
-def register_kernel(kernel: Kernel) -> None:
-    """Plug in a hardware kernel (e.g. a GPU flash kernel) under its name."""
-    KERNELS[kernel.name] = kernel
 
 
 Arr = jax.Array

@@ -16,12 +16,11 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
+from jobs import strategies
 from jobs.attention.core import empty_like, match_varying, merge
 from jobs.attention.kernel import get_kernel
 from jobs.attention.layout import block_positions
 from jobs.attention.sharding import Options, axis_size
-
-AXIS = "context"
 
 
 @dataclass(frozen=True)
@@ -215,7 +214,8 @@ ring_core = saved_core(
 def ring_local(mesh: Mesh, L: int, o: Options) -> Callable:
     """Per-device body over A[B, L_context, H, D] in `layout` order (zigzag: already permuted)."""
     del L  # each hop's positions come from the local block and the ring index
+    (axis,) = strategies.get("ring").axes
     return partial(
         ring_core,
-        RingConfig(AXIS, axis_size(mesh, AXIS), o.causal, o.layout, o.kernel, o.block_q, o.block_kv),
+        RingConfig(axis, axis_size(mesh, axis), o.causal, o.layout, o.kernel, o.block_q, o.block_kv),
     )

@@ -12,12 +12,11 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh
 
+from jobs import strategies
 from jobs.attention.hop import Order
 from jobs.attention.kernel import attend
 from jobs.attention.layout import global_positions
 from jobs.attention.sharding import Options, axis_size
-
-AXIS = "context"
 
 
 def seq_to_heads(x_BxLlxHxD: jax.Array, axis: str) -> jax.Array:
@@ -52,7 +51,8 @@ def ulysses_exchange(
 
 def ulysses_local(mesh: Mesh, L: int, o: Options) -> Callable:
     """Per-device body over A[B, L_context, H, D] (natural or zigzag order)."""
-    P = axis_size(mesh, AXIS)
+    axis = strategies.get("ulysses").ulysses_axis
+    P = axis_size(mesh, axis)
 
     def full_sequence(q_BxLxHuxD, k_BxLxKuxD, v_BxLxKuxD):
         pos_L = global_positions(L, o.layout, P)  # after the exchange every device holds all tokens
@@ -69,4 +69,4 @@ def ulysses_local(mesh: Mesh, L: int, o: Options) -> Callable:
             Order(o.layout, P),  # the whole sequence in layout order (static-mask kernels need it)
         )
 
-    return lambda q, k, v: ulysses_exchange(q, k, v, axis=AXIS, size=P, inner=full_sequence)
+    return lambda q, k, v: ulysses_exchange(q, k, v, axis=axis, size=P, inner=full_sequence)

@@ -7,16 +7,18 @@ from functools import partial
 
 from jax.sharding import Mesh
 
+from jobs import strategies
 from jobs.attention.ring import RingConfig, ring_core
 from jobs.attention.sharding import Options, axis_size
 from jobs.attention.ulysses import ulysses_exchange
-
-RING_AXIS, ULYSSES_AXIS = "context", "context_ulysses"
 
 
 def usp_local(mesh: Mesh, L: int, o: Options) -> Callable:
     """Per-device body over A[B, L_(context,context_ulysses), H, D]: the U devices of ring position r together
     hold ring block r, which the all-to-all reassembles (with H/U heads) before the ring runs."""
-    R, U = axis_size(mesh, RING_AXIS), axis_size(mesh, ULYSSES_AXIS)
-    cfg = RingConfig(RING_AXIS, R, o.causal, o.layout, o.kernel, o.block_q, o.block_kv)
-    return lambda q, k, v: ulysses_exchange(q, k, v, axis=ULYSSES_AXIS, size=U, inner=partial(ring_core, cfg))
+    s = strategies.get("usp")
+    a2a = s.ulysses_axis
+    ring_axis = next(a for a in s.axes if a != a2a)
+    R, U = axis_size(mesh, ring_axis), axis_size(mesh, a2a)
+    cfg = RingConfig(ring_axis, R, o.causal, o.layout, o.kernel, o.block_q, o.block_kv)
+    return lambda q, k, v: ulysses_exchange(q, k, v, axis=a2a, size=U, inner=partial(ring_core, cfg))

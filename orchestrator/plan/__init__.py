@@ -8,8 +8,9 @@ from typing import Any
 
 from jobs import strategies
 from jobs.spec import TrialSpec
-from orchestrator.plan import memory, roofline, steptime, validate
-from orchestrator.plan.validate import Problem, point_label, trial_id
+from orchestrator.plan import memory, roofline, steptime, validate, work
+from orchestrator.plan.render import render_table, to_markdown
+from orchestrator.plan.validate import Problem, point_label
 from orchestrator.schema import REMATS
 
 VERDICTS = ("run", "infeasible", "invalid")
@@ -50,11 +51,12 @@ def _accel(spec: TrialSpec) -> str:
 def plan_one(spec: TrialSpec, problems: list[Problem] | None = None) -> PlanRow:
     problems = validate.problems(spec) if problems is None else problems
     base = dict(
-        trial_id=trial_id(spec), model=spec.model.name, strategy=spec.strategy.name, mesh=spec.mesh.label(),
+        trial_id=spec.trial_id, model=spec.model.name, strategy=spec.strategy.name, mesh=spec.mesh.label(),
         context_length=spec.context_length, cluster=spec.cluster.name, point=point_label(spec),
     )  # fmt: skip
-    roof = None if problems else roofline.roofline(spec)
-    st = None if problems else steptime.step_time(spec)
+    w = None if problems else work.step_work(spec)  # one work model, priced at peak and as runs spend it
+    roof = None if problems else roofline.roofline(spec, w)
+    st = None if problems else steptime.step_time(spec, work=w)
     tflops = roof.tflops_per_device if roof else _tflops(spec)
     if problems:
         reason = "; ".join(f"{p.rule}: {p.message}" for p in problems)
@@ -134,72 +136,6 @@ def plan(specs: list[TrialSpec]) -> list[PlanRow]:
 
 def to_json(rows: list[PlanRow]) -> str:
     return json.dumps([r.as_dict() for r in rows], indent=1)
-
-
-def _cells(r: PlanRow, dcn: bool = False) -> list[str]:
-    hbm = (
-        memory.gib(r.predicted_hbm_bytes_per_device) if r.predicted_hbm_bytes_per_device is not None else "-"
-    )
-    step = f"{r.predicted_step_s:,.3g}" if r.predicted_step_s is not None else "-"
-    mfu = f"{r.predicted_mfu:.2f}" if r.predicted_mfu is not None else "-"
-    bound = f"{r.roofline_mfu:.2f}" if r.roofline_mfu is not None else "-"
-    cells = [r.cluster, r.strategy, r.mesh, f"{r.context_length:,}", r.verdict, hbm, step, mfu, bound,
-             f"{r.tflops_per_device_per_step:,.4g}", r.reason]  # fmt: skip
-    if dcn:
-        cells.insert(7, f"{r.dcn_exposed_s:,.3g}" if r.dcn_exposed_s is not None else "-")
-    return cells
-
-
-def _header(rows: list[PlanRow]) -> tuple[list[str], bool]:
-    """The columns, with "DCN s" (exposed slice-crossing time) only when some point spans slices."""
-    dcn = any("/dcn:" in r.mesh for r in rows)
-    return (HEADER[:7] + ["DCN s"] + HEADER[7:] if dcn else HEADER), dcn
-
-
-HEADER = [
-    "cluster",
-    "strategy",
-    "mesh",
-    "context",
-    "verdict",
-    "HBM/device",
-    "step s",
-    "MFU",
-    "MFU ≤ (roofline)",
-    "TFLOP/dev",
-    "reason",
-]
-
-
-def render_table(rows: list[PlanRow], console=None, title: str = "plan") -> None:
-    """Print the plan as a rich table (verdicts coloured)."""
-    from rich.console import Console
-    from rich.table import Table
-
-    console = console or Console()
-    table = Table(title=title, show_lines=False)
-    header, dcn = _header(rows)
-    for h in header:
-        table.add_column(
-            h,
-            overflow="fold",
-            justify="right" if h in ("context", "step s", "DCN s", "MFU", "MFU ≤ (roofline)") else "left",
-        )
-    colour = {"run": "green", "infeasible": "yellow", "invalid": "red"}
-    for r in rows:
-        cells = _cells(r, dcn)
-        cells[4] = f"[{colour[r.verdict]}]{r.verdict}[/]"
-        table.add_row(*cells)
-    console.print(table)
-    counts = {v: sum(r.verdict == v for r in rows) for v in VERDICTS}
-    console.print(", ".join(f"{n} {v}" for v, n in counts.items()))
-
-
-def to_markdown(rows: list[PlanRow]) -> str:
-    header, dcn = _header(rows)
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(c.replace("|", "/") for c in _cells(r, dcn)) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 __all__ = ["PlanRow", "plan", "plan_one", "render_table", "to_json", "to_markdown", "validate", "VERDICTS"]

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 from jobs import strategies
+from jobs.spec import LOSS_CHUNK as LOSS_CHUNK_TOKENS  # jobs/model.loss_fn's unembedding chunk, per device
 from jobs.spec import ModelSpec, TrialSpec, residuals
 from jobs.strategies.base import BF16, FP32, Local
-
-# Mirrors jobs.model.LOSS_CHUNK (not imported: that pulls in jax): jobs/model.loss_fn unembeds each device's
-# local sequence in chunks of this many tokens; unchunked, the logits are the largest term at 14M tokens.
-LOSS_CHUNK_TOKENS = 8192
 
 
 def local_sizes(spec: TrialSpec) -> Local:

@@ -16,8 +16,6 @@ from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
 from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -69,8 +67,9 @@ class Published:
 
 
 def _load(group: str, name: str) -> dict:
-    # OmegaConf, as the driver composes them: YAML 1.1 reads `9.0e10` as a string
-    return OmegaConf.to_container(OmegaConf.load(CONF / group / f"{name}.yaml"), resolve=True)
+    from orchestrator.config import group_option  # Hydra's import only when a row is first built
+
+    return group_option(group, name)
 
 
 @cache

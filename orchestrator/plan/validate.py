@@ -1,16 +1,15 @@
-"""Every rule a trial must pass before any device is asked for: all points at once, one line per problem."""
+"""Rules across a trial's keys and against its cluster and model, per grid point, before any device is asked
+for: all points at once, one line per problem. A key's own type, range and allowed names are the schema's
+(orchestrator/schema.py, checked by orchestrator/checks.py), never restated here."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
-from jobs import cp_rules, strategies
-from jobs.spec import TrialSpec
-from orchestrator.schema import DTYPES, REMATS
+from jobs import cp_rules
+from jobs.spec import KERNEL_PLATFORM, REMAT_PRESETS, TrialSpec
 
-# orchestrator/schema.py owns the names (KERNELS); this adds where each kernel runs (None: everywhere).
-KERNEL_PLATFORM = {"auto": None, "xla": None, "splash": "tpu", "flash": "gpu"}
+__all__ = ["KERNEL_PLATFORM", "Problem", "point_label", "problems", "validate"]
 
 
 @dataclass(frozen=True)
@@ -26,12 +25,6 @@ class Problem:
         return f"{self.trial_id} ({self.point}) [{self.rule}] {self.message}"
 
 
-@lru_cache(maxsize=65536)
-def trial_id(spec: TrialSpec) -> str:
-    """spec.trial_id, memoised: it hashes the canonical JSON of the spec (~1 ms), the planner's main cost."""
-    return spec.trial_id
-
-
 def point_label(spec: TrialSpec) -> str:
     """The grid point in its own words: its axis values, then the resolved mesh."""
     axes = [f"{k}={v}" for k, v in spec.axes]
@@ -43,32 +36,62 @@ def point_label(spec: TrialSpec) -> str:
     return " ".join([*axes, f"mesh={spec.mesh.label()}"])
 
 
-def _names(spec: TrialSpec) -> list[tuple[str, str]]:
-    s, t, c = spec.strategy, spec.train, spec.cluster
-    out = []
-    if s.name not in strategies.NAMES:
-        out.append(("unknown name", f"strategy {s.name!r} is not one of {', '.join(strategies.NAMES)}"))
-    if s.layout not in cp_rules.LAYOUTS:
-        out.append(("unknown name", f"layout {s.layout!r} is not one of {', '.join(cp_rules.LAYOUTS)}"))
-    if s.kernel not in KERNEL_PLATFORM:
-        out.append(("unknown name", f"kernel {s.kernel!r} is not one of {', '.join(KERNEL_PLATFORM)}"))
-    elif KERNEL_PLATFORM[s.kernel] not in (None, c.platform):
-        out.append(
-            ("kernel vs platform", f"kernel {s.kernel} needs platform {KERNEL_PLATFORM[s.kernel]}, cluster "
-             f"{c.name} is {c.platform}; use kernel=xla")
-        )  # fmt: skip
-    if t.remat not in REMATS:
-        out.append(("unknown name", f"remat {t.remat!r} is not one of {', '.join(REMATS)}"))
-    if t.dtype not in DTYPES:
-        out.append(("unknown name", f"dtype {t.dtype!r} is not one of {', '.join(DTYPES)}"))
-    return out
+def _kernel(spec: TrialSpec) -> list[tuple[str, str]]:
+    s, c = spec.strategy, spec.cluster
+    needs = KERNEL_PLATFORM.get(s.kernel)
+    if needs not in (None, c.platform):
+        return [
+            ("kernel vs platform", f"kernel {s.kernel} needs platform {needs}, cluster {c.name} is "
+             f"{c.platform}; use kernel=xla")
+        ]  # fmt: skip
+    return []
+
+
+def _memory(spec: TrialSpec) -> list[tuple[str, str]]:
+    """train.memory against train.remat: extra saves and offloads need a policy; a residual is saved or
+    offloaded, not both (jax.checkpoint_policies refuses the overlap, and which one was meant is unclear)."""
+    remat, mem = spec.train.remat, spec.train.memory
+    lists = {"save": list(mem.save), "offload": list(mem.offload)}
+
+    def line(k: str, wrong: str, allowed: str, fix: str) -> list[tuple[str, str]]:
+        return [("memory policy", f"train.memory.{k}={lists[k]!r} {wrong}; allowed: {allowed} — {fix}")]
+
+    if remat == "none":
+        if k := next((k for k, names in lists.items() if names), None):
+            return line(k, "needs a remat policy, but train.remat=none keeps every residual in HBM",
+                        "train.memory.save/offload with train.remat=full, save_attn or offload",
+                        f"set train.remat=full, or drop train.memory.{k}")  # fmt: skip
+        return []
+    preset = dict(zip(("save", "offload"), REMAT_PRESETS.get(remat, ((), ())), strict=True))
+    verb = {"save": "saves it in HBM", "offload": "offloads it to host memory"}
+    for k, other in (("save", "offload"), ("offload", "save")):
+        for n in lists[k]:
+            if n in lists[other]:
+                why, fix = f"train.memory.{other} also names it", f"drop {n} from one of the two lists"
+            elif n in preset[other]:
+                why, fix = f"train.remat={remat} already {verb[other]}", "drop it, or use train.remat=full"
+            else:
+                continue
+            return line(k, f"names {n}, but {why}", "each residual saved or offloaded, not both", fix)
+    return []
+
+
+def _data(spec: TrialSpec) -> list[tuple[str, str]]:
+    """train.data.kind against train.data.path (the path itself is the schema's: a readable file)."""
+    kind, path = spec.train.data.kind, spec.train.data.path
+    if kind == "tokens" and not path:
+        return [("data kind vs path", "train.data.path='' is empty but train.data.kind=tokens reads a token "
+                 "file; allowed: a local file or gs://bucket/object — set train.data.path=..., or "
+                 "train.data.kind=recall for the synthetic task")]  # fmt: skip
+    if kind == "recall" and path:
+        return [("data kind vs path", f"train.data.path={path!r} is ignored by train.data.kind=recall; "
+                 "allowed: a path only with train.data.kind=tokens — set train.data.kind=tokens to train on "
+                 "it, or drop the path")]  # fmt: skip
+    return []
 
 
 def _mesh(spec: TrialSpec) -> list[tuple[str, str]]:
     mesh, c, out = spec.mesh, spec.cluster, []
-    bad = {a: v for a, v in mesh.shape().items() if not isinstance(v, int) or v < 1}
-    if bad:
-        return [("mesh axis sizes", f"mesh axes must be integers >= 1, got {bad}; use mesh=auto or integers")]
     if mesh.size != c.devices:
         shape = "*".join(f"{a}{v}" for a, v in mesh.shape().items() if v > 1) or "1"
         slices = f" x {c.slices_per_trial} slices" if c.slices_per_trial > 1 else ""
@@ -86,14 +109,8 @@ def _mesh(spec: TrialSpec) -> list[tuple[str, str]]:
 
 def _batch(spec: TrialSpec) -> list[tuple[str, str]]:
     t, m = spec.train, spec.mesh
-    dp, accum = m.data * m.fsdp, max(t.grad_accum, 1)
-    if t.batch < 1 or t.batch % (dp * accum):
-        return [
-            ("batch vs data*fsdp", f"batch {t.batch} is split into grad_accum={accum} microbatches sharded "
-             f"over data*fsdp = {m.data}*{m.fsdp}: {t.batch} % {dp * accum} = {t.batch % (dp * accum)}; use "
-             f"a batch that is a multiple of {dp * accum} or move devices to context")
-        ]  # fmt: skip
-    return []
+    problem = cp_rules.batch_problem(t.batch, m.data, m.fsdp, t.grad_accum)
+    return [("batch vs data*fsdp", problem)] if problem else []
 
 
 def _attention(spec: TrialSpec) -> list[tuple[str, str]]:
@@ -103,8 +120,6 @@ def _attention(spec: TrialSpec) -> list[tuple[str, str]]:
     size) and then the heads (a multiple of every split) report head and length problems independently.
     """
     s, m, mesh = spec.strategy, spec.model, spec.mesh.shape()
-    if s.name not in strategies.NAMES or s.layout not in cp_rules.LAYOUTS:
-        return []
     big = 2 * spec.mesh.size
     probes = {
         "heads per strategy": dict(context_length=big, q_heads=m.q_heads, kv_heads=m.kv_heads),
@@ -132,8 +147,6 @@ def _attention(spec: TrialSpec) -> list[tuple[str, str]]:
 
 def _multislice(spec: TrialSpec) -> list[tuple[str, str]]:
     """Which axis crosses slices (DCN), and whether this strategy may lay it there (jobs/cp_rules)."""
-    if spec.strategy.name not in strategies.NAMES:
-        return []
     try:
         cp_rules.validate_dcn(
             spec.strategy.name,
@@ -148,12 +161,11 @@ def _multislice(spec: TrialSpec) -> list[tuple[str, str]]:
 
 def problems(spec: TrialSpec) -> list[Problem]:
     """Every broken rule of one trial."""
-    found = _names(spec) + _mesh(spec) + _batch(spec)
-    if not any(rule == "mesh axis sizes" for rule, _ in found):
-        found += _multislice(spec) + _attention(spec)
+    found = _kernel(spec) + _memory(spec) + _data(spec) + _mesh(spec) + _batch(spec)
+    found += _multislice(spec) + _attention(spec)
     if not found:
         return []
-    tid, point = trial_id(spec), point_label(spec)
+    tid, point = spec.trial_id, point_label(spec)
     return [Problem(tid, point, rule, msg) for rule, msg in found]
 
 

@@ -1,0 +1,107 @@
+"""Tier 1: the driver's typed options (config.Loaded), one owner per check, and no import cycle between the
+config loader and the schema checks (no Ray cluster, no MLflow store)."""
+
+import dataclasses
+import subprocess
+import sys
+
+from conftest import ROOT
+
+from jobs.spec import MemorySpec
+from orchestrator import cli, config, errors, run, schema
+from orchestrator.config import Loaded, load, load_typed
+from orchestrator.grid import expand
+from orchestrator.plan import validate
+
+
+def _defaults(cls: type, prefix: str = "") -> dict:
+    """Every field's default in the schema, as dotted key -> value."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            out[f"{prefix}{f.name}"] = f.default
+        elif f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(
+            sub := f.default_factory
+        ):
+            out |= _defaults(sub, f"{prefix}{f.name}.")
+    return out
+
+
+def test_schema_defaults_are_the_shipped_config():
+    """A default in code that disagrees with conf/config.yaml would apply only where a key is left out."""
+    shipped = cli.switch_defaults()
+    coded = {k: v for k, v in _defaults(schema.Options).items() if k != "sweep"}
+    assert coded == {k: shipped[k] for k in coded}
+    assert set(shipped) <= set(coded)
+
+
+def test_load_returns_the_typed_options():
+    loaded = load_typed(["dry_run=true", "gate.max_drop=0.2", "retries.preemption=0", "tracking=server"])
+    o = loaded.options
+    assert isinstance(o, schema.Options) and o.dry_run and o.output == "table" and o.progress == "auto"
+    assert o.gate == schema.Gate(enabled=True, max_drop=0.2) and o.retries == schema.Retries(0, 1)
+    assert o.tracking.uri.startswith("http") and o.sweep is None
+    assert loaded.cfg.model.name == "tiny" and expand(load([])) == expand(loaded.cfg)
+
+
+def test_a_command_line_sweep_is_typed_too():
+    o = Loaded.of(cli.compose(cli.parse_args(["-m", "train.seed=0,1"]))).options
+    assert o.sweep.name == "cli" and o.sweep.axes == {"train.seed": [0, 1]}
+    assert run.sweep_identity(o)[0] == "cli"
+    assert run.sweep_identity(load_typed(["+sweep=smoke", "sweep.id=s1"]).options) == ("smoke", "s1")
+    name, sid = run.sweep_identity(load_typed([]).options)
+    assert name == "single" and sid.startswith("single-")
+
+
+def test_the_gate_is_on_as_the_schema_says(monkeypatch):
+    asked = []
+    monkeypatch.setattr(run.regress, "gate", lambda uri, exp, sid, drop: asked.append((sid, drop)) or 3)
+    on = load_typed([]).options
+    assert run._gate(on, "s", failed=False) == 3 and asked == [("s", 0.10)]
+    assert run._gate(on, "s", failed=True) == 1
+    off = load_typed(["gate.enabled=false"]).options
+    assert run._gate(off, "t", failed=False) == 0 and len(asked) == 2
+
+
+def test_config_error_has_its_own_module_and_no_cycle():
+    assert config.ConfigError is errors.ConfigError
+    code = "import sys, orchestrator.checks; print('orchestrator.config' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]
+
+
+def test_rules_across_keys_are_the_planners():
+    """train.memory against train.remat: a grid point the planner marks invalid, with the schema's words."""
+    (spec,) = expand(load(["train.remat=save_attn", "train.memory.offload=[attn_out]"]))
+    (p,) = validate.problems(spec)
+    assert p.rule == "memory policy" and p.message == (
+        "train.memory.offload=['attn_out'] names attn_out, but train.remat=save_attn already saves it in HBM; "
+        "allowed: each residual saved or offloaded, not both — drop it, or use train.remat=full"
+    )
+    both = dataclasses.replace(
+        spec.train, remat="full", memory=MemorySpec(save=("attn_out",), offload=("attn_out",))
+    )
+    none = dataclasses.replace(spec.train, remat="none", memory=MemorySpec(save=("mlp_act",)))
+    msgs = [validate.problems(dataclasses.replace(spec, train=t))[0].message for t in (both, none)]
+    assert (
+        "train.memory.offload also names it" in msgs[0]
+        and "drop attn_out from one of the two lists" in msgs[0]
+    )
+    assert msgs[1].startswith("train.memory.save=['mlp_act'] needs a remat policy, but train.remat=none")
+    (fine,) = expand(load(["train.remat=offload", "train.memory.save=[attn_out]"]))
+    assert validate.problems(fine) == []
+
+
+def test_one_reader_of_a_group_option():
+    """grid, the published rows, tests and benchmarks read conf/<group>/<name>.yaml through one function."""
+    from orchestrator.plan import published
+
+    assert published._load("cluster", "v5p_128") == config.group_option("cluster", "v5p_128")
+    for path in (
+        "orchestrator/plan/published.py",
+        "benchmarks/aot.py",
+        "tests/test_plan.py",
+        "tests/test_aot.py",
+        "tests/test_kernels_aot.py",
+    ):
+        assert "OmegaConf.load" not in (ROOT / path).read_text(), path
