@@ -59,3 +59,14 @@ def no_ray_no_mlflow(tmp_path_factory):
         (root / name).mkdir()
         (root / name / "__init__.py").write_text(f"raise ImportError('{name} imported before validation')\n")
     return {"PYTHONPATH": f"{root}{os.pathsep}{ROOT}"}
+
+
+@pytest.fixture
+def pinned_cpu_peak(monkeypatch):
+    """cluster=local plans with the host's measured matmul rate; pin it so verdicts do not follow the load."""
+    from orchestrator.plan import peak
+
+    monkeypatch.setenv(peak.CPU_PEAK_ENV, str(peak.NOMINAL_CPU_TFLOPS))
+    peak.measured_cpu_tflops.cache_clear()
+    yield
+    peak.measured_cpu_tflops.cache_clear()

@@ -18,15 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 L14M = 14 * 2**20
 
 
-@pytest.fixture(autouse=True)
-def pinned_cpu_peak(monkeypatch):
-    """cluster=local plans with the host's measured matmul rate; pin it so verdicts do not follow the load."""
-    from orchestrator.plan import peak
-
-    monkeypatch.setenv(peak.CPU_PEAK_ENV, str(peak.NOMINAL_CPU_TFLOPS))
-    peak.measured_cpu_tflops.cache_clear()
-    yield
-    peak.measured_cpu_tflops.cache_clear()
+pytestmark = pytest.mark.usefixtures("pinned_cpu_peak")
 
 
 def conf(group: str, name: str) -> dict:

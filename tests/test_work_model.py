@@ -27,12 +27,7 @@ POLICIES = {
 REL = 1e-12  # where both are bound by the same transfer they agree up to float rounding
 
 
-@pytest.fixture(autouse=True)
-def pinned_cpu_peak(monkeypatch):
-    monkeypatch.setenv(peak.CPU_PEAK_ENV, str(peak.NOMINAL_CPU_TFLOPS))
-    peak.measured_cpu_tflops.cache_clear()
-    yield
-    peak.measured_cpu_tflops.cache_clear()
+pytestmark = pytest.mark.usefixtures("pinned_cpu_peak")
 
 
 def specs(*overrides: str):
