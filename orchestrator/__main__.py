@@ -27,6 +27,14 @@ def main(argv: list[str]) -> int:
             return 0
         options = Loaded.of(cfg).options  # after cli.compose, so a `-m` sweep is the one typed
         specs = expand(cfg)
+        if options.recommend:
+            if options.sweep is not None or len(specs) != 1:
+                raise ConfigError("recommend=true answers for one point: drop +sweep=... and -m sweep overrides, "
+                                  "or run dry_run=true to plan the grid")  # fmt: skip
+            from orchestrator import recommend_cli
+
+            return recommend_cli.show(recommend_cli.answer(specs[0], list(args.overrides), options.top),
+                                      options.output)  # fmt: skip
         from orchestrator.plan import plan, render_table, to_json
 
         rows = plan(specs)

@@ -222,6 +222,8 @@ SWITCHES = {
     "record": "with dry_run: log the plan to MLflow as planned runs (tag planned=true), plots",
     "skip_invalid": "launch the valid points even if some are invalid (else nothing starts)",
     "progress": "auto | rich | plain: the live display of the sweep",
+    "recommend": "one point: the fastest strategy x mesh x memory policy, with command lines",
+    "top": "with recommend: how many configurations to list",
     "retries.preemption": "relaunches of a trial whose host was lost (preempted, node died)",
     "retries.failure": "relaunches of a trial that raised; a separate budget: a lost host is not a bug",
     "gate.enabled": "after the sweep, compare each trial with its previous finished run (same trial id)",
@@ -229,10 +231,7 @@ SWITCHES = {
 }
 EXAMPLES = (
     ("+sweep=smoke", "4 tiny trials on local Ray, tracked in ./mlflow.db (about a minute)"),
-    (
-        "-m strategy=ring,usp context_length=1024,2048 dry_run=true",
-        "a 2 x 2 grid from the command line, planned",
-    ),
+    ("recommend=true model=llama3_1_8b_long cluster=tpu7x_128 context_length=14680064", "best at 14M"),
     ("+sweep=cp_scaling cluster=tpu7x_128 --cfg job", "the config and the grid of a sweep; nothing starts"),
 )
 EXIT_CODES = (

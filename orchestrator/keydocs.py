@@ -23,6 +23,10 @@ DOCS: dict[str, str] = {
     "exit code 2, nothing launched).",
     "progress": "Progress display: `rich` (a live table), `plain` (a log line per state change), `auto` "
     "(rich on a terminal, else plain).",
+    "recommend": "For one point (model, cluster, context length): search every strategy x mesh x memory policy "
+    "and print the `top` fastest that fit, each with its predicted step time, MFU, HBM and command line, and "
+    "why the other strategies and policy families lose; start nothing. Nothing fits: exit 2.",
+    "top": "With `recommend`: how many configurations to list (each a strategy and mesh under its best policy).",
     # --- model: conf/model/ ----------------------------------------------------------------------------------
     "model": "The model: a Llama-family dense decoder (RMSNorm, RoPE, GQA, SwiGLU), layers stacked and scanned.",
     "model.name": "Model name, shown in params, plan rows and plot titles.",

@@ -101,6 +101,7 @@ RULES: dict[str, Rule] = {
     "tracking.experiment": Rule(nonempty=True),
     "output": Rule(choices=OUTPUTS),
     "progress": Rule(choices=PROGRESS),
+    "top": COUNT,
     "retries.preemption": NON_NEGATIVE,
     "retries.failure": NON_NEGATIVE,
     "gate.max_drop": Rule(ge=0, le=1),  # a fraction of the baseline; above 1 it could never trip
@@ -176,6 +177,8 @@ class Options:
     record: bool = False  # with dry_run: the plan as planned MLflow runs
     skip_invalid: bool = False
     progress: str = "auto"
+    recommend: bool = False  # print the fastest strategy x mesh x memory policy for the point; start nothing
+    top: int = 5  # with recommend: how many configurations
     retries: Retries = field(default_factory=Retries)
     gate: Gate = field(default_factory=Gate)
     sweep: SweepConfig | None = None

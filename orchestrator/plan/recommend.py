@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 
 from jobs import strategies
 from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
-from orchestrator.plan import PlanRow, memory, plan
+from orchestrator.plan import PlanRow, memory, plan, plan_one, policies, steptime, validate
 
 
 @dataclass(frozen=True)
@@ -121,3 +121,147 @@ def _across_slices(slices: int, ranked: list[tuple[PlanRow, TrialSpec]]) -> str:
         what = strategies.get(s.strategy.name).dcn_words(s.mesh.shape(), s.mesh.dcn)
         words.append(f"{r.strategy} with dcn={s.mesh.dcn}: {what}, exposed {r.dcn_exposed_s:,.3g} s/step")
     return f"across {slices} slices, {words[0]}" + "".join(f"; {w}" for w in words[1:])
+
+
+# -- strategy x mesh x memory policy ------------------------------------------------------------------------
+# strategy.kernel is not searched: no planner term reads it (memory, work and steptime price the attention by
+# head_dim and hop length alone), so every kernel the platform allows gets the same figures; `auto` stands for all.
+
+
+TIE = 0.005  # steps within this fraction of each other are a tie, broken by HBM
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One feasible configuration: its plan row, its policy and the command line that runs it."""
+
+    spec: TrialSpec
+    row: PlanRow
+    policy: policies.Policy
+    command: str
+
+
+@dataclass(frozen=True)
+class Answer:
+    """The ranked answer for one point; `top` empty means nothing fits, and `closest` says what comes nearest."""
+
+    top: tuple[Choice, ...]
+    losers: tuple[str, ...]
+    closest: str
+    searched: int  # strategy x mesh x policy combinations considered
+
+
+def command(spec: TrialSpec, policy: policies.Policy, tail: list[str]) -> str:
+    """`python -m orchestrator ...` selecting exactly this spec; `tail` names the model, cluster and length."""
+    m = spec.mesh
+    words = [f"strategy={spec.strategy.name}", f"strategy.layout={spec.strategy.layout}"]
+    words += [f"mesh.{a}={getattr(m, a)}" for a in ("context", "context_ulysses", "fsdp", "tensor", "data")]
+    words += [f"mesh.dcn={m.dcn}"] if m.dcn else []
+    return " ".join(["python -m orchestrator", *words, *policy.words(), *tail])
+
+
+def search(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    context_length: int,
+    train: TrainSpec | None = None,
+    top: int = 5,
+    tail: list[str] | None = None,
+) -> Answer:
+    """Every strategy x mesh x memory policy; the `top` fastest feasible (strategy, mesh) pairs, each under its
+    fastest policy, and a line per losing strategy and policy family.
+
+    Pruned so a 14M point plans in well under a second: a mesh is validated once (its rules do not depend on the
+    policy), sized under every policy by the memory model alone (cheap), dropped if even the leanest is over
+    HBM, and only the policies that fit get a step time."""
+    train, tail = train or TrainSpec(), tail or []
+    limit, budget = int(cluster.hbm_bytes_per_device), float(cluster.max_step_seconds)
+    cands = policies.candidates(cluster.platform)
+    fits: dict[tuple, list] = {}  # (strategy, mesh) -> (step, hbm, spec, policy) of each fitting policy
+    lean: dict[str, tuple[int, TrialSpec, policies.Policy]] = {}  # strategy or family -> leanest seen
+    fast: dict[str, tuple[float, TrialSpec, policies.Policy]] = {}  # policy family -> its fastest anywhere
+    invalid: dict[str, str] = {}
+    searched = 0
+    for name in strategies.CP_NAMES:
+        strat = StrategySpec(name=name, layout=strategies.get(name).default_layout)
+        for mesh in candidate_meshes(name, cluster.devices, train.batch, slices=cluster.slices_per_trial):
+            spec0 = TrialSpec(model, mesh, strat, context_length, train=train, cluster=cluster)
+            probs = [p for p in validate.problems(spec0) if p.rule != "memory policy"]
+            if probs:
+                invalid.setdefault(name, f"{probs[0].rule}: {probs[0].message}")
+                continue
+            for p in cands:
+                searched += 1
+                spec = replace(spec0, train=p.apply(train))
+                hbm = memory.peak(memory.breakdown(spec))
+                for k in (name, p.family):
+                    if k not in lean or hbm < lean[k][0]:
+                        lean[k] = (hbm, spec, p)
+                if limit and hbm > limit:
+                    continue
+                step = steptime.step_time(spec).step_s
+                if budget > 0 and step > budget:
+                    continue
+                if p.family not in fast or step < fast[p.family][0]:
+                    fast[p.family] = (step, spec, p)
+                fits.setdefault((name, mesh), []).append((step, hbm, spec, p))
+    ranked = sorted((_pick(runs) for runs in fits.values()), key=lambda t: t[0])
+    chosen = tuple(Choice(s, plan_one(s, []), p, command(s, p, tail)) for _, s, p in ranked[:top])
+    if not chosen:
+        return Answer((), (), _closest(model, cluster, context_length, lean, invalid), searched)
+    return Answer(chosen, _losers(chosen[0], ranked, lean, fast, invalid, limit), "", searched)
+
+
+def _pick(runs: list) -> tuple[float, TrialSpec, policies.Policy]:
+    """A mesh's policy: the leanest HBM among those within TIE of its fastest step — the step-time model is not
+    that precise, and headroom is what a real compile needs (the planner's HBM is an estimate too)."""
+    t0 = min(r[0] for r in runs)
+    step, _, spec, p = min((r for r in runs if r[0] <= t0 * (1 + TIE)), key=lambda r: (r[1], r[0]))
+    return step, spec, p
+
+
+def _leanest_words(hbm: int, spec: TrialSpec, p: policies.Policy, limit: int) -> str:
+    cap = f" of {memory.gib(limit)}" if limit else ""
+    return (
+        f"the leanest ({spec.strategy.name} on {spec.mesh.label()}, {p.label()}) needs {memory.gib(hbm)}{cap}"
+    )
+
+
+def _losers(win: Choice, ranked: list, lean: dict, fast: dict, invalid: dict, limit: int) -> tuple[str, ...]:
+    """Why each other strategy and each other policy family loses to the winner."""
+    t0, out = win.row.predicted_step_s, []
+    for name in strategies.CP_NAMES:
+        if name == win.spec.strategy.name:
+            continue
+        mine = next(((t, s, p) for t, s, p in ranked if s.strategy.name == name), None)
+        if mine:
+            t, s, p = mine
+            out.append(
+                f"{name}: slower by {_ratio(t / t0)} (its best: {s.mesh.label()}, {p.label()}, {t:,.3g} s)"
+            )
+        elif name in lean:
+            out.append(f"{name}: does not fit: {_leanest_words(*lean[name], limit)}")
+        else:
+            out.append(f"{name}: invalid: {invalid.get(name, 'no candidate mesh')}")
+    for fam in sorted({p.family for _, _, p in lean.values()} | set(fast)):
+        if fam == win.policy.family:
+            continue
+        if fam in fast:
+            t, s, p = fast[fam]
+            out.append(f"policy {fam}: slower by {_ratio(t / t0)} at best ({p.label()}, {s.strategy.name} on "
+                       f"{s.mesh.label()})")  # fmt: skip
+        elif fam in lean:
+            out.append(f"policy {fam}: does not fit: {_leanest_words(*lean[fam], limit)}")
+    return tuple(out)
+
+
+def _ratio(r: float) -> str:
+    return f"{(r - 1) * 100:.2f}% (a tie within the model's precision)" if r < 1 + TIE else f"{r:.2f}x"
+
+
+def _closest(model: ModelSpec, cluster: ClusterSpec, length: int, lean: dict, invalid: dict) -> str:
+    why = f"nothing fits {model.name} at {length:,} tokens on {cluster.name}"
+    sized = [v for k, v in lean.items() if k in strategies.CP_NAMES]
+    if sized:
+        return f"{why}: {_leanest_words(*min(sized, key=lambda v: v[0]), int(cluster.hbm_bytes_per_device))}"
+    return f"{why}: every layout is invalid, e.g. " + next(iter(invalid.values()), "no candidate mesh")
