@@ -36,14 +36,15 @@ def command(prog: str, argv: list[str]) -> str:
 
 
 def git_commit(root: Path = ROOT) -> str:
-    """Short hash of HEAD, with " + uncommitted changes" when tracked or untracked files differ from it."""
+    """Short hash of HEAD, with " + uncommitted changes" when tracked or untracked files differ from it (the
+    results pages themselves do not count: writing one page must not mark the next as uncommitted)."""
 
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout
 
     try:
         head = git("rev-parse", "--short", "HEAD").strip()
-        dirty = bool(git("status", "--porcelain").strip())
+        dirty = bool(git("status", "--porcelain", "--", ".", ":(exclude)docs/results").strip())
     except (OSError, subprocess.CalledProcessError):
         return "unknown (not a git checkout)"
     return head + (" + uncommitted changes" if dirty else "")
