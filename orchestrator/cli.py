@@ -231,7 +231,7 @@ SWITCHES = {
 }
 EXAMPLES = (
     ("+sweep=smoke", "4 tiny trials on local Ray, tracked in ./mlflow.db (about a minute)"),
-    ("recommend=true model=llama3_1_8b_long cluster=tpu7x_128 context_length=14680064", "best at 14M"),
+    ("recommend=true model=llama3_1_8b_long cluster=tpu7x_128 context_length=14680064", "the fastest fit"),
     ("+sweep=cp_scaling cluster=tpu7x_128 --cfg job", "the config and the grid of a sweep; nothing starts"),
 )
 EXIT_CODES = (
