@@ -20,6 +20,7 @@ from jax.sharding import Mesh
 from jobs import cp_rules, flops
 from jobs.data import Batches
 from jobs.faults import Faults
+from jobs.memstats import compiled_bytes
 from jobs.mesh import make_mesh
 from jobs.records import StartRecord, StepRecord, SummaryRecord, parse
 from jobs.spec import TrialSpec
@@ -87,8 +88,6 @@ def memory_record(compiled) -> Record:
         "alias_bytes": ma.alias_size_in_bytes,
         "temp_bytes": ma.temp_size_in_bytes,
     }
-    from jobs.memstats import compiled_bytes
-
     out["compiled_bytes_per_device"] = compiled_bytes(ma)
     return out
 
