@@ -110,7 +110,11 @@ def test_host_killed_at_each_point_of_the_step_loop_loses_no_step(tmp_path, clus
     # no checkpoint before the first kill; then the saves after steps 5 and 8
     resumed = [v for _, v in history("resumed_from_step")]
     assert resumed[:2] == [0, 0] and resumed[-1] == 9 and 6 in resumed, resumed
-    assert [s for s, _ in history("compile_s")] == list(range(1, attempts + 1))  # per attempt, not per step
+    # per attempt, not per step: one point per attempt that compiled (an attempt whose peer missed gloo's
+    # window can die before its start record, so its number may be absent; none is repeated or out of range)
+    compiled = [s for s, _ in history("compile_s")]
+    assert compiled == sorted(set(compiled)) and len(compiled) >= 4 and compiled[-1] == attempts, compiled
+    assert set(compiled) <= set(range(1, attempts + 1)) and len(compiled) == len(resumed), (compiled, resumed)
     assert run.data.tags["summary_covers"] == f"steps 10-11 of attempt {attempts} (resumed at step 9)"
 
 
