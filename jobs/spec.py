@@ -162,6 +162,9 @@ class ClusterSpec:
     max_step_seconds: float = 0.0  # planner: predicted-slower points are infeasible here (0: no budget)
     concurrency: int = 0  # trials at once (0: one per slice)
     address: str = ""  # Ray address: "" starts a local Ray, "auto" or ray://... connects
+    # Cost before launch (orchestrator/plan/cost.py): chips are held through the compile and every step.
+    compile_seconds: float = 0.0  # planner: an attempt's compile, chips held (0: not counted)
+    price_per_chip_hour: float = 0.0  # what a chip-hour costs you, any currency (0: chip-hours only)
     # Step-time model (orchestrator/plan/steptime.py); the defaults price every FLOP at peak (the roofline).
     matmul_efficiency: float = 1.0  # fraction of peak the layer matmuls reach
     attention_efficiency: float = 1.0  # attention kernel's fraction of peak at large head_dim and blocks

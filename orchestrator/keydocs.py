@@ -17,6 +17,10 @@ DOCS: dict[str, str] = {
     "aot": "With `dry_run`: also compile every valid point ahead of time for the cluster's TPU topology and "
     "print analytic vs compiled memory (needs libtpu: `pip install -e '.[tpu]'`).",
     "aot_topology": 'Topology for the `aot` compile instead of `cluster.topology`, e.g. `2x2x1` ("": the cluster\'s).',
+    "aot_workers": "With `aot`: compiles at once, each a Ray task reserving the host memory a compile of its "
+    "size needs (0: one per CPU of the Ray cluster).",
+    "aot_cache": "With `aot`: the compile cache shared by every user and the nightly sweep, a directory or "
+    '`gs://bucket/prefix`, keyed by the program\'s hash ("": `$CP_AOT_CACHE`, else `.cache/aot`).',
     "record": "With `dry_run`: record the plan in MLflow as planned runs (sweep id `<id>-plan`, tag "
     "`planned=true`), with plots.",
     "skip_invalid": "Run the valid grid points even when some are invalid (without it an invalid point means "
@@ -91,6 +95,11 @@ DOCS: dict[str, str] = {
     "0: DCN time not modelled).",
     "cluster.max_step_seconds": "Planner's budget, in seconds per step: points predicted slower are "
     "infeasible on this cluster (0: no budget).",
+    "cluster.compile_seconds": "Planner's cost: seconds one attempt's compile holds the trial's chips, "
+    "added to its steps' chip-hours (0: not counted).",
+    "cluster.price_per_chip_hour": "What one chip-hour costs you (any currency; no default: prices differ by "
+    "contract and region). With it the plan shows each point's cost next to its chip-hours (0: chip-hours "
+    "only).",
     "cluster.concurrency": "Trials at once (0: one per `slices_per_trial` slices; on TPU the slices Ray sees).",
     "cluster.address": 'Ray address: "" starts a local Ray (or the fake TPU cluster), `auto` joins the cluster '
     "this machine belongs to, `ray://host:port` connects.",
@@ -117,7 +126,8 @@ DOCS: dict[str, str] = {
     "train.dtype": "Compute dtype; parameters and AdamW state stay float32.",
     "train.remat": "Rematerialisation preset: `none` (keep every residual), `full` (recompute each layer in "
     "backward, keep its input), `save_attn` (also keep attention outputs), `offload` (layer inputs in pinned "
-    "host memory).",
+    "host memory), or `auto`: per grid point the planner's fastest memory policy that fits (a preset plus "
+    "`train.memory`), resolved before launch, so the trial id, params and tags name the policy, never `auto`.",
     "train.lr": "AdamW peak learning rate: linear warm-up from 0, then cosine decay to lr/10 at the last step "
     "(0: a throughput-only run).",
     "train.warmup": "Warm-up steps of the learning rate.",
@@ -156,6 +166,10 @@ DOCS: dict[str, str] = {
     "retries.preemption": "Reruns after a preemption (a host, node or slice lost); with `run.checkpoint_every` "
     "> 0 each resumes from the last checkpoint.",
     "retries.failure": "Reruns after an exception in the job; out of memory (`infeasible`) is never retried.",
+    "budget": "Refusals before launch, on the plan's predicted cost.",
+    "budget.chip_hours": "Largest predicted chip-hours for the sweep's runnable points (steps x predicted step "
+    "time plus `cluster.compile_seconds`, times the trial's chips); above it the CLI exits 2 naming the most "
+    "expensive points and what would fit (0: no budget).",
     "gate": "The regression gate after a sweep: each finished trial against the previous finished run of its "
     "trial id on the same cluster, from another sweep.",
     "gate.enabled": "Run the regression gate when the sweep ends (not with `tracking=none`: no baseline).",

@@ -66,7 +66,7 @@ RULES: dict[str, Rule] = {
     "train.steps": COUNT,
     "train.batch": COUNT,
     "train.dtype": Rule(choices=DTYPES),
-    "train.remat": Rule(choices=REMATS),
+    "train.remat": Rule(choices=REMATS, auto=True),  # auto: the planner's fastest fitting policy per point
     "train.lr": NON_NEGATIVE,  # 0 is a throughput-only run; a negative one climbs the loss
     "train.warmup": NON_NEGATIVE,
     "train.weight_decay": NON_NEGATIVE,
@@ -97,11 +97,15 @@ RULES: dict[str, Rule] = {
     "cluster.collective_links": Rule(gt=0),
     "cluster.step_overhead_s": NON_NEGATIVE,
     "cluster.host_bytes_per_s": NON_NEGATIVE,  # 0: offload transfers not modelled
+    "cluster.compile_seconds": NON_NEGATIVE,
+    "cluster.price_per_chip_hour": NON_NEGATIVE,
     "tracking.uri": Rule(nonempty=True),
     "tracking.experiment": Rule(nonempty=True),
     "output": Rule(choices=OUTPUTS),
     "progress": Rule(choices=PROGRESS),
     "top": COUNT,
+    "aot_workers": NON_NEGATIVE,  # 0: one compile per CPU the Ray cluster has
+    "budget.chip_hours": NON_NEGATIVE,  # 0: no budget
     "retries.preemption": NON_NEGATIVE,
     "retries.failure": NON_NEGATIVE,
     "gate.max_drop": Rule(ge=0, le=1),  # a fraction of the baseline; above 1 it could never trip
@@ -155,6 +159,11 @@ class Gate:
 
 
 @dataclass(frozen=True)
+class Budget:
+    chip_hours: float = 0.0  # a sweep predicted to need more is refused before launch (0: no budget)
+
+
+@dataclass(frozen=True)
 class SweepConfig:
     """conf/sweep/: the grid's shape (axes, zip, set) is checked by grid.points."""
 
@@ -174,6 +183,8 @@ class Options:
     output: str = "table"
     aot: bool = False
     aot_topology: str = ""
+    aot_workers: int = 0  # compiles at once on the Ray pool (0: one per CPU)
+    aot_cache: str = ""  # the shared compile cache: a directory or gs://bucket/prefix ("": $CP_AOT_CACHE or .cache/aot)
     record: bool = False  # with dry_run: the plan as planned MLflow runs
     skip_invalid: bool = False
     progress: str = "auto"
@@ -181,6 +192,7 @@ class Options:
     top: int = 5  # with recommend: how many configurations
     retries: Retries = field(default_factory=Retries)
     gate: Gate = field(default_factory=Gate)
+    budget: Budget = field(default_factory=Budget)
     sweep: SweepConfig | None = None
 
 
