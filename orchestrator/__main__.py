@@ -41,6 +41,9 @@ def main(argv: list[str]) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    from orchestrator.plan.cost import over_budget
+
+    over = over_budget(specs, rows, options.budget.chip_hours)  # checked after a dry run prints its plan too
     invalid = [r for r in rows if r.verdict == "invalid"]
     if options.dry_run:
         if options.output == "json":
@@ -52,11 +55,17 @@ def main(argv: list[str]) -> int:
         compiled, code = _aot(specs, rows, options) if options.aot else ({}, 0)
         if options.record and code == 0:
             _record(options, specs, rows, compiled)
+        if over:
+            print(f"error: {over}", file=sys.stderr)
+            return 2
         if options.aot:
             return code
         return 2 if invalid and not options.skip_invalid else 0
     if invalid and not options.skip_invalid:
         _report_invalid(specs, rows)
+        return 2
+    if over:
+        print(f"error: {over}; nothing launched", file=sys.stderr)
         return 2
     from orchestrator.run import run
 

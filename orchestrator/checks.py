@@ -56,7 +56,7 @@ def _scalar(hint: Any) -> Any:
 
 def _allowed(hint: Any, rule: Rule) -> str:
     if rule.choices:
-        return ", ".join(rule.choices)
+        return ", ".join(rule.choices) + (" or auto" if rule.auto else "")
     word = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(hint, str(hint))
     if rule.nonempty:
         word = "a non-empty string"
@@ -188,8 +188,21 @@ def check_point(d: dict) -> list[Problem]:
     out: list[Problem] = []
     _walk(PointConfig, {k: d[k] for k in TRIAL_KEYS if k in d}, "", out)
     if not out:
+        _auto_memory(d, out)
+    if not out:
         _data_path(d, out)
     return out
+
+
+def _auto_memory(d: dict, out: list[Problem]) -> None:
+    """train.remat=auto chooses train.memory as well: a list given with it would be silently replaced."""
+    train = d.get("train") or {}
+    given = {k: v for k, v in (train.get("memory") or {}).items() if v}
+    if train.get("remat") == "auto" and given:
+        k = next(iter(given))
+        out.append(Problem(f"train.memory.{k}", list(given[k]), "is set with train.remat=auto, which chooses "
+                           "train.memory itself", "train.memory with a named train.remat preset",
+                           f"drop train.memory.{k}, or name a preset instead of auto"))  # fmt: skip
 
 
 def check_options(cfg: dict) -> Options:

@@ -130,10 +130,11 @@ def expand(cfg: DictConfig, conf_dir=CONF_DIR) -> list[TrialSpec]:
 
 
 def build(d: dict, point: tuple = ()) -> TrialSpec:
-    """One TrialSpec from a resolved config dict that passed checks.check_point."""
+    """One TrialSpec from a resolved config dict that passed checks.check_point; train.remat=auto becomes the
+    point's own policy here (orchestrator/plan/auto.py), before anything hashes or records it."""
     cluster = ClusterSpec(**d["cluster"])
     mesh = resolve_mesh(d["mesh"], d["strategy"]["name"], d["model"], cluster.devices)
-    return TrialSpec.from_dict(
+    spec = TrialSpec.from_dict(
         {
             "model": d["model"],
             "mesh": dataclasses.asdict(mesh),
@@ -145,3 +146,8 @@ def build(d: dict, point: tuple = ()) -> TrialSpec:
             "axes": [list(kv) for kv in point],
         }
     )
+    if spec.train.remat != "auto":
+        return spec
+    from orchestrator.plan import auto  # the planner, only for a point that asks it to choose
+
+    return auto.resolve(spec)

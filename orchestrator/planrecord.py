@@ -31,6 +31,7 @@ def point_metrics(row: Any, compiled: aot.CompileResult | None) -> dict[str, flo
         "predicted_mfu": row.predicted_mfu,
         "roofline_mfu": row.roofline_mfu,
         "tflops_per_device_per_step": row.tflops_per_device_per_step,
+        "predicted_chip_hours": row.chip_hours,
     }
     if compiled and compiled.compiled_bytes:
         out["compiled_bytes_per_device"] = compiled.compiled_bytes

@@ -28,8 +28,9 @@ def answer(spec: TrialSpec, overrides: list[str], top: int) -> Answer:
 
 
 def to_json(a: Answer) -> str:
-    top = [dict(rank=i + 1, policy=c.policy.label(), command=c.command, **c.row.as_dict()) for i, c in
-           enumerate(a.top)]  # fmt: skip
+    # the row's short policy cell gives way to the words that select it
+    top = [{"rank": i + 1, **c.row.as_dict(), "policy": c.policy.label(), "command": c.command}
+           for i, c in enumerate(a.top)]  # fmt: skip
     return json.dumps(
         {"top": top, "losers": list(a.losers), "closest": a.closest, "searched": a.searched}, indent=1
     )
@@ -49,15 +50,27 @@ def show(a: Answer, output: str) -> int:
 
     console = Console(width=max(Console().width, 160))
     table = Table(title=f"fastest of {a.searched:,} strategy x mesh x memory-policy candidates")
-    for col in ("#", "strategy", "mesh", "memory policy", "step s", "MFU", "MFU ≤", "HBM/device", "limiter"):
+    cols = (
+        "#",
+        "strategy",
+        "mesh",
+        "memory policy",
+        "step s",
+        "MFU",
+        "MFU ≤",
+        "HBM/device",
+        "chip-h",
+        "limiter",
+    )
+    for col in cols:
         table.add_column(
-            col, justify="right" if col in ("#", "step s", "MFU", "MFU ≤", "HBM/device") else "left"
+            col, justify="left" if col in ("strategy", "mesh", "memory policy", "limiter") else "right"
         )
     for i, c in enumerate(a.top, 1):
         r = c.row
         table.add_row(str(i), r.strategy, r.mesh, escape(c.policy.label()), f"{r.predicted_step_s:,.4g}",
                       f"{r.predicted_mfu:.3f}", f"{r.roofline_mfu:.2f}",
-                      memory.gib(r.predicted_hbm_bytes_per_device), r.limiter)  # fmt: skip
+                      memory.gib(r.predicted_hbm_bytes_per_device), f"{r.chip_hours:,.3g}", r.limiter)  # fmt: skip
     console.print(table)
     for i, c in enumerate(a.top, 1):
         console.print(f"{i}. {c.command}", soft_wrap=True, markup=False, highlight=False)

@@ -184,7 +184,9 @@ class Options:
     aot: bool = False
     aot_topology: str = ""
     aot_workers: int = 0  # compiles at once on the Ray pool (0: one per CPU)
-    aot_cache: str = ""  # the shared compile cache: a directory or gs://bucket/prefix ("": $CP_AOT_CACHE or .cache/aot)
+    aot_cache: str = (
+        ""  # the shared compile cache: a directory or gs://bucket/prefix ("": $CP_AOT_CACHE or .cache/aot)
+    )
     record: bool = False  # with dry_run: the plan as planned MLflow runs
     skip_invalid: bool = False
     progress: str = "auto"

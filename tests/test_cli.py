@@ -82,6 +82,9 @@ BAD_INPUT = [
         "train.memory.offload also names it",
     ),
     (["train.remat=save_attn", "train.memory.offload=[attn_out]"], "train.remat=save_attn already saves it"),
+    (["train.remat=auto", "train.memory.save=[attn_out]"], "is set with train.remat=auto, which chooses"),
+    (["train.remat=fastest"], "allowed: none, full, save_attn, offload or auto"),
+    (["budget.chip_hours=-1"], "budget.chip_hours=-1 is out of range"),
 ]
 
 

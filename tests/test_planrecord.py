@@ -72,7 +72,8 @@ def test_a_planned_point_logs_the_compilers_peak_beside_the_sum():
     from orchestrator.planrecord import point_metrics
 
     row = SimpleNamespace(predicted_hbm_bytes_per_device=3e9, predicted_step_s=1.0, predicted_mfu=0.5,
-                          roofline_mfu=0.6, tflops_per_device_per_step=1.0)  # fmt: skip
+                          roofline_mfu=0.6, tflops_per_device_per_step=1.0, chip_hours=2.0)  # fmt: skip
     got = point_metrics(row, aot.CompileResult(peak_bytes=127e9, compiler_peak_bytes=93e9))
     assert got["compiled_bytes_per_device"] == 127e9 and got["compiler_peak_bytes_per_device"] == 93e9
+    assert got["predicted_chip_hours"] == 2.0
     assert "compiler_peak_bytes_per_device" not in point_metrics(row, aot.CompileResult(peak_bytes=127e9))

@@ -9,7 +9,7 @@ from conftest import run_cli
 
 from orchestrator.config import load
 from orchestrator.grid import expand
-from orchestrator.plan import policies
+from orchestrator.plan import auto, policies
 from orchestrator.plan.recommend import search
 
 L14M = 14_680_064
@@ -32,7 +32,9 @@ def test_tpu7x_14m_winner_offloads(tpu7x):
     assert win.policy.memory.offload and "train.remat=full" in win.command
     assert len(tpu7x.top) == 5
     steps = [c.row.predicted_step_s for c in tpu7x.top]
-    assert steps == sorted(steps)
+    assert all(
+        a <= b * (1 + auto.TIE) for a, b in zip(steps[:-1], steps[1:], strict=True)
+    )  # a tie: simpler first
 
 
 def test_command_line_reproduces_the_winner(tpu7x):

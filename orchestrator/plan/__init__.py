@@ -8,7 +8,7 @@ from typing import Any
 
 from jobs import strategies
 from jobs.spec import TrialSpec
-from orchestrator.plan import memory, roofline, steptime, validate, work
+from orchestrator.plan import cost, memory, policies, roofline, steptime, validate, work
 from orchestrator.plan.render import render_table, to_markdown
 from orchestrator.plan.validate import Problem, point_label
 from orchestrator.schema import REMATS
@@ -39,6 +39,9 @@ class PlanRow:
     roofline_mfu: float | None = None
     limiter: str = ""  # what the model says the step spends most of its time on
     dcn_exposed_s: float | None = None  # of predicted_step_s: slice-crossing traffic not hidden (mesh.dcn)
+    policy: str = ""  # the memory policy the point runs (train.remat and train.memory), e.g. under remat=auto
+    chip_hours: float | None = None  # steps x predicted step + a compile, times the chips (plan/cost.py)
+    cost: float | None = None  # chip_hours x cluster.price_per_chip_hour (None without a price)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -53,6 +56,7 @@ def plan_one(spec: TrialSpec, problems: list[Problem] | None = None) -> PlanRow:
     base = dict(
         trial_id=spec.trial_id, model=spec.model.name, strategy=spec.strategy.name, mesh=spec.mesh.label(),
         context_length=spec.context_length, cluster=spec.cluster.name, point=point_label(spec),
+        policy=policies.short(spec.train),
     )  # fmt: skip
     w = None if problems else work.step_work(spec)  # one work model, priced at peak and as runs spend it
     roof = None if problems else roofline.roofline(spec, w)
@@ -88,8 +92,10 @@ def plan_one(spec: TrialSpec, problems: list[Problem] | None = None) -> PlanRow:
             f"fits: {memory.gib(hbm)}{cap}; predicted step {st.step_s:,.3g} s at MFU {st.mfu:.2f} "
             f"(roofline ≤ {roof.mfu:.2f}), limited by {st.limiter}"
         )
+    hours = cost.chip_hours(spec, st.step_s)
     return PlanRow(
         **base, verdict=verdict, reason="; ".join(why), tflops_per_device_per_step=tflops,
+        chip_hours=hours, cost=cost.price(spec, hours),
         predicted_hbm_bytes_per_device=hbm, predicted_step_s=st.step_s, predicted_mfu=st.mfu,
         memory=mem, comm_bytes_per_layer=roof.attention_comm_bytes_per_layer, roofline_step_s=roof.step_s,
         roofline_mfu=roof.mfu, limiter=st.limiter, dcn_exposed_s=st.dcn_exposed_s,

@@ -52,6 +52,14 @@ class Policy:
         return replace(train, remat=self.remat, memory=self.memory)
 
 
+def short(train: TrainSpec) -> str:
+    """A policy in few words for a table cell: the preset, then each train.memory list, e.g.
+    "full offload=[attn_out,layer_input] host=[optimizer,params]"."""
+    m = train.memory
+    lists = [f"{k}=[{','.join(getattr(m, k))}]" for k in ("save", "offload", "host") if getattr(m, k)]
+    return " ".join([train.remat, *lists])
+
+
 def _valid(p: Policy) -> bool:
     """orchestrator/plan/validate.py's memory rules, on the policy alone (they read only train)."""
     if p.remat == "none":

@@ -6,7 +6,7 @@ from dataclasses import dataclass, replace
 
 from jobs import strategies
 from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
-from orchestrator.plan import PlanRow, memory, plan, plan_one, policies, steptime, validate
+from orchestrator.plan import PlanRow, auto, memory, plan, plan_one, policies, steptime, validate
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,7 @@ def _across_slices(slices: int, ranked: list[tuple[PlanRow, TrialSpec]]) -> str:
 # head_dim and hop length alone), so every kernel the platform allows gets the same figures; `auto` stands for all.
 
 
-TIE = 0.005  # steps within this fraction of each other are a tie, broken by HBM
+TIE = auto.TIE  # steps within this fraction of each other are a tie, broken by HBM
 
 
 @dataclass(frozen=True)
@@ -205,19 +205,12 @@ def search(
                 if p.family not in fast or step < fast[p.family][0]:
                     fast[p.family] = (step, spec, p)
                 fits.setdefault((name, mesh), []).append((step, hbm, spec, p))
-    ranked = sorted((_pick(runs) for runs in fits.values()), key=lambda t: t[0])
+    # each mesh under its own best policy; across meshes and strategies a tie also goes to the leaner layout
+    ranked = [(t, s, p) for t, _, s, p in auto.rank([auto.pick(runs) for runs in fits.values()])]
     chosen = tuple(Choice(s, plan_one(s, []), p, command(s, p, tail)) for _, s, p in ranked[:top])
     if not chosen:
         return Answer((), (), _closest(model, cluster, context_length, lean, invalid), searched)
     return Answer(chosen, _losers(chosen[0], ranked, lean, fast, invalid, limit), "", searched)
-
-
-def _pick(runs: list) -> tuple[float, TrialSpec, policies.Policy]:
-    """A mesh's policy: the leanest HBM among those within TIE of its fastest step — the step-time model is not
-    that precise, and headroom is what a real compile needs (the planner's HBM is an estimate too)."""
-    t0 = min(r[0] for r in runs)
-    step, _, spec, p = min((r for r in runs if r[0] <= t0 * (1 + TIE)), key=lambda r: (r[1], r[0]))
-    return step, spec, p
 
 
 def _leanest_words(hbm: int, spec: TrialSpec, p: policies.Policy, limit: int) -> str:
@@ -236,9 +229,7 @@ def _losers(win: Choice, ranked: list, lean: dict, fast: dict, invalid: dict, li
         mine = next(((t, s, p) for t, s, p in ranked if s.strategy.name == name), None)
         if mine:
             t, s, p = mine
-            out.append(
-                f"{name}: slower by {_ratio(t / t0)} (its best: {s.mesh.label()}, {p.label()}, {t:,.3g} s)"
-            )
+            out.append(f"{name}: {_behind(t / t0)} (its best: {s.mesh.label()}, {p.label()}, {t:,.3g} s)")
         elif name in lean:
             out.append(f"{name}: does not fit: {_leanest_words(*lean[name], limit)}")
         else:
@@ -248,15 +239,18 @@ def _losers(win: Choice, ranked: list, lean: dict, fast: dict, invalid: dict, li
             continue
         if fam in fast:
             t, s, p = fast[fam]
-            out.append(f"policy {fam}: slower by {_ratio(t / t0)} at best ({p.label()}, {s.strategy.name} on "
+            out.append(f"policy {fam}: {_behind(t / t0)} at best ({p.label()}, {s.strategy.name} on "
                        f"{s.mesh.label()})")  # fmt: skip
         elif fam in lean:
             out.append(f"policy {fam}: does not fit: {_leanest_words(*lean[fam], limit)}")
     return tuple(out)
 
 
-def _ratio(r: float) -> str:
-    return f"{(r - 1) * 100:.2f}% (a tie within the model's precision)" if r < 1 + TIE else f"{r:.2f}x"
+def _behind(r: float) -> str:
+    """How a loser's step compares with the winner's: a tie (within TIE, lost on HBM) or slower by a factor."""
+    if r < 1 + TIE:
+        return f"a tie within the model's precision ({abs(r - 1) * 100:.2f}% apart), lost on HBM"
+    return f"slower by {r:.2f}x"
 
 
 def _closest(model: ModelSpec, cluster: ClusterSpec, length: int, lean: dict, invalid: dict) -> str:

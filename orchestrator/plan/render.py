@@ -14,6 +14,7 @@ HEADER = [
     "cluster",
     "strategy",
     "mesh",
+    "policy",
     "context",
     "verdict",
     "HBM/device",
@@ -21,30 +22,56 @@ HEADER = [
     "MFU",
     "MFU ≤ (roofline)",
     "TFLOP/dev",
+    "chip-h",
     "reason",
 ]
+VERDICT, AFTER_STEP, AFTER_HOURS = 5, 8, 12  # where the verdict is, and where the optional columns go
+RIGHT = ("context", "step s", "DCN s", "MFU", "MFU ≤ (roofline)", "chip-h", "cost")
 # Every verdict, in the plan's order (orchestrator.plan.VERDICTS), with its colour.
 COLOURS = {"run": "green", "infeasible": "yellow", "invalid": "red"}
 
 
-def _cells(r: PlanRow, dcn: bool = False) -> list[str]:
+def _num(v: float | None, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def _cells(r: PlanRow, dcn: bool = False, cost: bool = False) -> list[str]:
     hbm = (
         memory.gib(r.predicted_hbm_bytes_per_device) if r.predicted_hbm_bytes_per_device is not None else "-"
     )
-    step = f"{r.predicted_step_s:,.3g}" if r.predicted_step_s is not None else "-"
-    mfu = f"{r.predicted_mfu:.2f}" if r.predicted_mfu is not None else "-"
-    bound = f"{r.roofline_mfu:.2f}" if r.roofline_mfu is not None else "-"
-    cells = [r.cluster, r.strategy, r.mesh, f"{r.context_length:,}", r.verdict, hbm, step, mfu, bound,
-             f"{r.tflops_per_device_per_step:,.4g}", r.reason]  # fmt: skip
+    cells = [r.cluster, r.strategy, r.mesh, r.policy, f"{r.context_length:,}", r.verdict, hbm,
+             _num(r.predicted_step_s, ",.3g"), _num(r.predicted_mfu, ".2f"), _num(r.roofline_mfu, ".2f"),
+             f"{r.tflops_per_device_per_step:,.4g}", _num(r.chip_hours, ",.3g"), r.reason]  # fmt: skip
+    if cost:
+        cells.insert(AFTER_HOURS, _num(r.cost, ",.2f"))
     if dcn:
-        cells.insert(7, f"{r.dcn_exposed_s:,.3g}" if r.dcn_exposed_s is not None else "-")
+        cells.insert(AFTER_STEP, _num(r.dcn_exposed_s, ",.3g"))
     return cells
 
 
-def _header(rows: list[PlanRow]) -> tuple[list[str], bool]:
-    """The columns, with "DCN s" (exposed slice-crossing time) only when some point spans slices."""
+def _header(rows: list[PlanRow]) -> tuple[list[str], bool, bool]:
+    """The columns, with "DCN s" (exposed slice-crossing time) only when some point spans slices, and "cost"
+    only when the cluster has a price."""
     dcn = any("/dcn:" in r.mesh for r in rows)
-    return (HEADER[:7] + ["DCN s"] + HEADER[7:] if dcn else HEADER), dcn
+    cost = any(r.cost is not None for r in rows)
+    header = list(HEADER)
+    if cost:
+        header.insert(AFTER_HOURS, "cost")
+    if dcn:
+        header.insert(AFTER_STEP, "DCN s")
+    return header, dcn, cost
+
+
+def summary(rows: list[PlanRow]) -> str:
+    """The verdict counts and what the runnable points would cost."""
+    from orchestrator.plan.cost import total
+
+    counts = {v: sum(r.verdict == v for r in rows) for v in COLOURS}
+    line = ", ".join(f"{n} {v}" for v, n in counts.items())
+    hours = total(rows)
+    money = sum(r.cost or 0.0 for r in rows if r.verdict == "run")
+    line += f"; the runnable points: {hours:,.4g} chip-hours predicted"
+    return line + (f", cost {money:,.2f}" if any(r.cost is not None for r in rows) else "")
 
 
 def render_table(rows: list[PlanRow], console: Any = None, title: str = "plan") -> None:
@@ -54,26 +81,23 @@ def render_table(rows: list[PlanRow], console: Any = None, title: str = "plan") 
 
     console = console or Console()
     table = Table(title=title, show_lines=False)
-    header, dcn = _header(rows)
+    header, dcn, cost = _header(rows)
     for h in header:
-        table.add_column(
-            h,
-            overflow="fold",
-            justify="right" if h in ("context", "step s", "DCN s", "MFU", "MFU ≤ (roofline)") else "left",
-        )
+        table.add_column(h, overflow="fold", justify="right" if h in RIGHT else "left")
+    from rich.markup import escape
+
     for r in rows:
-        cells = _cells(r, dcn)
-        cells[4] = f"[{COLOURS[r.verdict]}]{r.verdict}[/]"
+        cells = [escape(c) for c in _cells(r, dcn, cost)]  # a policy's [names] are not markup
+        cells[VERDICT] = f"[{COLOURS[r.verdict]}]{r.verdict}[/]"
         table.add_row(*cells)
     console.print(table)
-    counts = {v: sum(r.verdict == v for r in rows) for v in COLOURS}
-    console.print(", ".join(f"{n} {v}" for v, n in counts.items()))
+    console.print(summary(rows))
 
 
 def to_markdown(rows: list[PlanRow]) -> str:
-    header, dcn = _header(rows)
+    header, dcn, cost = _header(rows)
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(c.replace("|", "/") for c in _cells(r, dcn)) + " |" for r in rows]
+    lines += ["| " + " | ".join(c.replace("|", "/") for c in _cells(r, dcn, cost)) + " |" for r in rows]
     return "\n".join(lines)
 
 
