@@ -39,8 +39,14 @@ the budget) or `invalid` (breaks a rule; the reason names it and the fix). *HBM/
 peak HBM per device (the figure it holds against the compiler's peak). *step s* and *MFU* are the step-time
 model's prediction; *MFU ≤ (roofline)* is the bound with every FLOP at the chip's peak and only unhidden ICI
 traffic added. *TFLOP/dev* is model FLOPs per device per step (MaxText's causal count; remat recompute not
-counted). *reason* says why the verdict, what limits the step, and for a point over HBM the `train.remat`
-preset that would fit."""
+counted). *policy* is the memory policy the point runs (`train.remat`, then any `train.memory` lists).
+*chip-h* is what the point would cost: `train.steps` (8 in cp_scaling) at the predicted step time plus
+`cluster.compile_seconds`, times the trial's chips. *reason* says why the verdict, what limits the step, and for a
+point over HBM the `train.remat` preset that would fit.
+
+The last sections are the whole cp_scaling grid under `train.remat=auto`: per point, the policy the planner chose
+(the fastest that fits; a tie within 0.5 % goes to the simplest policy leaving 20 % of HBM free) and its
+predicted MFU, one row per context length and one column per strategy."""
 
 
 def rows_for(overrides: list[str]) -> list[PlanRow]:
@@ -54,6 +60,30 @@ def section(overrides: list[str], rows: list[PlanRow]) -> str:
     counts = ", ".join(f"{sum(r.verdict == v for r in rows)} {v}" for v in VERDICTS)
     title = ", ".join(f"`{o}`" for o in overrides)
     return f"## {title}\n\n{to_markdown(rows)}\n\n{counts}.\n"
+
+
+AUTO = ["cluster=tpu7x_128 model=llama3_1_8b_long", "cluster=v5p_128 model=llama3_1_8b_long"]
+
+
+def auto_section(overrides: list[str]) -> str:
+    """cp_scaling under train.remat=auto: the chosen policy and predicted MFU per strategy and length."""
+    rows = plan(grid.expand(load(["+sweep=cp_scaling", *overrides, "train.remat=auto"])))
+    names = list(dict.fromkeys(r.strategy for r in rows))
+    cell = {(r.strategy, r.context_length): r for r in rows}
+    lines = ["| context | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for length in sorted({r.context_length for r in rows}):
+        cells = []
+        for n in names:
+            r = cell[n, length]
+            cells.append(
+                r.verdict if r.verdict == "invalid" else f"{r.policy}: {r.verdict}, MFU {r.predicted_mfu:.2f}"
+            )
+        lines.append(f"| {length:,} | " + " | ".join(cells) + " |")
+    title = ", ".join(f"`{o}`" for o in [*overrides, "train.remat=auto"])
+    hours = sum(r.chip_hours or 0 for r in rows if r.verdict == "run")
+    return (
+        f"## {title} (cp_scaling)\n\n" + "\n".join(lines) + f"\n\nRunnable points: {hours:,.4g} chip-hours.\n"
+    )
 
 
 def main(argv: list[str]) -> int:
@@ -73,6 +103,7 @@ def main(argv: list[str]) -> int:
     for s in a.section or SECTIONS:
         overrides = [*shlex.split(s), *a.overrides]
         parts.append(section(overrides, rows_for(overrides)))
+    parts += [auto_section([*shlex.split(s), *a.overrides]) for s in AUTO]
     made = provenance.current("python benchmarks/plan_table.py", argv)
     path = provenance.write_page(a.page, "Plan tables", made, NOTE, "\n".join(parts))
     print(f"wrote {path}")
