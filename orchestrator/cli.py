@@ -219,6 +219,8 @@ SWITCHES = {
     "output": "table | json: how dry_run prints the plan",
     "aot": "with dry_run: compile the valid points for the cluster's TPU topology too (.[tpu])",
     "aot_topology": "with aot: compile for this topology instead of the cluster's, e.g. 2x2x1",
+    "aot_workers": "with aot: compiles at once as Ray tasks (0: one per CPU)",
+    "aot_cache": "with aot: the shared compile cache, a directory or gs://bucket/prefix",
     "record": "with dry_run: log the plan to MLflow as planned runs (tag planned=true), plots",
     "skip_invalid": "launch the valid points even if some are invalid (else nothing starts)",
     "progress": "auto | rich | plain: the live display of the sweep",
@@ -228,6 +230,7 @@ SWITCHES = {
     "retries.failure": "relaunches of a trial that raised; a separate budget: a lost host is not a bug",
     "gate.enabled": "after the sweep, compare each trial with its previous finished run (same trial id)",
     "gate.max_drop": "an MFU or tokens/s drop past this fraction tags the sweep regression=true: exit 3",
+    "budget.chip_hours": "refuse (exit 2) a sweep the planner prices above this many chip-hours (0: none)",
 }
 EXAMPLES = (
     ("+sweep=smoke", "4 tiny trials on local Ray, tracked in ./mlflow.db (about a minute)"),
