@@ -129,13 +129,8 @@ def why(c: Choice, x: Recipe) -> str:
     head = f"differs in {_words(names)}"
     hbm = f"HBM {gib(c.row.predicted_hbm_bytes_per_device)} vs the recipe's {gib(p.predicted_hbm_bytes_per_device)}"
     ratio = p.predicted_step_s / c.row.predicted_step_s
-    if ratio < 1 + TIE:  # the recommender's tie: within TIE, the leaner HBM wins
-        lean = (
-            "leaner"
-            if c.row.predicted_hbm_bytes_per_device < p.predicted_hbm_bytes_per_device
-            else "not leaner"
-        )
-        return f"{head}; a tie (step {1 / ratio - 1:+.2%} vs the recipe's), {lean}: {hbm}"
+    if ratio < 1 + TIE:  # the recommender's tie: the simplest policy that leaves 20 % of HBM free wins
+        return f"{head}; a tie (step {1 / ratio - 1:+.2%} vs the recipe's; ties go to the simplest policy leaving 20 % HBM free): {hbm}"
     mine, theirs = _terms(c.spec), _terms(x.spec)
     term = max(mine, key=lambda k: theirs[k] - mine[k])
     fast = f"{ratio - 1:.1%}" if ratio < 1.1 else f"{ratio:.2f}x"
@@ -215,7 +210,7 @@ midpoint of a range, or model FLOPs / (its step time × peak)); **held out** mar
 fitted on. *Recommender's pick* and *pick: MFU, HBM/device* are what `search` ranks first and the planner's
 figures for it. *Why the pick* is computed: "same as the recipe" where strategy, layout, mesh and policy all
 match; otherwise what differs, the ratio of predicted step times with the step-time term that accounts for most
-of the gap (a tie within 0.5 % is broken by HBM), the limiters where they differ, and both HBM figures; or the
+of the gap (a tie within 0.5 % goes to the simplest policy that leaves 20 % of HBM free), the limiters where they differ, and both HBM figures; or the
 planner's verdict and reason where the recipe does not run. Predictions, not measurements: a pick is only as
 good as the model, and the planner does not check host memory capacity."""
 
