@@ -54,6 +54,55 @@ def write_bytes(uri: str, data: bytes) -> None:
     client().bucket(bucket).blob(name).upload_from_string(data)
 
 
+def join(uri: str, name: str) -> str:
+    """`name` inside directory or gs:// prefix `uri` (os.path.join would not do for gs://)."""
+    return f"{uri.rstrip('/')}/{name}" if is_gcs(uri) else os.path.join(uri, name)
+
+
+def read_text(uri: str) -> str | None:
+    """A file's or gs:// object's text; None when there is none (one request, no separate exists())."""
+    if not is_gcs(uri):
+        try:
+            return Path(uri).read_text()
+        except FileNotFoundError:
+            return None
+    from google.api_core.exceptions import NotFound
+
+    bucket, name = split(uri)
+    try:
+        return client().bucket(bucket).blob(name).download_as_text()
+    except NotFound:
+        return None
+
+
+def write_text(uri: str, text: str) -> None:
+    """Write a whole file: locally through a temporary name and a rename, so a reader sharing the directory
+    (another process, another user) never sees half of it; a gs:// object appears whole by itself."""
+    if is_gcs(uri):
+        bucket, name = split(uri)
+        client().bucket(bucket).blob(name).upload_from_string(text)
+        return
+    path = Path(uri)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(f".{path.name}.{os.getpid()}.part")
+    part.write_text(text)
+    os.replace(part, path)
+
+
+def list_names(uri: str, prefix: str = "") -> list[str]:
+    """Names of the files directly in directory `uri` (objects directly under gs://bucket/prefix) that start
+    with `prefix`, sorted; [] when there is no such directory."""
+    if not is_gcs(uri):
+        try:
+            return sorted(e.name for e in os.scandir(uri) if e.name.startswith(prefix) and e.is_file())
+        except FileNotFoundError:
+            return []
+    bucket, base = split(uri)
+    start = f"{base}/" if base else ""
+    names = (b.name[len(start) :] for b in client().list_blobs(bucket, prefix=start + prefix))
+    return sorted(n for n in names if n and "/" not in n)
+
+
 def fetch(uri: str, cache_dir: str) -> str:
     """A local path for `uri`: the path itself, or a cached download of the gs:// object."""
     if not is_gcs(uri):

@@ -34,7 +34,7 @@ def main(argv: list[str]) -> int:
             from orchestrator import recommend_cli
 
             return recommend_cli.show(recommend_cli.answer(specs[0], list(args.overrides), options.top),
-                                      options.output)  # fmt: skip
+                                      options.output, options if options.aot else None)  # fmt: skip
         from orchestrator.plan import plan, render_table, to_json
 
         rows = plan(specs)
@@ -98,7 +98,13 @@ def _aot(specs: list, rows: list, options: Options) -> tuple[dict, int]:
     from rich.console import Console
 
     console = Console(width=max(Console().width, 140))
-    compared = aot.compare(valid, options.aot_topology or None)
+    # on a Ray pool (aot.pool): options.aot_workers at once, on the shared cache options.aot_cache
+    try:
+        compared = aot.compare(valid, options.aot_topology or None, workers=options.aot_workers,
+                               cache=options.aot_cache, progress=options.progress, console=console)  # fmt: skip
+    except ConnectionError as e:  # a cluster.address that was named and does not answer
+        print(f"error: aot=true: no Ray to compile on: {e}", file=sys.stderr)
+        return {}, 2
     render.render_comparison(compared, console)
     return {r.trial_id: r for r in compared}, 0
 

@@ -4,13 +4,31 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import TYPE_CHECKING
 
 from jobs.spec import TrialSpec
 from orchestrator.plan import memory
 from orchestrator.plan.recommend import Answer, search
 
+if TYPE_CHECKING:
+    from orchestrator.plan.aot import Comparison
+    from orchestrator.schema import Options
+
 # Words the answer's command lines set themselves, or that only ask for the answer: left out of their tail.
-_OWN = ("strategy", "mesh", "train.remat", "train.memory", "recommend", "top", "output", "dry_run")
+_OWN = (
+    "strategy",
+    "mesh",
+    "train.remat",
+    "train.memory",
+    "recommend",
+    "top",
+    "output",
+    "dry_run",
+    "aot",
+    "aot_topology",
+    "aot_workers",
+    "aot_cache",
+)
 
 
 def tail(overrides: list[str]) -> list[str]:
@@ -27,24 +45,52 @@ def answer(spec: TrialSpec, overrides: list[str], top: int) -> Answer:
     return search(spec.model, spec.cluster, spec.context_length, spec.train, top=top, tail=tail(overrides))
 
 
-def to_json(a: Answer) -> str:
+def confirm(a: Answer, options: Options, console) -> list[Comparison]:
+    """aot=true: compile the listed configurations for the cluster's TPU topology on the Ray pool (aot.pool),
+    so each answer says whether the compiler fits it too."""
+    from orchestrator.plan import aot
+
+    return aot.compare([c.spec for c in a.top], options.aot_topology or None, workers=options.aot_workers,
+                       cache=options.aot_cache, progress=options.progress, console=console)  # fmt: skip
+
+
+def _compiled(r: Comparison) -> dict:
+    res = r.result
+    return {"status": res.status, "verdict": r.verdict, "reason": r.reason, "compiled_bytes": res.compiled_bytes,
+            "compiler_peak_bytes": res.compiler_peak_bytes, "compile_s": res.compile_s}  # fmt: skip
+
+
+def to_json(a: Answer, compiled: list[Comparison] | None = None) -> str:
     # the row's short policy cell gives way to the words that select it
     top = [{"rank": i + 1, **c.row.as_dict(), "policy": c.policy.label(), "command": c.command}
            for i, c in enumerate(a.top)]  # fmt: skip
+    for t, r in zip(top, compiled or [], strict=False):
+        t["aot"] = _compiled(r)
     return json.dumps(
         {"top": top, "losers": list(a.losers), "closest": a.closest, "searched": a.searched}, indent=1
     )
 
 
-def show(a: Answer, output: str) -> int:
-    """Print the answer; nothing fits: one `error:` line naming what comes closest, exit 2."""
+def show(a: Answer, output: str, aot_options: Options | None = None) -> int:
+    """Print the answer; nothing fits: one `error:` line naming what comes closest, exit 2. With `aot_options`
+    (aot=true) the listed configurations are compiled for the TPU topology first."""
     if not a.top:
         print(f"error: {a.closest}", file=sys.stderr)
         return 2
-    if output == "json":
-        print(to_json(a))
-        return 0
     from rich.console import Console
+
+    compiled = None
+    if aot_options is not None:
+        from orchestrator.plan import aot
+
+        if not aot.available():
+            print("error: aot=true needs libtpu on this host: pip install -e '.[tpu]'", file=sys.stderr)
+            return 2
+        # the progress bar on stderr, so `output=json` stays one JSON document on stdout
+        compiled = confirm(a, aot_options, Console(stderr=True))
+    if output == "json":
+        print(to_json(a, compiled))
+        return 0
     from rich.markup import escape
     from rich.table import Table
 
@@ -77,4 +123,8 @@ def show(a: Answer, output: str) -> int:
     console.print("why the others lose:", markup=False)
     for line in a.losers:
         console.print(f"  {line}", soft_wrap=True, markup=False, highlight=False)
+    if compiled is not None:
+        from orchestrator.plan import render
+
+        render.render_comparison(compiled, console)
     return 0

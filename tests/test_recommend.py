@@ -92,3 +92,20 @@ def test_cli_errors_exit_2(tmp_path, no_ray_no_mlflow, args, words):
     assert res.returncode == 2 and res.stdout == ""
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], res.stderr
+
+
+@pytest.mark.slow
+def test_recommend_aot_compiles_the_listed_answers(tmp_path):
+    """recommend=true aot=true: the top answers compiled for the TPU topology on the Ray pool, in the JSON."""
+    pytest.importorskip("libtpu")
+    small = ["model=tiny", "cluster=tpu7x_128", "cluster.topology=2x2x1", "cluster.hosts=1", "cluster.address=",
+             "context_length=4096"]  # fmt: skip
+    args = ["recommend=true", *small, "top=2", "aot=true", "aot_workers=2", "output=json", "progress=plain"]
+    res = run_cli(args, cwd=tmp_path, timeout=600, env={"CP_AOT_CACHE": str(tmp_path / "aot")})
+    assert res.returncode == 0, res.stderr[-3000:]
+    top = json.loads(res.stdout)["top"]
+    assert len(top) == 2 and all(
+        t["aot"]["status"] == "compiled" and t["aot"]["verdict"] == "run" for t in top
+    )
+    assert all(t["aot"]["compiled_bytes"] > 0 for t in top)
+    assert len(list((tmp_path / "aot").glob("*.json"))) == 2  # cached by program, for the next user

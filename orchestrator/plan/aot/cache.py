@@ -1,25 +1,58 @@
-"""The compile cache on disk: one JSON CompileResult per trial, topology and program (a large compile takes
-minutes; a refusal is as deterministic, and as slow to find, as a success)."""
+"""The compile cache: one JSON CompileResult per trial, topology and program (a large compile takes minutes; a
+refusal is as deterministic, and as slow to find, as a success), in a directory or under gs://bucket/prefix."""
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
+from jobs import storage
 from jobs.spec import TrialSpec
 from orchestrator.plan.aot.compiling import compile_memory
 from orchestrator.plan.aot.lowering import program_version
 from orchestrator.plan.aot.result import CompileResult
 from orchestrator.plan.aot.topology import topology_tag
 
+ENV = "CP_AOT_CACHE"
+DEFAULT = ".cache/aot"
 _CAP = re.compile(r"\.cap(\d+)\.json$")  # a capped compile's entry, next to the uncapped one
 
 
-def cache_dir() -> Path:
-    """$CP_AOT_CACHE, or .cache/aot: read on every call, so a test may point it at a temporary directory."""
-    return Path(os.environ.get("CP_AOT_CACHE", ".cache/aot"))
+def cache_dir() -> Path | str:
+    """$CP_AOT_CACHE, or .cache/aot: a directory (a Path), or gs://bucket/prefix (kept a str: a Path would fold
+    its "//"). Read on every call, so a test, or a pool worker, may point it elsewhere."""
+    where = os.environ.get(ENV) or DEFAULT
+    return where.rstrip("/") if storage.is_gcs(where) else Path(where)
+
+
+def location(cache: str = "") -> str:
+    """Where a cache named `cache` lives ("": cache_dir()), absolute when local: a Ray worker need not share
+    the driver's working directory."""
+    where = cache or str(cache_dir())
+    return where.rstrip("/") if storage.is_gcs(where) else os.path.abspath(where)
+
+
+@contextmanager
+def using(cache: str) -> Iterator[None]:
+    """Read and write the cache at `cache` inside the block ("": leave $CP_AOT_CACHE as it is)."""
+    if not cache:
+        yield
+        return
+    before = os.environ.get(ENV)
+    os.environ[ENV] = cache
+    try:
+        yield
+    finally:
+        os.environ.pop(ENV, None) if before is None else os.environ.__setitem__(ENV, before)
+
+
+def _entry(name: str) -> Path | str:
+    where = cache_dir()
+    return storage.join(where, name) if isinstance(where, str) else where / name
 
 
 def _stem(spec: TrialSpec, topology: str | None) -> str:
@@ -27,36 +60,49 @@ def _stem(spec: TrialSpec, topology: str | None) -> str:
     return f"{spec.trial_id}-{topology_tag(spec, topology).replace(':', '_')}"
 
 
-def cache_path(spec: TrialSpec, topology: str | None = None, *, cap_mib: int | None = None) -> Path:
+def cache_path(spec: TrialSpec, topology: str | None = None, *, cap_mib: int | None = None) -> Path | str:
     """`<trial id>-<topology tag>-<program hash>.json` (lowers the step to hash it), `.cap<MiB>.json` for a
-    compile capped at `cap_mib` MiB of HBM."""
-    path = cache_dir() / f"{_stem(spec, topology)}-{program_version(spec, topology)}.json"
-    return path if cap_mib is None else path.with_suffix(f".cap{cap_mib}.json")
+    compile capped at `cap_mib` MiB of HBM: a Path in a directory, a gs:// URI (str) in a bucket."""
+    name = f"{_stem(spec, topology)}-{program_version(spec, topology)}"
+    return _entry(f"{name}.json" if cap_mib is None else f"{name}.cap{cap_mib}.json")
 
 
 def cached_any(spec: TrialSpec, topology: str | None = None) -> bool:
-    """Whether any program of this trial and topology was compiled: a glob, no lowering (which takes minutes
-    for some points), to skip points never compiled before asking which program is cached."""
-    return any(cache_dir().glob(f"{_stem(spec, topology)}-*.json"))
+    """Whether any program of this trial and topology was compiled: a listing, no lowering (which takes
+    minutes for some points), to skip points never compiled before asking which program is cached."""
+    names = storage.list_names(str(cache_dir()), f"{_stem(spec, topology)}-")
+    return any(n.endswith(".json") for n in names)
 
 
 def cached_caps(spec: TrialSpec, topology: str | None = None) -> list[int]:
     """The HBM caps (MiB) this program was compiled at and cached (aot.capped), in no particular order."""
-    path = cache_path(spec, topology)
-    return [int(m.group(1)) for p in path.parent.glob(f"{path.stem}.cap*.json") if (m := _CAP.search(p.name))]
+    stem = os.path.basename(str(cache_path(spec, topology)))[: -len(".json")]
+    names = storage.list_names(str(cache_dir()), f"{stem}.cap")
+    return [int(m.group(1)) for n in names if (m := _CAP.search(n))]
 
 
-def read(path: Path, program: str = "") -> CompileResult | None:
+def read(path: Path | str, program: str = "") -> CompileResult | None:
     """A cached entry, or None when there is none; `program` fills in the hash older entries lack."""
-    if not path.exists():
+    if (text := storage.read_text(str(path))) is None:
         return None
-    got = CompileResult.from_json(path.read_text())
+    got = CompileResult.from_json(text)
     return got if got.program or not program else replace(got, program=program)
 
 
-def write(path: Path, result: CompileResult) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(result.to_json())
+def write(path: Path | str, result: CompileResult) -> None:
+    storage.write_text(str(path), result.to_json())
+
+
+def lookup(
+    spec: TrialSpec, topology: str | None = None, *, refresh: bool = False
+) -> tuple[CompileResult, bool]:
+    """compiled_memory's answer, and whether it came from the cache (True) or was compiled now (False)."""
+    path = cache_path(spec, topology)
+    if not refresh and (got := read(path, program_version(spec, topology))) is not None:
+        return got, True
+    got = compile_memory(spec, topology)
+    write(path, got)
+    return got, False
 
 
 def compiled_memory(spec: TrialSpec, topology: str | None = None, *, refresh: bool = False) -> CompileResult:
@@ -66,9 +112,4 @@ def compiled_memory(spec: TrialSpec, topology: str | None = None, *, refresh: bo
     `status` is "compiled", or "rejected" when the compiler ran out of HBM: then the compiler's own figures
     (required_bytes, available_bytes, largest_buffers) instead of a traceback. Both are cached.
     """
-    path = cache_path(spec, topology)
-    if not refresh and (got := read(path, program_version(spec, topology))) is not None:
-        return got
-    got = compile_memory(spec, topology)
-    write(path, got)
-    return got
+    return lookup(spec, topology, refresh=refresh)[0]

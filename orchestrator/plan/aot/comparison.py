@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from jobs.spec import TrialSpec
 from orchestrator.plan import memory
-from orchestrator.plan.aot.cache import compiled_memory
-from orchestrator.plan.aot.result import CompileResult
-from orchestrator.plan.aot.topology import CHIPS, topology_tag
+from orchestrator.plan.aot import pool
+from orchestrator.plan.aot.cache import compiled_memory, using
+from orchestrator.plan.aot.result import CompileResult, failed
 from orchestrator.plan.aot.verdicts import verdict
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 @dataclass(frozen=True)
@@ -46,32 +50,45 @@ class Comparison:
         return self.result.compile_s
 
 
-def _failed(spec: TrialSpec, topology: str | None, e: Exception) -> CompileResult:
-    msg = (str(e).strip().splitlines() or [type(e).__name__])[0][:500]
-    tag = topology_tag(spec, topology) if spec.cluster.accelerator in CHIPS else "-"
-    return CompileResult(
-        trial_id=spec.trial_id, topology=tag, status="failed", error=f"{type(e).__name__}: {msg}"
-    )
-
-
-def compare(specs: list[TrialSpec], topology: str | None = None) -> list[Comparison]:
+def compare(
+    specs: list[TrialSpec],
+    topology: str | None = None,
+    *,
+    workers: int | None = None,
+    cache: str = "",
+    progress: str = "auto",
+    console: Console | None = None,
+) -> list[Comparison]:
     """Analytic vs compiled per-device memory, side by side, with the verdict of the compile. A refused compile
     counts its required bytes as compiled (a lower bound: the compiler names only the part that overflowed); any
-    other compile error is reported on its row, not raised."""
-    rows = []
-    for spec in specs:
-        try:
-            got = compiled_memory(spec, topology)
-        except Exception as e:  # noqa: BLE001 -- one broken point must not hide the others' answers
-            got = _failed(spec, topology, e)
-        predicted = memory.total(spec)
-        # the sum only where a cached compile predates the peak; with host temporaries there is no device peak,
-        # so no ratio (docs/results/aot.md, remat=offload)
-        judged = got.compiled_bytes if got.compiler_peak_bytes is None else got.device_peak
-        v, reason = verdict(spec, got)
-        rows.append(Comparison(
-            trial_id=spec.trial_id, strategy=spec.strategy.name, mesh=spec.mesh.label(),
-            context_length=spec.context_length, remat=spec.train.remat, analytic_bytes=predicted, result=got,
-            verdict=v, reason=reason, ratio=predicted / judged if judged else None,
-        ))  # fmt: skip
-    return rows
+    other compile error is reported on its row, not raised.
+
+    workers=None compiles here, one point after another; a number compiles on a Ray pool, that many at once
+    (0: one per CPU of the Ray cluster; aot.pool), with a progress bar (`progress`: auto | rich | plain).
+    `cache`: the compile cache, a directory or gs://bucket/prefix ("": $CP_AOT_CACHE, else .cache/aot)."""
+    if workers is None:
+        with using(cache):
+            results = [_compiled(spec, topology) for spec in specs]
+    else:
+        results = pool.compile_specs(specs, topology, workers, cache, progress, console)
+    return [_row(spec, got) for spec, got in zip(specs, results, strict=True)]
+
+
+def _compiled(spec: TrialSpec, topology: str | None) -> CompileResult:
+    try:
+        return compiled_memory(spec, topology)
+    except Exception as e:  # noqa: BLE001 -- one broken point must not hide the others' answers
+        return failed(spec, topology, e)
+
+
+def _row(spec: TrialSpec, got: CompileResult) -> Comparison:
+    predicted = memory.total(spec)
+    # the sum only where a cached compile predates the peak; with host temporaries there is no device peak,
+    # so no ratio (docs/results/aot.md, remat=offload)
+    judged = got.compiled_bytes if got.compiler_peak_bytes is None else got.device_peak
+    v, reason = verdict(spec, got)
+    return Comparison(
+        trial_id=spec.trial_id, strategy=spec.strategy.name, mesh=spec.mesh.label(),
+        context_length=spec.context_length, remat=spec.train.remat, analytic_bytes=predicted, result=got,
+        verdict=v, reason=reason, ratio=predicted / judged if judged else None,
+    )  # fmt: skip

@@ -6,6 +6,9 @@ import json
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from jobs.spec import TrialSpec
+from orchestrator.plan.aot.topology import CHIPS, topology_tag
+
 STATUSES = ("compiled", "rejected", "failed")
 
 
@@ -81,3 +84,13 @@ class CompileResult:
     @classmethod
     def from_json(cls, text: str) -> CompileResult:
         return cls.from_dict(json.loads(text))
+
+
+def failed(spec: TrialSpec, topology: str | None, error: BaseException) -> CompileResult:
+    """A compile that broke (neither compiled nor refused for lack of HBM): its row says why, so one broken point
+    does not hide the others' answers. Never cached: the next ask tries again."""
+    msg = (str(error).strip().splitlines() or [type(error).__name__])[0][:500]
+    tag = topology_tag(spec, topology) if spec.cluster.accelerator in CHIPS else "-"
+    return CompileResult(
+        trial_id=spec.trial_id, topology=tag, status="failed", error=f"{type(error).__name__}: {msg}"
+    )

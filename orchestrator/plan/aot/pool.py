@@ -1,0 +1,157 @@
+"""Many points' compiles at once: one Ray task per point, each in a fresh process reserving the host memory its
+compile needs, all reading and writing one cache (a directory, or gs://bucket/prefix that every user and the
+nightly sweep share). ray is imported only inside functions: `orchestrator.plan.aot` stays importable without it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from jobs.spec import ClusterSpec, TrialSpec
+from orchestrator.plan.aot import cache
+from orchestrator.plan.aot.hostmem import compile_host_bytes
+from orchestrator.plan.aot.progressbar import CompileBar
+from orchestrator.plan.aot.result import CompileResult, failed
+from orchestrator.plan.aot.topology import CHIPS, topology_tag
+
+log = logging.getLogger(__name__)
+ROOT = str(Path(__file__).resolve().parents[3])
+# What the driver's serial compile reads from its environment besides the cache: libtpu's flags change the
+# program compiled, the emulator and project where a gs:// cache is. A worker of a Ray started elsewhere (a
+# cluster, another test) has its own environment, so they travel with each task.
+FORWARD = ("LIBTPU_INIT_ARGS", "STORAGE_EMULATOR_HOST", "GOOGLE_CLOUD_PROJECT")
+
+
+def worker_env(cache_at: str = "") -> dict[str, str]:
+    """What a compile task sets before jax loads: the cache location, the driver's FORWARD variables, and
+    ALLOW_MULTIPLE_LIBTPU_LOAD=1, without which the second libtpu process on a host stops at libtpu's
+    /tmp/libtpu_lockfile ("ABORTED: Internal error when accessing libtpu multi-process lockfile", checked with
+    libtpu 0.0.42.1); JAX_PLATFORMS=cpu, so a task landing on a TPU host never takes its chips (the compile
+    asks libtpu for a virtual topology either way; the program hash is the same)."""
+    env = {k: os.environ[k] for k in FORWARD if k in os.environ}
+    env[cache.ENV] = cache.location(cache_at)
+    return env | {"ALLOW_MULTIPLE_LIBTPU_LOAD": "1", "JAX_PLATFORMS": "cpu"}
+
+
+def _compile(spec_json: str, topology: str | None, env: dict[str, str]) -> tuple[str, bool]:
+    """The task: the point's cached answer, else its compile (cached), as (CompileResult JSON, cache hit)."""
+    os.environ.update(env)  # a fresh process (max_calls=1): before jax and the storage client read them
+    spec = TrialSpec.from_json(spec_json)
+    try:
+        got, hit = cache.lookup(spec, topology)
+    except Exception as e:  # noqa: BLE001 -- one broken point must not hide the others' answers
+        got, hit = failed(spec, topology, e), False
+    return got.to_json(), hit
+
+
+@functools.cache
+def _task() -> Any:
+    import ray
+
+    # A fresh process per compile: libtpu's flags are read once per process, and a finished compile's
+    # gigabytes go back to the host. No retry: a compile that killed its worker would do it again.
+    return ray.remote(num_cpus=1, max_calls=1, max_retries=0)(_compile)
+
+
+def start(cluster: ClusterSpec, workers: int = 0) -> None:
+    """The Ray to compile on: the one this driver is already connected to, the cluster's (joined as
+    orchestrator.cluster joins it; address=auto only when one is running), or a local Ray of `workers` CPUs
+    (0: one per core). Never the fake TPU cluster: a compile needs CPUs, not slices."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    if cluster.address:
+        from orchestrator import cluster as ray_cluster
+
+        try:
+            ray_cluster.connect(cluster)
+            return
+        except ConnectionError:
+            if cluster.address != "auto":  # an address that was named must answer
+                raise
+            log.info("address=auto: no Ray running; compiling on a local Ray")
+    # workers import jobs/ and orchestrator/; a local Ray's workers inherit the driver's environment
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    os.environ["PYTHONPATH"] = os.pathsep.join(paths if ROOT in paths else [ROOT, *paths])
+    ray.init(
+        address="local", num_cpus=workers or os.cpu_count(), include_dashboard=False, log_to_driver=False
+    )
+
+
+def node_memory() -> int | None:
+    """The largest `memory` resource among alive nodes with CPUs: no compile may ask for more, or Ray would
+    hold it forever."""
+    import ray
+
+    nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive") and n["Resources"].get("CPU")]
+    return int(max((r.get("memory", 0) for r in nodes), default=0)) or None
+
+
+def label(spec: TrialSpec, topology: str | None = None) -> str:
+    tag = topology_tag(spec, topology) if spec.cluster.accelerator in CHIPS else spec.cluster.accelerator
+    return f"{spec.strategy.name} {spec.mesh.label()} {spec.context_length:,} on {tag} ({spec.trial_id})"
+
+
+def compile_all(
+    specs: list[TrialSpec],
+    topology: str | None = None,
+    *,
+    workers: int = 0,
+    cache_at: str = "",
+    progress: str = "auto",
+    console: Console | None = None,
+) -> list[tuple[CompileResult, bool]]:
+    """(CompileResult, cache hit) per spec, in order: at most `workers` compiles at once (0: one per CPU of the
+    Ray cluster), each a Ray task reserving compile_host_bytes of memory, all on the cache at `cache_at` ("":
+    $CP_AOT_CACHE, else .cache/aot). A compile that raised, or whose worker died, is a failed result."""
+    if not specs:
+        return []
+    import ray
+
+    start(specs[0].cluster, workers)
+    slots = workers or max(int(ray.cluster_resources().get("CPU", 1)), 1)
+    cap, env, task = node_memory(), worker_env(cache_at), _task()
+    out: list[tuple[CompileResult, bool] | None] = [None] * len(specs)
+    todo = list(reversed(range(len(specs))))  # popped from the end: submitted in the given order
+    running: dict[Any, int] = {}
+    # The driver keeps `slots` tasks in flight (not Ray's CPU count): aot_workers holds on a shared cluster too.
+    with CompileBar(len(specs), slots, progress, console) as bar:
+        while todo or running:
+            while todo and len(running) < slots:
+                i = todo.pop()
+                opts = {"memory": compile_host_bytes(specs[i], cap)}
+                running[task.options(**opts).remote(specs[i].to_json(), topology, env)] = i
+            bar.set_running(len(running))
+            [ref], _ = ray.wait(list(running), num_returns=1)
+            i = running.pop(ref)
+            try:
+                text, hit = ray.get(ref)
+                got = CompileResult.from_json(text)
+            except Exception as e:  # noqa: BLE001 -- the worker died (killed for memory, crashed): a row
+                got, hit = failed(specs[i], topology, e), False
+            out[i] = (got, hit)
+            bar.finished(label(specs[i], topology), got, hit)
+    return out  # type: ignore[return-value]  # every slot filled: the loop ends when none is left
+
+
+def compile_specs(
+    specs: list[TrialSpec],
+    topology: str | None = None,
+    workers: int = 0,
+    cache: str = "",
+    progress: str = "auto",
+    console: Console | None = None,
+) -> list[CompileResult]:
+    """Each spec's TPU compile (aot.compiled_memory's answer), in order, `workers` at once on Ray (0: one per
+    CPU), on the cache at `cache` (a directory or gs://bucket/prefix; "": $CP_AOT_CACHE, else .cache/aot).
+    A compile that broke is a CompileResult with status "failed"; nothing is raised for one point. `progress`:
+    auto | rich | plain, on `console` (a new one on stdout when None)."""
+    got = compile_all(specs, topology, workers=workers, cache_at=cache, progress=progress, console=console)
+    return [result for result, _ in got]
