@@ -19,10 +19,11 @@ from jobs.spec import REMAT_NAMES, REMAT_PRESETS, MemorySpec, TrainSpec, TrialSp
 from orchestrator import provenance
 from orchestrator.plan import PlanRow, plan_one, steptime
 from orchestrator.plan import published as pub
+from orchestrator.plan.auto import TIE
 from orchestrator.plan.calibration import check
 from orchestrator.plan.memory import gib
 from orchestrator.plan.policies import Policy
-from orchestrator.plan.recommend import TIE, Answer, Choice, search
+from orchestrator.plan.recommend import Answer, Choice, search
 
 PROG = "python benchmarks/published.py"
 K = 1024

@@ -46,12 +46,17 @@ def exists(uri: str) -> bool:
 
 
 def write_bytes(uri: str, data: bytes) -> None:
-    if not is_gcs(uri):
-        Path(uri).parent.mkdir(parents=True, exist_ok=True)
-        Path(uri).write_bytes(data)
+    """Write a whole file: locally through a temporary name and a rename, so a reader sharing the directory
+    (another process, another user) never sees half of it; a gs:// object appears whole by itself."""
+    if is_gcs(uri):
+        bucket, name = split(uri)
+        client().bucket(bucket).blob(name).upload_from_string(data)
         return
-    bucket, name = split(uri)
-    client().bucket(bucket).blob(name).upload_from_string(data)
+    path = Path(uri)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(f".{path.name}.{os.getpid()}.part")
+    part.write_bytes(data)
+    os.replace(part, path)
 
 
 def join(uri: str, name: str) -> str:
@@ -76,17 +81,7 @@ def read_text(uri: str) -> str | None:
 
 
 def write_text(uri: str, text: str) -> None:
-    """Write a whole file: locally through a temporary name and a rename, so a reader sharing the directory
-    (another process, another user) never sees half of it; a gs:// object appears whole by itself."""
-    if is_gcs(uri):
-        bucket, name = split(uri)
-        client().bucket(bucket).blob(name).upload_from_string(text)
-        return
-    path = Path(uri)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    part = path.with_name(f".{path.name}.{os.getpid()}.part")
-    part.write_text(text)
-    os.replace(part, path)
+    write_bytes(uri, text.encode())
 
 
 def list_names(uri: str, prefix: str = "") -> list[str]:

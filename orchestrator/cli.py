@@ -258,10 +258,8 @@ def help_text(conf_dir: Path = CONF_DIR) -> str:
     defaults = {k: v for d in listed if isinstance(d, dict) for k, v in d.items()}
     groups = []
     for g in GROUPS:
-        opts = [
-            f"{o}*" if o == defaults.get(g) else o
-            for o in sorted(p.stem for p in (conf_dir / g).glob("*.yaml"))
-        ]
+        names = sorted(p.stem for p in (conf_dir / g).glob("*.yaml"))
+        opts = [f"{o}*" if o == defaults.get(g) else o for o in names]
         none = "" if g in defaults else "  (none by default)"
         groups.append(f"  {('+' if g == 'sweep' else '') + g + '=NAME':<20}{', '.join(opts)}{none}")
     shown = {k: "true" if v is True else "false" if v is False else '""' if v == "" else v

@@ -13,7 +13,7 @@ from orchestrator.plan import validate
 from orchestrator.plan.recommend import Choice
 
 ROOT = Path(__file__).resolve().parent.parent
-# A tie within recommend.TIE (0.5 %) of step time goes to the leaner HBM, per mesh and again across meshes, so
+# A tie within auto.TIE (0.5 %) of step time goes to the simpler policy, per mesh and again across meshes, so
 # the pick may be up to (1 + TIE)^2 - 1 ≈ 1.0 % slower than the fastest configuration it searched.
 TOLERANCE = 0.01
 

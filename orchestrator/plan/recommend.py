@@ -128,9 +128,6 @@ def _across_slices(slices: int, ranked: list[tuple[PlanRow, TrialSpec]]) -> str:
 # head_dim and hop length alone), so every kernel the platform allows gets the same figures; `auto` stands for all.
 
 
-TIE = auto.TIE  # steps within this fraction of each other are a tie, broken by HBM
-
-
 @dataclass(frozen=True)
 class Choice:
     """One feasible configuration: its plan row, its policy and the command line that runs it."""
@@ -248,7 +245,7 @@ def _losers(win: Choice, ranked: list, lean: dict, fast: dict, invalid: dict, li
 
 def _behind(r: float) -> str:
     """How a loser's step compares with the winner's: a tie (within TIE, lost on HBM) or slower by a factor."""
-    if r < 1 + TIE:
+    if r < 1 + auto.TIE:
         return f"a tie within the model's precision ({abs(r - 1) * 100:.2f}% apart), lost on HBM"
     return f"slower by {r:.2f}x"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.plan import memory
+from orchestrator.plan.cost import total
 
 if TYPE_CHECKING:
     from orchestrator.plan import PlanRow
@@ -64,8 +65,6 @@ def _header(rows: list[PlanRow]) -> tuple[list[str], bool, bool]:
 
 def summary(rows: list[PlanRow]) -> str:
     """The verdict counts and what the runnable points would cost."""
-    from orchestrator.plan.cost import total
-
     counts = {v: sum(r.verdict == v for r in rows) for v in COLOURS}
     line = ", ".join(f"{n} {v}" for v, n in counts.items())
     hours = total(rows)

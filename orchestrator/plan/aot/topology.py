@@ -7,10 +7,7 @@ import os
 from typing import Any
 
 from jobs.spec import TrialSpec
-
-# accelerator -> (topology name prefix, chip config, JAX devices per chip): a v5p chip is one megacore device,
-# a tpu7x chip two.
-CHIPS = {"v5p": ("v5", "megacore", 1), "tpu7x": ("tpu7x", "default", 2)}
+from orchestrator.plan.chips import CHIPS
 
 
 def available() -> bool:
