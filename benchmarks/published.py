@@ -1,5 +1,5 @@
 """The recommender against the published runs: at each published context-parallel point, what
-orchestrator.plan.recommend.search picks, the planner's prediction for the recipe's own layout and policy, and
+orchestrator.plan.search.search picks, the planner's prediction for the recipe's own layout and policy, and
 the published MFU (no device, no jax):
 
     python benchmarks/published.py          # the table, as markdown
@@ -23,7 +23,7 @@ from orchestrator.plan.auto import TIE
 from orchestrator.plan.calibration import check
 from orchestrator.plan.memory import gib
 from orchestrator.plan.policies import Policy
-from orchestrator.plan.recommend import Answer, Choice, search
+from orchestrator.plan.search import Answer, Choice, search
 
 PROG = "python benchmarks/published.py"
 K = 1024

@@ -1,13 +1,13 @@
 """`python -m orchestrator [-m] [+sweep=NAME] [group=option ...] [key=value ...]`: compose, plan, run.
 
-`--help`, `--cfg job` and `--info` (orchestrator/cli.py) print and start nothing."""
+`--help`, `--cfg job` and `--info` (orchestrator/cli.py, orchestrator/helptext.py) print and start nothing."""
 
 from __future__ import annotations
 
 import logging
 import sys
 
-from orchestrator import cli
+from orchestrator import cli, helptext
 from orchestrator.config import Loaded
 from orchestrator.errors import ConfigError
 from orchestrator.grid import expand
@@ -19,7 +19,7 @@ def main(argv: list[str]) -> int:
     try:
         args = cli.parse_args(argv)
         if args.help:
-            print(cli.help_text())
+            print(helptext.help_text())
             return 0
         cfg = cli.compose(args)
         if args.cfg or args.info:
@@ -33,8 +33,8 @@ def main(argv: list[str]) -> int:
                                   "or run dry_run=true to plan the grid")  # fmt: skip
             from orchestrator import recommend_cli
 
-            return recommend_cli.show(recommend_cli.answer(specs[0], list(args.overrides), options.top),
-                                      options.output, options if options.aot else None)  # fmt: skip
+            found = recommend_cli.answer(specs[0], list(args.overrides), options.top, options.search)
+            return recommend_cli.show(found, options.output, options if options.aot else None)
         from orchestrator.plan import plan, render_table, to_json
 
         rows = plan(specs)

@@ -80,6 +80,19 @@ def _names(key: str, v: Any, rule: Rule) -> Problem | None:
     return None
 
 
+def counts_allowed(rule: Rule) -> str:
+    return f"a list of distinct integers {_allowed(int, rule).removeprefix('an integer ')}"
+
+
+def _counts(key: str, v: Any, rule: Rule) -> Problem | None:
+    """A list of distinct integers in the rule's range (search.batch)."""
+    allowed = counts_allowed(rule)
+    ok = isinstance(v, list | tuple) and all(isinstance(n, int) and not isinstance(n, bool) for n in v)
+    if not ok or any(_value(key, n, int, MISSING) for n in v) or len(set(v)) < len(v):
+        return Problem(key, v, "is not a list of distinct allowed integers", allowed, f"e.g. {key}=[1,2,4]")
+    return None
+
+
 def _value(key: str, v: Any, hint: Any, default: Any) -> Problem | None:
     """Type first (bool is not an int here, NaN is not a number), then choices, emptiness, range."""
     rule, hint = RULES.get(key, Rule()), _scalar(hint)
@@ -87,6 +100,8 @@ def _value(key: str, v: Any, hint: Any, default: Any) -> Problem | None:
         return None
     if typing.get_origin(hint) is tuple and rule.choices:
         return _names(key, v, rule)
+    if typing.get_origin(hint) is tuple and typing.get_args(hint)[0] is int:
+        return _counts(key, v, rule)
     if hint not in (bool, int, float, str):
         return None  # containers (sweep axes, zip, set): grid.points checks their shape
     allowed = _allowed(hint, rule)

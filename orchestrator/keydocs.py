@@ -31,6 +31,12 @@ DOCS: dict[str, str] = {
     "and print the `top` fastest that fit, each with its predicted step time, MFU, HBM and command line, and "
     "why the other strategies and policy families lose; start nothing. Nothing fits: exit 2.",
     "top": "With `recommend`: how many configurations to list (each a strategy and mesh under its best policy).",
+    "search": "With `recommend`: sizes the search may choose besides the point's own, ranked by predicted "
+    "seconds per token so a larger batch wins only if it raises throughput.",
+    "search.batch": "Global batches (sequences per step) the recommender may choose, e.g. `[1,2,4]`; each must "
+    "divide over the mesh's data x fsdp axes (empty: the point's `train.batch` only).",
+    "search.grad_accum": "Microbatches per step the recommender may choose, e.g. `[1,2,4]`: less activation "
+    "memory, each microbatch repeating the step's collectives (empty: the point's `train.grad_accum` only).",
     # --- model: conf/model/ ----------------------------------------------------------------------------------
     "model": "The model: a Llama-family dense decoder (RMSNorm, RoPE, GQA, SwiGLU), layers stacked and scanned.",
     "model.name": "Model name, shown in params, plan rows and plot titles.",

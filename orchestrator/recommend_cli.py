@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING
 
 from jobs.spec import TrialSpec
 from orchestrator.plan import memory
-from orchestrator.plan.recommend import Answer, search
+from orchestrator.plan.search import Answer, search
 
 if TYPE_CHECKING:
     from orchestrator.plan.aot import Comparison
-    from orchestrator.schema import Options
+    from orchestrator.schema import Options, Search
 
 # Words the answer's command lines set themselves, or that only ask for the answer: left out of their tail.
 _OWN = (
@@ -28,21 +28,26 @@ _OWN = (
     "aot_topology",
     "aot_workers",
     "aot_cache",
+    "search",
 )
+_SIZES = ("train.batch", "train.grad_accum")  # set by the command lines too once `search` chose them
 
 
-def tail(overrides: list[str]) -> list[str]:
+def tail(overrides: list[str], sized: bool = False) -> list[str]:
     """The user's overrides that the command lines keep (model, cluster, length, anything else they set)."""
-    keep = []
+    own, keep = _OWN + (_SIZES if sized else ()), []
     for o in overrides:
         key = o.split("=", 1)[0].lstrip("+~")
-        if not any(key == k or key.startswith(f"{k}.") for k in _OWN):
+        if not any(key == k or key.startswith(f"{k}.") for k in own):
             keep.append(f"'{o}'" if any(c in o for c in "[], ") else o)
     return keep
 
 
-def answer(spec: TrialSpec, overrides: list[str], top: int) -> Answer:
-    return search(spec.model, spec.cluster, spec.context_length, spec.train, top=top, tail=tail(overrides))
+def answer(spec: TrialSpec, overrides: list[str], top: int, sizes: Search | None = None) -> Answer:
+    """The ranked answer for the point; `sizes` (the `search` switches) widens batch and grad_accum."""
+    b, a = (tuple(sizes.batch), tuple(sizes.grad_accum)) if sizes else ((), ())
+    return search(spec.model, spec.cluster, spec.context_length, spec.train, top=top,
+                  tail=tail(overrides, sized=bool(b or a)), batch=b, grad_accum=a)  # fmt: skip
 
 
 def confirm(a: Answer, options: Options, console) -> list[Comparison]:
@@ -62,7 +67,8 @@ def _compiled(r: Comparison) -> dict:
 
 def to_json(a: Answer, compiled: list[Comparison] | None = None) -> str:
     # the row's short policy cell gives way to the words that select it
-    top = [{"rank": i + 1, **c.row.as_dict(), "policy": c.policy.label(), "command": c.command}
+    top = [{"rank": i + 1, **c.row.as_dict(), "layout": c.spec.strategy.layout, "batch": c.spec.train.batch,
+            "grad_accum": c.spec.train.grad_accum, "policy": c.policy.label(), "command": c.command}
            for i, c in enumerate(a.top)]  # fmt: skip
     for t, r in zip(top, compiled or [], strict=False):
         t["aot"] = _compiled(r)
@@ -95,27 +101,17 @@ def show(a: Answer, output: str, aot_options: Options | None = None) -> int:
     from rich.table import Table
 
     console = Console(width=max(Console().width, 160))
-    table = Table(title=f"fastest of {a.searched:,} strategy x mesh x memory-policy candidates")
-    cols = (
-        "#",
-        "strategy",
-        "mesh",
-        "memory policy",
-        "step s",
-        "MFU",
-        "MFU ≤",
-        "HBM/device",
-        "chip-h",
-        "limiter",
-    )
+    table = Table(title=f"fastest of {a.searched:,} strategy x layout x mesh x memory-policy candidates")
+    cols = ("#", "strategy", "layout", "mesh", "memory policy", "batch", "step s", "MFU", "MFU ≤", "HBM/device",
+            "chip-h", "limiter")  # fmt: skip
+    left = ("strategy", "layout", "mesh", "memory policy", "limiter")
     for col in cols:
-        table.add_column(
-            col, justify="left" if col in ("strategy", "mesh", "memory policy", "limiter") else "right"
-        )
+        table.add_column(col, justify="left" if col in left else "right")
     for i, c in enumerate(a.top, 1):
-        r = c.row
-        table.add_row(str(i), r.strategy, r.mesh, escape(c.policy.label()), f"{r.predicted_step_s:,.4g}",
-                      f"{r.predicted_mfu:.3f}", f"{r.roofline_mfu:.2f}",
+        r, t = c.row, c.spec.train
+        size = f"{t.batch}" + (f"/{t.grad_accum}" if t.grad_accum > 1 else "")  # global batch / microbatches
+        table.add_row(str(i), r.strategy, c.spec.strategy.layout, r.mesh, escape(c.policy.label()), size,
+                      f"{r.predicted_step_s:,.4g}", f"{r.predicted_mfu:.3f}", f"{r.roofline_mfu:.2f}",
                       memory.gib(r.predicted_hbm_bytes_per_device), f"{r.chip_hours:,.3g}", r.limiter)  # fmt: skip
     console.print(table)
     for i, c in enumerate(a.top, 1):

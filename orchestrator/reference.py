@@ -139,6 +139,8 @@ def allowed(k: Key) -> str:
     """The "allowed:" text of checks.py's error messages; names as code, containers by what they hold."""
     rule, hint = RULES.get(k.key, Rule()), checks._scalar(k.hint)
     origin = typing.get_origin(hint) or hint
+    if origin is tuple and not rule.choices:
+        return checks.counts_allowed(rule)
     if origin is tuple:
         return "a list of " + ", ".join(map(code, rule.choices)) + " (each at most once)"
     if origin in (dict, list):

@@ -106,6 +106,8 @@ RULES: dict[str, Rule] = {
     "top": COUNT,
     "aot_workers": NON_NEGATIVE,  # 0: one compile per CPU the Ray cluster has
     "budget.chip_hours": NON_NEGATIVE,  # 0: no budget
+    "search.batch": COUNT,  # each entry of the list
+    "search.grad_accum": COUNT,
     "retries.preemption": NON_NEGATIVE,
     "retries.failure": NON_NEGATIVE,
     "gate.max_drop": Rule(ge=0, le=1),  # a fraction of the baseline; above 1 it could never trip
@@ -164,6 +166,14 @@ class Budget:
 
 
 @dataclass(frozen=True)
+class Search:
+    """recommend=true: sizes the search may choose besides the point's own (empty: the point's value only)."""
+
+    batch: tuple[int, ...] = ()  # global batches to try, in sequences
+    grad_accum: tuple[int, ...] = ()  # microbatches per step to try
+
+
+@dataclass(frozen=True)
 class SweepConfig:
     """conf/sweep/: the grid's shape (axes, zip, set) is checked by grid.points."""
 
@@ -192,6 +202,7 @@ class Options:
     progress: str = "auto"
     recommend: bool = False  # print the fastest strategy x mesh x memory policy for the point; start nothing
     top: int = 5  # with recommend: how many configurations
+    search: Search = field(default_factory=Search)
     retries: Retries = field(default_factory=Retries)
     gate: Gate = field(default_factory=Gate)
     budget: Budget = field(default_factory=Budget)

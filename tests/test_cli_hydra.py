@@ -9,7 +9,7 @@ import yaml
 from conftest import ROOT, run_cli
 from omegaconf import OmegaConf
 
-from orchestrator import cli
+from orchestrator import cli, helptext
 from orchestrator.__main__ import main
 from orchestrator.config import CONF_DIR, GROUPS, load
 from orchestrator.grid import expand, points
@@ -157,7 +157,7 @@ def test_bad_command_line_is_one_error_line(capsys, argv, words):
 
 def test_help_lists_groups_switches_examples_and_exit_codes(capsys):
     code, out, _ = _run(capsys, ["--help", "model=nope"])  # --help wins, as in Hydra
-    text = cli.help_text()
+    text = helptext.help_text()
     assert code == 0 and out == text + "\n"
     lines = text.splitlines()
     assert all(len(ln) <= 110 for ln in lines)
@@ -167,10 +167,12 @@ def test_help_lists_groups_switches_examples_and_exit_codes(capsys):
         assert [o.rstrip("*") for o in row.split(maxsplit=1)[1].split("  (")[0].split(", ")] == opts
     assert "tiny*" in text and "ring*" in text and "(none by default)" in text
     # every switch of conf/config.yaml, with its default and a meaning; nothing else
-    defaults = cli.switch_defaults()
-    assert set(defaults) == set(cli.SWITCHES) and {"retries.failure", "gate.max_drop", "aot_topology"} <= set(
-        defaults
-    )
+    defaults = helptext.switch_defaults()
+    assert set(defaults) == set(helptext.SWITCHES) and {
+        "retries.failure",
+        "gate.max_drop",
+        "aot_topology",
+    } <= set(defaults)
     assert "  dry_run=false " in text and "  retries.preemption=3 " in text and '  aot_topology="" ' in text
     for section in ("Config groups", "Driver switches", "Flags:", "Examples:", "Exit codes:"):
         assert section in text

@@ -10,7 +10,7 @@ import pytest
 
 from orchestrator.plan import published as pub
 from orchestrator.plan import validate
-from orchestrator.plan.recommend import Choice
+from orchestrator.plan.search import Choice
 
 ROOT = Path(__file__).resolve().parent.parent
 # A tie within auto.TIE (0.5 %) of step time goes to the simpler policy, per mesh and again across meshes, so

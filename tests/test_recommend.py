@@ -10,7 +10,7 @@ from conftest import run_cli
 from orchestrator.config import load
 from orchestrator.grid import expand
 from orchestrator.plan import auto, policies
-from orchestrator.plan.recommend import search
+from orchestrator.plan.search import search
 
 L14M = 14_680_064
 POINT = ["model=llama3_1_8b_long", "cluster=tpu7x_128", f"context_length={L14M}"]
@@ -45,7 +45,8 @@ def test_command_line_reproduces_the_winner(tpu7x):
 
 def test_losing_families_are_named(tpu7x):
     lines = "\n".join(tpu7x.losers)
-    assert any(x.startswith("all_gather: slower by") for x in tpu7x.losers), lines
+    # all_gather's best is a zigzag layout (not its default), within the model's precision of the winner
+    assert any(x.startswith("all_gather: a tie") and "layout zigzag" in x for x in tpu7x.losers), lines
     assert any(x.startswith("ulysses: invalid: heads per strategy") for x in tpu7x.losers), lines
     assert "policy no remat: does not fit" in lines and "policy recompute: slower by 1.8" in lines
 

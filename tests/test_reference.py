@@ -77,11 +77,11 @@ def test_the_committed_config_page_is_the_generators_output():
 
 
 def test_the_committed_cli_page_is_the_help_text():
-    from orchestrator import cli, cli_page
+    from orchestrator import cli_page, helptext
 
     have = cli_page.PAGE.read_text() if cli_page.PAGE.exists() else ""
     assert have == cli_page.render(), "docs/reference/cli.md is stale: run `python -m orchestrator.reference`"
-    assert cli.help_text().splitlines()[0] in have
+    assert helptext.help_text().splitlines()[0] in have
 
 
 def test_the_page_marks_what_enters_the_trial_id():

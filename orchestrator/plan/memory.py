@@ -78,7 +78,10 @@ def breakdown(spec: TrialSpec, *, loss_chunk_tokens: int | None = None) -> dict[
         # (TPU compile of a 130M model: HBM peak -150 MiB for 124 MiB of moments). Params on host save nothing
         # during the step (they come to device for it), so they stay counted here.
         "optimizer": 0 if "optimizer" in mem.host else 2 * n * FP32 // x.S,
-        "batch": 4 * x.B * x.Ll * 4,
+        # the whole step's batch is resident; grad_accum splits what one pass of the model sees
+        "batch": 4 * x.B * max(spec.train.grad_accum, 1) * x.Ll * 4,
+        # grad_accum > 1: jobs/step.py sums each microbatch's fp32 gradients into an accumulator of its own
+        "grad_accumulator": n * FP32 // x.S if spec.train.grad_accum > 1 else 0,
         # What the forward leaves for backward: alive from the last layer until the first one's backward.
         "saved_activations": N * tok * saved,
         "host_offload": N * tok * host_tok
@@ -105,7 +108,7 @@ def breakdown(spec: TrialSpec, *, loss_chunk_tokens: int | None = None) -> dict[
     }
 
 
-PERSISTENT = ("params", "optimizer", "batch", "saved_activations")
+PERSISTENT = ("params", "optimizer", "batch", "grad_accumulator", "saved_activations")
 LAYER_PHASE = ("grads", "unembedding_grad", "gathered_weights", "layer_working_set", "attention")
 
 

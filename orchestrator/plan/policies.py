@@ -3,6 +3,7 @@ state on host where the chip has it, one candidate per distinct effect, each wit
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass, replace
 
@@ -19,14 +20,14 @@ class Policy:
     remat: str
     memory: MemorySpec
 
-    @property
+    @functools.cached_property
     def key(self) -> tuple:
         """What the step does with it: policies equal after jobs.spec.residuals() are one candidate."""
         if self.remat == "none":
             return ("none", (), (), self.memory.host)
         return ("remat", *residuals(self.remat, self.memory), self.memory.host)
 
-    @property
+    @functools.cached_property  # asked once per candidate the recommender sizes
     def family(self) -> str:
         """The kind of policy, for the recommender's losing-family lines: none, recompute, save, offload..."""
         if self.remat == "none":

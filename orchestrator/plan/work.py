@@ -67,7 +67,10 @@ def step_work(spec: TrialSpec, offload: tuple[str, ...] | None = None) -> Work:
     kept, names = residuals(t.remat, t.memory) if redo_layers else ((), ())
     redo_attn = redo_layers and "attn_out" not in kept + names
     names = names if offload is None else offload
-    N, passes, gathers = m.layers, 3 + redo_attn, 3 + redo_layers
+    # x is one microbatch: with grad_accum every microbatch repeats the step's traffic (jobs/step.py scans the
+    # whole forward and backward per microbatch, so FSDP gathers and reduce-scatters once per microbatch too)
+    A = max(t.grad_accum, 1)
+    N, passes, gathers = m.layers * A, 3 + redo_attn, 3 + redo_layers
     blocking, ring = s.comm_bytes(x)
     f = devices // x.T
     fsdp = N * layer_params(m) / x.T * (f - 1) / f * (gathers * BF16 + FP32) if f > 1 else 0.0
