@@ -1,7 +1,8 @@
-"""Training batches: a synthetic key->value recall task with real long-range structure, and token files.
+"""Training batches: a synthetic key->value recall task with real long-range structure, token files, and
+packed documents (jobs/documents/).
 
-Every host builds the same global batch deterministically from (seed, step); each device then takes only
-its own shard, so the loader is multi-host safe without coordination.
+Every host builds the same global batch deterministically from (seed, step) (documents: from the same iterator
+state); each device then takes only its own shard, so the loader is multi-host safe without coordination.
 """
 
 from __future__ import annotations
@@ -9,11 +10,15 @@ from __future__ import annotations
 import math
 import os
 import tempfile
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from jobs import cp_rules, storage
 from jobs.spec import TrialSpec
+
+if TYPE_CHECKING:
+    from jobs import documents
 
 RECALL_KEYS, RECALL_VALUES = 8, 8
 
@@ -91,21 +96,54 @@ def layout(spec: TrialSpec, batch: dict[str, np.ndarray]) -> dict[str, np.ndarra
     return {k: v[:, perm] for k, v in batch.items()}
 
 
+def document_options(spec: TrialSpec) -> documents.Options:
+    """The packed-documents options of a trial (train.data.sources, or train.data.path alone)."""
+    from jobs import documents  # grain costs ~1.4 s to import: only for documents trials
+
+    d, t = spec.train.data, spec.train
+    return documents.Options(
+        sources=d.sources or ((d.path,) if d.path else ()),
+        context_length=spec.context_length,
+        batch=t.batch,
+        vocab=spec.model.vocab,
+        weights=d.weights,
+        pack=d.pack,
+        long_docs=d.long_docs,
+        seed=t.seed,
+    )
+
+
+def default_cache() -> str:
+    return os.path.join(tempfile.gettempdir(), "cp-orchestrator-data")
+
+
 class Batches:
-    """Step-indexed global batches for a trial (deterministic; resume just asks for step k)."""
+    """Global batches for a trial, by step. recall and tokens are step-indexed (resume just asks for step k);
+    documents is a stream: asked in order (step k after k-1) each call is one batch; another step replays
+    from the nearest remembered state (`restore`'s, or the start), so it costs a replay, never a wrong
+    batch. `state(step)` is what a checkpoint stores to resume at `step`; `restore(state)` takes it back."""
+
+    KEEP = 8  # states of the last steps kept, so a checkpoint of step n after step n+1 was built still works
 
     def __init__(self, spec: TrialSpec, cache_dir: str | None = None):
         self.spec = spec
         self.tokens = None
+        self.documents: documents.DocumentIterator | None = None
         d = spec.train.data
+        cache = cache_dir or default_cache()
         if d.kind == "tokens":
             if not d.path:
                 raise ValueError(
                     "train.data.kind=tokens needs train.data.path (a local file or gs:// object)"
                 )
-            cache = cache_dir or os.path.join(tempfile.gettempdir(), "cp-orchestrator-data")
             # memory-mapped: each host reads only the windows it touches
             self.tokens = np.memmap(storage.fetch(d.path, cache), dtype=np.dtype(d.dtype), mode="r")
+        elif d.kind == "documents":
+            from jobs.documents import DocumentIterator
+
+            self.documents = DocumentIterator(document_options(spec), cache)
+            self._states = {0: self.documents.get_state()}  # step -> iterator state that yields it next
+            self._next = 0
 
     def __call__(self, step: int) -> dict[str, np.ndarray]:
         s, t = self.spec, self.spec.train
@@ -113,6 +151,50 @@ class Batches:
             b = recall_batch(t.seed, step, t.batch, s.context_length, s.model.vocab)
         elif t.data.kind == "tokens":
             b = token_file_batch(self.tokens, t.seed, step, t.batch, s.context_length, t.data.dtype)
+        elif t.data.kind == "documents":
+            b = self._document_batch(step)
         else:
-            raise ValueError(f"unknown data kind {t.data.kind!r}; use recall or tokens")
+            raise ValueError(f"unknown data kind {t.data.kind!r}; use recall, tokens or documents")
         return layout(s, b)
+
+    def _document_batch(self, step: int) -> dict[str, np.ndarray]:
+        it = self.documents
+        if step != self._next:
+            start = max((k for k in self._states if k <= step), default=None)
+            if start is None:
+                raise ValueError(
+                    f"documents: step {step} precedes the restored state's step {min(self._states)}"
+                )
+            it.set_state(self._states[start])
+            self._next = start
+            while self._next < step:
+                next(it)
+                self._next += 1
+        b = next(it)
+        self._next = step + 1
+        self._states[self._next] = it.get_state()
+        for k in sorted(self._states)[1 : -self.KEEP]:  # the first (start or restored) state stays
+            del self._states[k]
+        return b
+
+    def state(self, step: int) -> dict:
+        """JSON-serialisable state from which `restore` then `__call__(step)` gives this run's batch `step`.
+        For documents `step` must be one of the last KEEP + 1 steps asked (or the start / restored step)."""
+        kind = self.spec.train.data.kind
+        if kind != "documents":
+            return {"kind": kind, "step": step}
+        if step not in self._states:
+            raise ValueError(
+                f"documents: no iterator state kept for step {step} (have {sorted(self._states)})"
+            )
+        return {"kind": kind, "step": step, "iterator": self._states[step]}
+
+    def restore(self, state: dict) -> None:
+        """Resume from `state(step)` of an earlier run of the same trial."""
+        kind = self.spec.train.data.kind
+        if state.get("kind") != kind:
+            raise ValueError(f"data state of kind {state.get('kind')!r} for a trial of data kind {kind!r}")
+        if kind == "documents":
+            self.documents.set_state(state["iterator"])
+            self._states = {int(state["step"]): state["iterator"]}
+            self._next = int(state["step"])

@@ -104,9 +104,18 @@ class StrategySpec:
 
 @dataclass(frozen=True)
 class DataSpec:
-    kind: str = "recall"  # recall (synthetic key->value recall) | tokens (flat uint16/uint32 file)
+    kind: str = (
+        "recall"  # recall (synthetic key->value recall) | tokens (flat uint16/uint32 file) | documents
+    )
     path: str = ""
     dtype: str = "uint16"
+    # kind=documents (jobs/documents/): ArrayRecord / Parquet shard files or directories, local or gs://
+    # (empty: `path` alone), their mixture weights (empty: uniform), the packer and what a document longer
+    # than a row becomes. Left out of the trial id at their defaults (TrialSpec.identity).
+    sources: tuple[str, ...] = ()
+    weights: tuple[float, ...] = ()
+    pack: str = "first_fit"  # first_fit | concat (concatenate, then split into rows)
+    long_docs: str = "split"  # split (row-sized pieces, each its own document) | truncate
 
 
 @dataclass(frozen=True)
@@ -222,6 +231,10 @@ class TrialSpec:
             del d["train"]["memory"]
         if not self.mesh.dcn:
             del d["mesh"]["dcn"]  # likewise: a one-slice mesh keeps its id
+        for f in dataclasses.fields(DataSpec):
+            # likewise the documents fields, which came after kind, path and dtype
+            if f.name not in ("kind", "path", "dtype") and getattr(self.train.data, f.name) == f.default:
+                del d["train"]["data"][f.name]
         return {k: d[k] for k in ("model", "mesh", "strategy", "context_length", "train")}
 
     @functools.cached_property
@@ -242,7 +255,9 @@ class TrialSpec:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrialSpec:
         train = dict(d.get("train", {}))
-        train["data"] = DataSpec(**train.get("data", {}))
+        train["data"] = DataSpec(
+            **{k: tuple(v) if isinstance(v, list) else v for k, v in train.get("data", {}).items()}
+        )
         train["memory"] = MemorySpec(**{k: tuple(v) for k, v in train.get("memory", {}).items()})
         return cls(
             model=ModelSpec(**d["model"]),

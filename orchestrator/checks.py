@@ -80,16 +80,22 @@ def _names(key: str, v: Any, rule: Rule) -> Problem | None:
     return None
 
 
-def counts_allowed(rule: Rule) -> str:
-    return f"a list of distinct integers {_allowed(int, rule).removeprefix('an integer ')}"
+_ITEMS = {int: ("integers", "[1,2,4]"), float: ("numbers", "[0.7,0.3]"), str: ("strings", "[a,b]")}
 
 
-def _counts(key: str, v: Any, rule: Rule) -> Problem | None:
-    """A list of distinct integers in the rule's range (search.batch)."""
-    allowed = counts_allowed(rule)
-    ok = isinstance(v, list | tuple) and all(isinstance(n, int) and not isinstance(n, bool) for n in v)
-    if not ok or any(_value(key, n, int, MISSING) for n in v) or len(set(v)) < len(v):
-        return Problem(key, v, "is not a list of distinct allowed integers", allowed, f"e.g. {key}=[1,2,4]")
+def list_allowed(item: type, rule: Rule) -> str:
+    """What a list key (tuple[int, ...], tuple[float, ...], tuple[str, ...]) accepts."""
+    words = _allowed(item, rule).removeprefix({int: "an integer", float: "a number", str: "a string"}[item])
+    return f"a list of {'' if item is float else 'distinct '}{_ITEMS[item][0]}{words}"
+
+
+def _list(key: str, v: Any, item: type, rule: Rule) -> Problem | None:
+    """A list of distinct values of one type, each in the rule's range (search.batch, train.data.sources)."""
+    allowed = list_allowed(item, rule)
+    ok = isinstance(v, list | tuple) and all(_value(key, n, item, MISSING) is None for n in v)
+    if not ok or len(set(v)) < len(v) and item is not float:
+        return Problem(key, v, f"is not {allowed}", allowed,
+                       f"e.g. {key}={_ITEMS[item][1]}")  # fmt: skip
     return None
 
 
@@ -100,8 +106,8 @@ def _value(key: str, v: Any, hint: Any, default: Any) -> Problem | None:
         return None
     if typing.get_origin(hint) is tuple and rule.choices:
         return _names(key, v, rule)
-    if typing.get_origin(hint) is tuple and typing.get_args(hint)[0] is int:
-        return _counts(key, v, rule)
+    if typing.get_origin(hint) is tuple and typing.get_args(hint)[0] in _ITEMS:
+        return _list(key, v, typing.get_args(hint)[0], rule)
     if hint not in (bool, int, float, str):
         return None  # containers (sweep axes, zip, set): grid.points checks their shape
     allowed = _allowed(hint, rule)
@@ -191,11 +197,40 @@ def _path_problem(path: str) -> str | None:
 
 
 def _data_path(d: dict, out: list[Problem]) -> None:
-    """train.data.path, once its type is known good: a readable local file or gs:// object, when set."""
-    path = (d["train"].get("data") or {}).get("path")
+    """train.data.path, once its type is known good: a readable local file or gs:// object, when set;
+    packed documents: their sources and options, by a peek at each source's first record."""
+    data = d["train"].get("data") or {}
+    if data.get("kind") == "documents":
+        key = (tuple(data.get("sources") or ()), data.get("path") or "", tuple(data.get("weights") or ()),
+               data["pack"], data["long_docs"], int(d["context_length"]), int(d["train"]["batch"]),
+               int(d["model"]["vocab"]))  # fmt: skip
+        if why := _documents_problem(*key):
+            out.append(Problem("train.data.sources", list(key[0]) or key[1], why, "readable document shards "
+                               "(python -m jobs.documents.corpus writes them)", "fix the source or the option "
+                               "the message names"))  # fmt: skip
+        return
+    path = data.get("path")
     if path and (why := _path_problem(path)):
         out.append(Problem("train.data.path", path, why, "an existing local file or gs://bucket/object",
                            "fix the path, or drop it (train.data.path='') for the recall task"))  # fmt: skip
+
+
+@lru_cache(maxsize=64)
+def _documents_problem(
+    sources: tuple, path: str, weights: tuple, pack: str, long_docs: str, length: int, batch: int, vocab: int
+) -> str | None:
+    """Why a documents trial's data cannot be read (None: fine): jobs.documents.check, once per distinct set."""
+    from jobs import data, documents  # grain: imported only for a documents trial
+
+    o = documents.Options(sources=sources or ((path,) if path else ()), context_length=length, batch=batch,
+                          vocab=vocab, weights=weights, pack=pack, long_docs=long_docs)  # fmt: skip
+    if not o.sources:
+        return "is empty: train.data.kind=documents reads train.data.sources (or train.data.path)"
+    try:
+        documents.check(o, data.default_cache())
+    except (ValueError, OSError) as e:
+        return str(e).splitlines()[0]
+    return None
 
 
 def check_point(d: dict) -> list[Problem]:

@@ -143,10 +143,18 @@ DOCS: dict[str, str] = {
     "train.seed": "Seed of the parameter init and the data (a batch is a pure function of seed and step).",
     "train.data": "What a trial trains on.",
     "train.data.kind": "`recall`: a synthetic key-value recall task whose answers sit ~L/2 tokens back (the "
-    "loss beats ln 8 only if attention across devices is right); `tokens`: the token file at `path`.",
+    "loss beats ln 8 only if attention across devices is right); `tokens`: the token file at `path`; "
+    "`documents`: pre-tokenized documents packed into rows (`sources`), attention never crossing a document.",
     "train.data.path": "Flat token file, local or `gs://bucket/object`, memory-mapped (each host reads its own "
     'shards); "" with `recall`.',
     "train.data.dtype": "Element type of the token file.",
+    "train.data.sources": "With `documents`: ArrayRecord or Parquet shard files, or directories / `gs://` "
+    "prefixes of them (one format each), as `python -m jobs.documents.corpus` writes (empty: `path` alone).",
+    "train.data.weights": "With `documents`: the sources' mixture weights, one per source (empty: uniform).",
+    "train.data.pack": "With `documents`: `first_fit` (each document into the first row with room) or "
+    "`concat` (concatenated, then cut into rows).",
+    "train.data.long_docs": "With `documents`: a document longer than a row is `split` into row-sized "
+    "documents, or `truncate`d to one row.",
     "train.memory": "What the step keeps where, on top of the `train.remat` preset; left out of the trial id "
     "while all three lists are empty.",
     "train.memory.save": "Residuals kept in HBM between forward and backward instead of recomputed.",

@@ -19,7 +19,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from jobs.spec import MemorySpec, MeshSpec, ModelSpec, StrategySpec, TrialSpec
+from jobs.spec import DataSpec, MemorySpec, MeshSpec, ModelSpec, StrategySpec, TrialSpec
 from orchestrator import checks
 from orchestrator.config import CONF_DIR, GROUPS
 from orchestrator.keydocs import DOCS
@@ -101,7 +101,10 @@ def identity_keys() -> set[str]:
     """Dotted keys that enter the trial id, asked of TrialSpec.identity() (with every key at a value it keeps)."""
     model = ModelSpec(**{f.name: 1 for f in dataclasses.fields(ModelSpec) if f.default is MISSING})
     spec = TrialSpec(model, MeshSpec(dcn="data"), StrategySpec(), 1)
-    spec = dataclasses.replace(spec, train=dataclasses.replace(spec.train, memory=MemorySpec(save=("x",))))
+    data = DataSpec(kind="documents", sources=("x",), weights=(1.0,), pack="concat", long_docs="truncate")
+    spec = dataclasses.replace(
+        spec, train=dataclasses.replace(spec.train, memory=MemorySpec(save=("x",)), data=data)
+    )
 
     def flat(d: dict, prefix: str) -> Iterator[str]:
         for k, v in d.items():
@@ -140,7 +143,7 @@ def allowed(k: Key) -> str:
     rule, hint = RULES.get(k.key, Rule()), checks._scalar(k.hint)
     origin = typing.get_origin(hint) or hint
     if origin is tuple and not rule.choices:
-        return checks.counts_allowed(rule)
+        return checks.list_allowed(typing.get_args(hint)[0], rule)
     if origin is tuple:
         return "a list of " + ", ".join(map(code, rule.choices)) + " (each at most once)"
     if origin in (dict, list):

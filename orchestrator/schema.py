@@ -27,7 +27,8 @@ from jobs.spec import (
     TrainSpec,
 )
 
-DATA_KINDS = ("recall", "tokens")
+DATA_KINDS = ("recall", "tokens", "documents")
+PACKS, LONG_DOCS = ("first_fit", "concat"), ("split", "truncate")  # jobs/documents/pack.py's
 TOKEN_DTYPES = ("uint16", "uint32")  # jobs/data.py memory-maps a flat file of these
 CLUSTER_KINDS = ("local", "local_multihost", "fake_tpu", "tpu", "address")
 PLATFORMS = ("cpu", "gpu", "tpu")
@@ -75,6 +76,8 @@ RULES: dict[str, Rule] = {
     "train.seed": NON_NEGATIVE,  # numpy's default_rng rejects negative seeds, on the host, mid-trial
     "train.data.kind": Rule(choices=DATA_KINDS),
     "train.data.dtype": Rule(choices=TOKEN_DTYPES),
+    "train.data.pack": Rule(choices=PACKS),
+    "train.data.long_docs": Rule(choices=LONG_DOCS),
     "train.memory.save": Rule(choices=REMAT_NAMES),
     "train.memory.offload": Rule(choices=REMAT_NAMES),
     "train.memory.host": Rule(choices=HOST_STATE),

@@ -70,3 +70,13 @@ def pinned_cpu_peak(monkeypatch):
     peak.measured_cpu_tflops.cache_clear()
     yield
     peak.measured_cpu_tflops.cache_clear()
+
+
+@pytest.fixture(scope="session")
+def stdlib_corpus(tmp_path_factory) -> Path:
+    """A real tokenized corpus without a download: 300 of the standard library's own files, a 512-entry BPE."""
+    from jobs.documents import corpus
+
+    out = tmp_path_factory.mktemp("corpus") / "stdlib"
+    corpus.build(str(out), [corpus.stdlib_dir()], vocab=512, fmt="arrayrecord", max_docs=300, shard_docs=100)
+    return out

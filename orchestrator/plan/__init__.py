@@ -8,7 +8,7 @@ from typing import Any
 
 from jobs import strategies
 from jobs.spec import TrialSpec
-from orchestrator.plan import cost, memory, policies, roofline, steptime, validate, work
+from orchestrator.plan import cost, memory, packing, policies, roofline, steptime, validate, work
 from orchestrator.plan.render import render_table, to_markdown
 from orchestrator.plan.validate import Problem, point_label
 from orchestrator.schema import REMATS
@@ -42,6 +42,7 @@ class PlanRow:
     policy: str = ""  # the memory policy the point runs (train.remat and train.memory), e.g. under remat=auto
     chip_hours: float | None = None  # steps x predicted step + a compile, times the chips (plan/cost.py)
     cost: float | None = None  # chip_hours x cluster.price_per_chip_hour (None without a price)
+    useful_mfu: float | None = None  # packed documents: MFU counting their own attention, not the causal row
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -92,6 +93,9 @@ def plan_one(spec: TrialSpec, problems: list[Problem] | None = None) -> PlanRow:
             f"fits: {memory.gib(hbm)}{cap}; predicted step {st.step_s:,.3g} s at MFU {st.mfu:.2f} "
             f"(roofline ≤ {roof.mfu:.2f}), limited by {st.limiter}"
         )
+    pk = packing.of(spec)
+    if note := packing.words(pk, spec, st.mfu):
+        why.append(note)
     hours = cost.chip_hours(spec, st.step_s)
     return PlanRow(
         **base, verdict=verdict, reason="; ".join(why), tflops_per_device_per_step=tflops,
@@ -99,6 +103,7 @@ def plan_one(spec: TrialSpec, problems: list[Problem] | None = None) -> PlanRow:
         predicted_hbm_bytes_per_device=hbm, predicted_step_s=st.step_s, predicted_mfu=st.mfu,
         memory=mem, comm_bytes_per_layer=roof.attention_comm_bytes_per_layer, roofline_step_s=roof.step_s,
         roofline_mfu=roof.mfu, limiter=st.limiter, dcn_exposed_s=st.dcn_exposed_s,
+        useful_mfu=packing.useful_mfu(spec, pk, st.mfu) if pk else None,
     )  # fmt: skip
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from jobs import strategies
 from jobs.flops import layer_flops, train_tflops_per_device
 from jobs.spec import ClusterSpec, TrialSpec, residuals
+from orchestrator.plan import packing
 from orchestrator.plan.memory import BF16, FP32, layer_params, local_sizes
 
 # The attention backward in forwards of work: model FLOPs count 2 (dQ, and dK with dV); a flash kernel forms
@@ -78,6 +79,9 @@ def step_work(spec: TrialSpec, offload: tuple[str, ...] | None = None) -> Work:
     per_token = {"layer_input": m.embed * BF16, "attn_out": x.hq * m.head_dim * BF16, "mlp_act": x.M * BF16}
     # Simulated CPU devices share the host's cores: what a light device leaves idle the busiest one gets.
     imbalance = 1.0 if spec.cluster.platform == "cpu" else s.imbalance(x, spec.strategy.layout)
+    if (pk := packing.of(spec)) is not None:  # packed documents: the kernel skips the tiles their mask leaves
+        attn *= pk.computed
+        imbalance = 1.0 if spec.cluster.platform == "cpu" else pk.imbalance or imbalance
     axis, S = spec.mesh.dcn, spec.cluster.slices_per_trial
     dcn: dict = {"dcn_axis": axis, "dcn_slices": S}
     if S > 1 and axis:
