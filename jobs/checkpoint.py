@@ -42,27 +42,30 @@ class Checkpointer:
         opts = ocp.CheckpointManagerOptions(max_to_keep=keep, save_interval_steps=max(every, 1))
         self.mgr = ocp.CheckpointManager(self.local, options=opts)
 
-    def restore(self, abstract_state) -> tuple[Any, int, list[dict]] | None:
-        """(state, next step, step records up to it) from the latest checkpoint, or None when there is none."""
+    def restore(self, abstract_state) -> tuple[Any, int, list[dict], dict | None] | None:
+        """(state, next step, step records up to it, the data loader's state to resume at that step) from the
+        latest checkpoint, or None when there is none. A checkpoint from before data states has none."""
         step = self.mgr.latest_step()
         if step is None:
             return None
-        args = ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract_state), records=ocp.args.JsonRestore()
-        )
-        got = self.mgr.restore(step, args=args)
-        return got.state, step + 1, list(got.records or [])
+        items = dict(state=ocp.args.StandardRestore(abstract_state), records=ocp.args.JsonRestore())
+        if "data" in (self.mgr.item_metadata(step) or {}):
+            items["data"] = ocp.args.JsonRestore()
+        got = self.mgr.restore(step, args=ocp.args.Composite(**items))
+        return got.state, step + 1, list(got.records or []), got.get("data")
 
     def due(self, step: int) -> bool:
         """A save is due after `step` (the step number stored is the last completed step)."""
         return self.every > 0 and (step + 1) % self.every == 0
 
-    def save(self, step: int, state, records: list[dict]) -> None:
-        """Save the state after `step` with the metric records of steps 0..step (JSON, written by process 0)."""
+    def save(self, step: int, state, records: list[dict], data: dict | None = None) -> None:
+        """Save the state after `step` with the metric records of steps 0..step and the data loader's state
+        for step + 1 (JSON, written by process 0), so a resumed trial sees the batches it would have seen."""
         # Finish the step first: orbax's multi-host save runs its own cross-process sync, which must not
         # interleave with the step's in-flight collectives (that deadlocked gloo on CPU).
         jax.block_until_ready(state)
-        args = ocp.args.Composite(state=ocp.args.StandardSave(state), records=ocp.args.JsonSave(records))
+        args = ocp.args.Composite(state=ocp.args.StandardSave(state), records=ocp.args.JsonSave(records),
+                                  data=ocp.args.JsonSave(data or {}))  # fmt: skip
         self.mgr.save(step, args=args, force=True)
         self.mgr.wait_until_finished()
         if self.mirror:

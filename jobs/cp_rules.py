@@ -14,7 +14,9 @@ from jobs.spec import MESH_AXES
 
 # "reference" is the dense fp32 check used by tests and benchmarks; it is not a sweep strategy.
 ATTENTION_STRATEGIES = (*strategies.NAMES, "reference")
-LAYOUTS = ("contiguous", "zigzag")
+# balanced: packed documents in a loader's data-dependent permutation (jobs/balance.py: L/P tokens per device in
+# contiguous runs), given with positions and segment ids; a trial needs train.data.kind=documents for it.
+LAYOUTS = ("contiguous", "zigzag", "balanced")
 
 
 def _get(strategy: str) -> strategies.Strategy:
@@ -111,6 +113,36 @@ def validate(
             f"{L % (2 * r)}; use a multiple of {2 * r} or layout=contiguous"
         )
     s.check(L=L, hq=hq // t, hkv=hkv // t, size=size, layout=layout)
+
+
+def validate_tokens(
+    layout: str,
+    kernel: str,
+    *,
+    positions: bool,
+    segment_ids: bool,
+    length: int,
+    batch: int,
+    shapes: list[tuple[int, ...]] = (),
+) -> None:
+    """Raise ValueError (one line) if packed-document inputs do not fit the layout and kernel: balanced needs
+    positions and segment ids, splash cannot run balanced, and each given array is int [B, L]."""
+    if layout == "balanced" and not (positions and segment_ids):
+        missing = " and ".join(
+            n for n, have in (("positions", positions), ("segment_ids", segment_ids)) if not have
+        )
+        raise ValueError(
+            f"layout=balanced is a data-dependent token order: pass {missing} ([B, L] int32, in that order, "
+            "from the loader's permutation) or use layout=contiguous / zigzag"
+        )
+    if layout == "balanced" and kernel == "splash":
+        raise ValueError(
+            "kernel=splash cannot run layout=balanced (its masks are static, balanced positions are data); "
+            "use kernel=xla or kernel=auto (xla for balanced)"
+        )
+    for s in shapes:
+        if tuple(s) != (batch, length):
+            raise ValueError(f"positions and segment_ids must be [B, L] = [{batch}, {length}], got {list(s)}")
 
 
 def validate_dcn(strategy: str, *, mesh: Mapping[str, int], dcn: str, slices: int) -> None:

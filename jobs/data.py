@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from jobs import cp_rules, storage
+from jobs import cp_rules, storage, strategies
 from jobs.spec import TrialSpec
 
 if TYPE_CHECKING:
@@ -89,11 +89,24 @@ def layout(spec: TrialSpec, batch: dict[str, np.ndarray]) -> dict[str, np.ndarra
     """Apply the strategy's load-balanced token order once per batch (tokens, targets, positions, mask): the
     zigzag permutation for the ring positions the strategy names, whatever the strategy (the attention's
     mask assumes it for every strategy that accepts layout=zigzag)."""
+    if spec.strategy.layout == "balanced":  # over every sequence shard, as the attention cuts the row
+        return balanced(batch, strategies.get(spec.strategy.name).cp(spec.mesh.shape()))
     ring = cp_rules.ring_size(spec.strategy.name, spec.mesh.shape())
     if spec.strategy.layout != "zigzag" or ring == 1:
         return batch
     perm = np.asarray(cp_rules.zigzag_permutation(spec.context_length, ring))
     return {k: v[:, perm] for k, v in batch.items()}
+
+
+def balanced(batch: dict[str, np.ndarray], shards: int) -> dict[str, np.ndarray]:
+    """layout=balanced (packed documents): each row in its own token order (jobs/balance.py: equal attention
+    work per device, contiguous runs), and `row_positions`, every token's true place in the row."""
+    from jobs import balance
+
+    perms = np.stack([balance.permutation("balanced", seg, shards) for seg in batch["segment_ids"]])
+    out = {k: np.take_along_axis(v, perms, axis=1) for k, v in batch.items()}
+    out["row_positions"] = perms.astype(np.int32)
+    return out
 
 
 def document_options(spec: TrialSpec) -> documents.Options:

@@ -17,8 +17,17 @@ from jax.sharding import PartitionSpec as P
 
 from jobs import strategies
 from jobs.attention import attention
+from jobs.buckets import position_buckets
 from jobs.mesh import activation_spec, param_specs, token_spec
-from jobs.spec import BATCH_AXES, LOSS_CHUNK, REMAT_PRESETS, MemorySpec, ModelSpec, StrategySpec, residuals
+from jobs.spec import (
+    BATCH_AXES,
+    LOSS_CHUNK,
+    REMAT_PRESETS,
+    MemorySpec,
+    ModelSpec,
+    StrategySpec,
+    residuals,
+)
 
 
 def _offload_policy(saved: tuple[str, ...], offloaded: tuple[str, ...]) -> Callable:
@@ -145,8 +154,13 @@ def forward(
     dtype: jnp.dtype,
     remat: str,
     memory: MemorySpec = PRESET_ONLY,
+    segment_ids_BxL: jax.Array | None = None,
+    row_pos_BxL: jax.Array | None = None,
 ) -> jax.Array:
-    """Final normed hidden states [B, L, E], sequence-sharded like the input (the loss unembeds in chunks)."""
+    """Final normed hidden states [B, L, E], sequence-sharded like the input (the loss unembeds in chunks).
+
+    Packed documents: `pos_BxL` restarts in each document (RoPE), `segment_ids_BxL` keeps attention inside
+    one, and `row_pos_BxL` (balanced layout only) is each token's true place in the row, for the causal mask."""
     act = NamedSharding(mesh, activation_spec(strategy.name))
     seq = activation_spec(strategy.name)[1]
     heads = NamedSharding(mesh, P(BATCH_AXES, seq, "tensor" if mesh.shape["tensor"] > 1 else None, None))
@@ -165,6 +179,7 @@ def forward(
             q, k, v,
             strategy=strategy.name, mesh=mesh, causal=True, layout=strategy.layout,
             kernel=strategy.kernel, block_q=strategy.block_q, block_kv=strategy.block_kv,
+            segment_ids=segment_ids_BxL, positions=row_pos_BxL,
         )  # fmt: skip
         o = checkpoint_name(o, "attn_out")
         x_BxLxE = constrain(x_BxLxE + jnp.einsum("blhd,hde->ble", o, p["wo"].astype(dtype)), act)
@@ -182,12 +197,14 @@ def forward(
     return rms_norm(x, params["final_norm"], model.norm_eps)
 
 
-def loss_fn(params: dict, batch: dict, **kw) -> tuple[jax.Array, jax.Array]:
-    """Mean masked next-token cross-entropy and the number of counted tokens.
+def loss_fn(params: dict, batch: dict, **kw) -> tuple[jax.Array, tuple[jax.Array, jax.Array, jax.Array]]:
+    """Mean masked next-token cross-entropy, and (the number of counted tokens, the loss summed and the tokens
+    counted per position bucket, jobs.spec.position_buckets: by position within the document when packed).
 
     The [B, L/P, V] logits never exist whole: each device unembeds its local sequence in chunks of
     LOSS_CHUNK tokens under remat (at 14M tokens over 64 devices they would be ~270 GiB per device)."""
-    x_BxLxE = forward(params, batch["tokens"], batch["positions"], **kw)
+    x_BxLxE = forward(params, batch["tokens"], batch["positions"], segment_ids_BxL=batch.get("segment_ids"),
+                      row_pos_BxL=batch.get("row_positions"), **kw)  # fmt: skip
     B, L, E = x_BxLxE.shape
     P = strategies.get(kw["strategy"].name).cp(dict(kw["mesh"].shape))
     Ll = L // P
@@ -201,17 +218,24 @@ def loss_fn(params: dict, batch: dict, **kw) -> tuple[jax.Array, jax.Array]:
         return jnp.moveaxis(a, 2, 0)
 
     w = params["unembed"].astype(kw["dtype"])
+    upper = jnp.asarray(position_buckets(L)[1:], jnp.int32)
+    K = upper.shape[0] + 1
 
     @functools.partial(jax.checkpoint, prevent_cse=False)
     def chunk_loss(carry, xs):
-        x, tgt, mask = xs
+        x, tgt, mask, pos = xs
         logits = jnp.einsum("bpce,ev->bpcv", x, w).astype(jnp.float32)
         logz = jax.nn.logsumexp(logits, axis=-1)
         gold = jnp.take_along_axis(logits, tgt[..., None].astype(jnp.int32), axis=-1)[..., 0]
         m = mask.astype(jnp.float32)
-        return (carry[0] + ((logz - gold) * m).sum(), carry[1] + m.sum()), None
+        nll = jax.lax.stop_gradient(logz - gold) * m  # the buckets are a report, not part of the loss
+        in_k = jax.nn.one_hot(jnp.searchsorted(upper, pos, side="right"), K, dtype=jnp.float32)
+        tot, n, by_pos, n_pos = carry
+        return (tot + ((logz - gold) * m).sum(), n + m.sum(), by_pos + jnp.einsum("bpck,bpc->k", in_k, nll),
+                n_pos + jnp.einsum("bpck,bpc->k", in_k, m)), None  # fmt: skip
 
-    xs = (local_chunks(x_BxLxE), local_chunks(batch["targets"]), local_chunks(batch["mask"]))
-    (tot, n), _ = jax.lax.scan(chunk_loss, (jnp.float32(0), jnp.float32(0)), xs)
+    xs = tuple(local_chunks(batch[k]) for k in ("targets", "mask", "positions"))
+    zero = (jnp.float32(0), jnp.float32(0), jnp.zeros(K, jnp.float32), jnp.zeros(K, jnp.float32))
+    (tot, n, by_pos, n_pos), _ = jax.lax.scan(chunk_loss, zero, (local_chunks(x_BxLxE), *xs))
     n = jnp.maximum(n, 1.0)
-    return tot / n, n
+    return tot / n, (n, by_pos, n_pos)

@@ -102,6 +102,12 @@ class StrategySpec:
     block_kv: int = 512
 
 
+PACKS, LONG_DOCS = (
+    ("first_fit", "concat"),
+    ("split", "truncate"),
+)  # train.data.pack, long_docs (jobs/documents)
+
+
 @dataclass(frozen=True)
 class DataSpec:
     kind: str = (

@@ -11,6 +11,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jobs import mesh as meshlib
+from jobs.buckets import position_buckets
 from jobs.model import init_params, loss_fn
 from jobs.spec import DTYPES as DTYPE_NAMES
 from jobs.spec import TrialSpec
@@ -52,9 +53,20 @@ def held_shardings(spec: TrialSpec, pspecs, opt_sh) -> tuple:
     return place(pspecs, "params"), place(opt_sh, "optimizer")
 
 
+def batch_keys(spec: TrialSpec) -> dict[str, jnp.dtype]:
+    """What a batch holds, [B, L] each: packed documents add their segment ids, and under the balanced layout
+    (a per-row token order) the true row position of every token, which the attention's mask needs."""
+    keys = {"tokens": jnp.int32, "targets": jnp.int32, "positions": jnp.int32, "mask": jnp.float32}
+    if spec.train.data.kind == "documents":
+        keys["segment_ids"] = jnp.int32
+        if spec.strategy.layout == "balanced":
+            keys["row_positions"] = jnp.int32
+    return keys
+
+
 def batch_shardings(spec: TrialSpec, mesh: Mesh) -> dict:
     tok = NamedSharding(mesh, meshlib.token_spec(spec.strategy.name))
-    return {k: tok for k in ("tokens", "targets", "positions", "mask")}
+    return dict.fromkeys(batch_keys(spec), tok)
 
 
 def make_train_step(spec: TrialSpec, mesh: Mesh):
@@ -81,31 +93,45 @@ def make_train_step(spec: TrialSpec, mesh: Mesh):
         return params, opt.init(params)
 
     def grads_of(params, batch):
+        """(loss, grads, (loss summed, tokens) per position bucket) over the step's batch."""
         if accum == 1:
-            (loss, _), g = jax.value_and_grad(functools.partial(loss_fn, **kw), has_aux=True)(params, batch)
-            return loss, g
+            (loss, (_, *by_pos)), g = jax.value_and_grad(functools.partial(loss_fn, **kw), has_aux=True)(
+                params, batch
+            )
+            return loss, g, tuple(by_pos)
         micro = jax.tree.map(lambda x: x.reshape(accum, x.shape[0] // accum, *x.shape[1:]), batch)
 
         def body(carry, mb):
-            (loss, n), g = jax.value_and_grad(functools.partial(loss_fn, **kw), has_aux=True)(params, mb)
-            acc_g, acc_l, acc_n = carry
-            return (jax.tree.map(lambda a, b: a + b * n, acc_g, g), acc_l + loss * n, acc_n + n), None
+            (loss, (n, *pos)), g = jax.value_and_grad(functools.partial(loss_fn, **kw), has_aux=True)(
+                params, mb
+            )
+            acc_g, acc_l, acc_n, acc_p = carry
+            acc_p = tuple(a + b for a, b in zip(acc_p, pos, strict=True))
+            return (jax.tree.map(lambda a, b: a + b * n, acc_g, g), acc_l + loss * n, acc_n + n, acc_p), None
 
         zeros = jax.tree.map(jnp.zeros_like, params)
-        (g, tot, n), _ = jax.lax.scan(body, (zeros, 0.0, 0.0), micro)
-        return tot / n, jax.tree.map(lambda x: x / n, g)
+        K = len(position_buckets(spec.context_length))
+        start = (zeros, 0.0, 0.0, (jnp.zeros(K), jnp.zeros(K)))
+        (g, tot, n, by_pos), _ = jax.lax.scan(body, start, micro)
+        return tot / n, jax.tree.map(lambda x: x / n, g), by_pos
 
     def to_device(x, sh, part):
         return jax.device_put(x, sh) if part in host else x
 
     def step(state, batch):
         params = to_device(state[0], pspecs, "params")
-        loss, g = grads_of(params, batch)
+        loss, g, (pos_loss, pos_tokens) = grads_of(params, batch)
         # only the update reads the moments: brought to device after the backward, not held through it
         opt_state = to_device(state[1], opt_sh, "optimizer")
         updates, opt_state = opt.update(g, opt_state, params)
         params = optax.apply_updates(params, updates)
-        return (params, opt_state), {"loss": loss, "grad_norm": optax.tree.norm(g)}
+        metrics = {
+            "loss": loss,
+            "grad_norm": optax.tree.norm(g),
+            "pos_loss": pos_loss,
+            "pos_tokens": pos_tokens,
+        }
+        return (params, opt_state), metrics
 
     state_sh = held_shardings(spec, pspecs, opt_sh)
     init_fn = jax.jit(init, out_shardings=state_sh)
@@ -124,8 +150,7 @@ def abstract_args(spec: TrialSpec, mesh: Mesh):
     state = (jax.tree.map(sds, p_abs, pspecs), jax.tree.map(sds, o_abs, opt_sh))
     bsh = batch_shardings(spec, mesh)
     shape = (spec.train.batch, spec.context_length)
-    dt = {"tokens": jnp.int32, "targets": jnp.int32, "positions": jnp.int32, "mask": jnp.float32}
-    batch = {k: jax.ShapeDtypeStruct(shape, dt[k], sharding=bsh[k]) for k in dt}
+    batch = {k: jax.ShapeDtypeStruct(shape, dt, sharding=bsh[k]) for k, dt in batch_keys(spec).items()}
     return state, batch
 
 

@@ -18,6 +18,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jobs import cp_rules, flops
+from jobs.buckets import bucket_labels
 from jobs.data import Batches
 from jobs.faults import Faults
 from jobs.memstats import compiled_bytes
@@ -158,7 +159,11 @@ def train(spec: TrialSpec) -> Iterator[Record]:
     t0 = time.perf_counter()
     restored = ckpt.restore(abstract_args(spec, mesh)[0]) if ckpt else None
     restore_s = time.perf_counter() - t0 if restored else 0.0
-    state, first, saved = restored if restored else (init_fn(jax.random.key(spec.train.seed)), 0, [])
+    state, first, saved, data_state = (
+        restored if restored else (init_fn(jax.random.key(spec.train.seed)), 0, [], None)
+    )
+    if data_state:
+        batches.restore(data_state)  # packed documents: the iterator resumes where the checkpoint left it
     history: list[StepRecord] = [parse(r) for r in saved]  # type: ignore[misc]
     if lead:
         yield StartRecord(
@@ -201,9 +206,16 @@ def train(spec: TrialSpec) -> Iterator[Record]:
                 tflops_per_s_per_device=tf,
                 mfu=tf / peak if peak == peak and peak > 0 else float("nan"),
                 peak_bytes_in_use=runtime_peak_bytes() if lead else None,  # only process 0's records are sent
+                loss_by_position=by_position(m),
             )
         )
         return history[-1]
+
+    labels = bucket_labels(spec.context_length)
+
+    def by_position(m: dict) -> dict[str, float]:
+        tot, n = np.asarray(m["pos_loss"]), np.asarray(m["pos_tokens"])
+        return {k: float(t / c) for k, t, c in zip(labels, tot, n, strict=True) if c > 0}
 
     prev = None  # (step, metrics) dispatched but not yet reported
     for step in range(first, spec.train.steps):
@@ -221,7 +233,7 @@ def train(spec: TrialSpec) -> Iterator[Record]:
             faults.at(step, "before_save")
             rec = finish(*prev)
             prev = None
-            ckpt.save(step, state, [r.to_dict() for r in history])
+            ckpt.save(step, state, [r.to_dict() for r in history], batches.state(step + 1))
             faults.at(step, "after_save")
             if lead:
                 yield rec.to_dict()

@@ -56,7 +56,8 @@ DOCS: dict[str, str] = {
     "strategy.name": "CP strategy from the registry (jobs/strategies); `none` is the dense reference "
     "(context axes of size 1).",
     "strategy.layout": "Token order over the context shards: `zigzag` (2R chunks, device r holds r and 2R-1-r: "
-    "equal causal work, needs context_length % 2R == 0) or `contiguous` (natural order).",
+    "equal causal work, needs context_length % 2R == 0), `contiguous` (natural order), or `balanced` (packed "
+    "documents only: each row's document pieces assigned by their attention work, xla kernel).",
     "strategy.kernel": "Local attention kernel: `auto` (splash on TPU, flash on GPU, xla elsewhere), `xla` "
     "(blockwise, every backend), `splash` (Pallas, TPU only), `flash` (GPU only).",
     "strategy.block_q": "Query block of the local kernel, in tokens.",

@@ -102,9 +102,8 @@ def identity_keys() -> set[str]:
     model = ModelSpec(**{f.name: 1 for f in dataclasses.fields(ModelSpec) if f.default is MISSING})
     spec = TrialSpec(model, MeshSpec(dcn="data"), StrategySpec(), 1)
     data = DataSpec(kind="documents", sources=("x",), weights=(1.0,), pack="concat", long_docs="truncate")
-    spec = dataclasses.replace(
-        spec, train=dataclasses.replace(spec.train, memory=MemorySpec(save=("x",)), data=data)
-    )
+    train = dataclasses.replace(spec.train, memory=MemorySpec(save=("x",)), data=data)
+    spec = dataclasses.replace(spec, train=train)
 
     def flat(d: dict, prefix: str) -> Iterator[str]:
         for k, v in d.items():

@@ -13,6 +13,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
+from jobs.buckets import bucket_labels, position_buckets
 from jobs.records import Record, StartRecord, StepRecord, SummaryRecord, parse_known
 from jobs.spec import TrialSpec
 from orchestrator.records import memory_bytes
@@ -34,6 +35,7 @@ class TrialResult:
     # The same model at the matmul rate the trial itself measured (CPU: the host's load moves between plan
     # time and run time; this separates the model's error from the load's).
     predicted_step_at_run_s: float | None = None
+    by_position: dict[str, float] = field(default_factory=dict)  # loss per position bucket, last steps' mean
 
     @property
     def measured_bytes(self) -> float | None:
@@ -59,8 +61,20 @@ def collect(
         pred = (predicted or {}).get(spec.trial_id)
         step = (predicted_step or {}).get(spec.trial_id)
         at_run = _at_run_peak(spec, start) if step is not None else None
-        out.append(TrialResult(spec, summary, losses, pred, start.peak_source, step, at_run))
+        out.append(
+            TrialResult(spec, summary, losses, pred, start.peak_source, step, at_run, _by_position(recs))
+        )
     return out
+
+
+def _by_position(recs: list[Record], last: int = 3) -> dict[str, float]:
+    """Each bucket's loss over the trial's last `last` steps that counted a token there (less step noise)."""
+    seen: dict[str, list[float]] = defaultdict(list)
+    for r in recs:
+        if isinstance(r, StepRecord):
+            for k, v in (r.loss_by_position or {}).items():
+                seen[k].append(v)
+    return {k: sum(v[-last:]) / len(v[-last:]) for k, v in seen.items()}
 
 
 def _at_run_peak(spec: TrialSpec, start: StartRecord) -> float | None:
@@ -171,6 +185,35 @@ def loss_figure(trials: list[TrialResult]) -> Figure:
     return fig
 
 
+def position_figure(trials: list[TrialResult]) -> Figure | None:
+    """One panel per strategy: loss by position bucket, one line per context length (None: no buckets)."""
+    series = {n: [t for t in ts if t.by_position] for n, ts in _series(trials).items()}
+    series = {n: ts for n, ts in series.items() if ts}
+    if not series:
+        return None
+    fig = Figure(figsize=(4.5 * len(series), 4))
+    axes = fig.subplots(1, len(series), squeeze=False, sharey=True)[0]
+    for ax, (name, ts) in zip(axes, series.items(), strict=True):
+        for t in ts:
+            L = t.spec.context_length
+            ends = [*position_buckets(L)[1:], L]  # each bucket at its far end: lengths share an axis
+            xy = [
+                (e, t.by_position[k])
+                for k, e in zip(bucket_labels(L), ends, strict=True)
+                if k in t.by_position
+            ]
+            ax.plot(*zip(*xy, strict=True), marker="o", label=f"L={L:,}")
+        ax.set_title(name)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("position bucket's end (in the document when packed)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("loss, last steps")
+    fig.suptitle(f"Loss by position — {_where(trials)}")
+    fig.tight_layout()
+    return fig
+
+
 def make_figures(trials: list[TrialResult]) -> dict[str, Figure]:
     """name -> Figure for the parent run; empty when no trial finished."""
     if not trials:
@@ -180,7 +223,7 @@ def make_figures(trials: list[TrialResult]) -> dict[str, Figure]:
         "memory_vs_context": memory_figure(trials),
         "step_time_vs_context": step_time_figure(trials),
         "loss_curves": loss_figure(trials),
-    }
+    } | ({"loss_by_position": fig} if (fig := position_figure(trials)) else {})
 
 
 def publish(

@@ -17,7 +17,9 @@ from jobs.spec import (
     DTYPES,
     HOST_STATE,
     KERNELS,
+    LONG_DOCS,
     MESH_AXES,
+    PACKS,
     REMAT_NAMES,
     REMATS,
     ClusterSpec,
@@ -28,7 +30,6 @@ from jobs.spec import (
 )
 
 DATA_KINDS = ("recall", "tokens", "documents")
-PACKS, LONG_DOCS = ("first_fit", "concat"), ("split", "truncate")  # jobs/documents/pack.py's
 TOKEN_DTYPES = ("uint16", "uint32")  # jobs/data.py memory-maps a flat file of these
 CLUSTER_KINDS = ("local", "local_multihost", "fake_tpu", "tpu", "address")
 PLATFORMS = ("cpu", "gpu", "tpu")

@@ -81,3 +81,28 @@ def test_long_hop_splash_fits_vmem_and_smem(accel):
     bwd = jax.jit(lambda q, k, v, o, lse, do, p: splash_kernel.splash_bwd(q, k, v, o, lse, do, p, p, **kw))
     for f, args in ((fwd, (q, kv, kv, pos)), (bwd, (q, kv, kv, o, lse, q, pos))):
         assert "tpu_custom_call" in f.lower(*args).compile().as_text()
+
+
+@pytest.mark.parametrize(
+    "strategy,mesh", [("ring", MeshSpec(context=8)), ("usp", MeshSpec(context=4, context_ulysses=2))]
+)
+def test_packed_documents_compile_with_splash_segment_ids(strategy, mesh):
+    """A packed-documents train step (segment ids with the tokens, hops skipped by lax.cond) still lowers to
+    the Mosaic kernel for tpu7x 2x2x1, ring and usp."""
+    pytest.importorskip("libtpu")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    from jobs.mesh import make_mesh
+    from jobs.spec import DataSpec
+    from jobs.step import abstract_args, lower_train_step
+    from orchestrator.plan import aot
+
+    c = replace(ClusterSpec(**conf("cluster", "tpu7x_128")), topology="2x2x1")
+    s = replace(StrategySpec(**conf("strategy", strategy)), kernel="auto", block_q=256, block_kv=256)
+    spec = TrialSpec(
+        model=ModelSpec(**conf("model", "tiny")), mesh=mesh, strategy=s, context_length=4096,
+        train=TrainSpec(remat="full", data=DataSpec(kind="documents", sources=("corpus",))), cluster=c,
+    )  # fmt: skip
+    m = make_mesh(spec.mesh, aot.devices(spec))
+    assert "segment_ids" in abstract_args(spec, m)[1]
+    text = lower_train_step(spec, m).compile().as_text()
+    assert "tpu_custom_call" in text and "collective-permute" in text, strategy

@@ -70,3 +70,17 @@ def test_bad_sources_exit_2_before_anything(stdlib_corpus, tmp_path, no_ray_no_m
         lines = res.stderr.strip().splitlines()
         assert res.returncode == 2 and len(lines) == 1 and "train.data.sources" in lines[0], res.stderr
         assert what in lines[0], lines[0]
+
+
+def test_balanced_layout_needs_documents_and_balances_them(stdlib_corpus):
+    row = plan_one(spec([*TPU, "strategy=ring", "strategy.layout=balanced", "context_length=65536"]))
+    assert (
+        row.verdict == "invalid" and "layout vs data" in row.reason and "strategy.layout=zigzag" in row.reason
+    )
+    words = documents(stdlib_corpus, "strategy=ring", "context_length=1048576")
+    balanced = packing.of(spec([*words, "strategy.layout=balanced"]))
+    zigzag = packing.of(spec([*words, "strategy.layout=zigzag"]))
+    # balanced runs on the xla kernel (512-token tiles), zigzag on splash (whole hops): fewer tiles, even work
+    assert balanced.computed < zigzag.computed and balanced.imbalance < 1.2 < zigzag.imbalance
+    splash = plan_one(spec([*words, "strategy.layout=balanced", "strategy.kernel=splash"]))
+    assert splash.verdict == "invalid" and "layout vs kernel" in splash.reason

@@ -136,7 +136,7 @@ def spec_with_memory():
 
 
 def base(name: str) -> str:
-    return name.removesuffix("/<strategy>")
+    return name.removesuffix("/<strategy>").removesuffix("/<bucket>")
 
 
 class _Ops(list):

@@ -100,3 +100,26 @@ def test_strategies_on_several_meshes_get_separate_series():
     figs = make_figures(collect([a, b, b2], recs.__getitem__))
     labels = sorted(ln.get_label() for ln in figs["mfu_vs_context"].axes[0].get_lines())
     assert labels == ["ring context8", "ring data2xcontext4"]
+
+
+def test_loss_by_position_is_a_metric_and_a_parent_plot():
+    from jobs.records import StepRecord, SummaryRecord
+    from orchestrator.records import record_points
+    from orchestrator.report import TrialResult, position_figure
+
+    rec = StepRecord(step=3, t_ms=1, loss=2.0, loss_by_position={"0-256": 2.5, "256-1K": 1.5})
+    names = {p[0]: p[1] for p in record_points(rec, now=1)}
+    assert names["loss_by_position/0-256"] == 2.5 and names["loss_by_position/256-1K"] == 1.5
+    specs = [make_spec(s, L) for s in ("ring", "usp") for L in (1024, 4096)]
+    trials = [
+        TrialResult(s, SummaryRecord(), by_position={"0-256": 3.0, "256-1K": 2.0, "1K-4K": 1.0})
+        for s in specs
+    ]
+    fig = position_figure(trials)
+    axes = fig.axes
+    assert len(axes) == 2 and all(
+        len(ax.lines) == 2 for ax in axes
+    )  # a panel per strategy, a line per length
+    xs = sorted(x for ax in axes[:1] for line in ax.lines for x in line.get_xdata())
+    assert xs == [256, 256, 1024, 1024, 4096]  # each bucket at its end; the 1K row has no 1K-4K bucket
+    assert position_figure([TrialResult(specs[0], SummaryRecord())]) is None

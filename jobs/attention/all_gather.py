@@ -19,7 +19,20 @@ def all_gather_local(mesh: Mesh, L: int, o: Options) -> Callable:
     (axis,) = strategies.get("all_gather").axes
     P = axis_size(mesh, axis)
 
-    def local(q_BxLlxHxD, k_BxLlxKxD, v_BxLlxKxD):
+    def packed(q_BxLlxHxD, k_BxLlxKxD, v_BxLlxKxD, pos_BxLl, seg_BxLl):
+        """Packed documents: gather the keys' positions and segment ids with them."""
+        gather = lambda x: jax.lax.all_gather(x, axis, axis=1, tiled=True) if P > 1 else x
+        k_BxLxKxD, v_BxLxKxD, kpos_BxL, kseg_BxL = (
+            gather(x) for x in (k_BxLlxKxD, v_BxLlxKxD, pos_BxLl, seg_BxLl)
+        )
+        return attend(
+            q_BxLlxHxD, k_BxLxKxD, v_BxLxKxD, pos_BxLl, kpos_BxL, o.causal, o.kernel, o.block_q, o.block_kv,
+            Order(o.layout, P), (seg_BxLl, kseg_BxL),
+        )  # fmt: skip
+
+    def local(q_BxLlxHxD, k_BxLlxKxD, v_BxLlxKxD, pos_BxLl=None, seg_BxLl=None):
+        if seg_BxLl is not None:
+            return packed(q_BxLlxHxD, k_BxLlxKxD, v_BxLlxKxD, pos_BxLl, seg_BxLl)
         pos_L = global_positions(L, o.layout, P)
         order = Order(o.layout, P)  # keys: the whole sequence in layout order (static-mask kernels need it)
         run = lambda q, k, v, qpos: attend(

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import jax
-from jax.sharding import Mesh
+import jax.numpy as jnp
+from jax.sharding import Mesh, PartitionSpec
 
 from jobs import cp_rules, strategies
 from jobs.attention.kernel import get_kernel
@@ -34,11 +35,19 @@ def attention(
     kernel: str = "xla",
     block_q: int = 512,
     block_kv: int = 512,
+    segment_ids: jax.Array | None = None,
+    positions: jax.Array | None = None,
 ) -> jax.Array:
     """Attention of global q [B, L, Hq, D] over k, v [B, L, Hkv, D]; out like q, in the same token order.
 
     layout="zigzag": inputs are already permuted by cp_rules.zigzag_permutation(L, cp_rules.ring_size(strategy,
     mesh)) (every strategy accepts it; the mask uses true positions). Works eagerly and inside an outer jit.
+
+    Packed documents: segment_ids int32 [B, L] in the same (permuted) order as q; a query sees a key only when
+    their ids are equal (and, causal, the key's true row position <= the query's). positions int32 [B, L]:
+    the true row position (0..L-1, not a document's RoPE position) of each token; None derives them from
+    the layout. layout="balanced" (a loader's data-dependent permutation, L/P tokens per device) needs both.
+    segment_ids=None (and positions=None) is the unpacked path, unchanged.
     """
     _check_shapes(q, k, v)
     B, L, Hq, _ = q.shape
@@ -46,8 +55,19 @@ def attention(
     cp_rules.validate(
         strategy, context_length=L, q_heads=Hq, kv_heads=k.shape[2], mesh=shape, layout=layout, batch=B
     )
+    cp_rules.validate_tokens(
+        layout,
+        kernel,
+        positions=positions is not None,
+        segment_ids=segment_ids is not None,
+        length=L,
+        batch=B,
+        shapes=[tuple(x.shape) for x in (positions, segment_ids) if x is not None],
+    )
     get_kernel(kernel)
     o = Options(causal, layout, kernel, block_q, block_kv)
+    if segment_ids is not None or positions is not None:
+        return _packed(q, k, v, strategy, mesh, o, segment_ids, positions)
     if strategy == "reference":
         pos = global_positions(L, layout, cp_rules.ring_size(strategy, shape))
         return reference_attention(q, k, v, causal=causal, q_pos=pos, kv_pos=pos)
@@ -58,3 +78,26 @@ def attention(
     spec = qkv_spec(mesh, strategy)
     local = strategies.get(strategy).local_fn()(mesh, L, o)  # per-device body under one shard_map
     return jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec), out_specs=spec)(q, k, v)
+
+
+def _packed(q, k, v, strategy: str, mesh: Mesh | None, o: Options, segment_ids, positions) -> jax.Array:
+    """The packed-documents path: per-row positions and segment ids sharded like the sequence."""
+    B, L = q.shape[:2]
+    shape = mesh_shape(mesh)
+    if positions is None:
+        positions = global_positions(L, o.layout, cp_rules.ring_size(strategy, shape))
+    pos_BxL = jnp.broadcast_to(jnp.asarray(positions, jnp.int32), (B, L))
+    seg_BxL = jnp.zeros((B, L), jnp.int32) if segment_ids is None else jnp.asarray(segment_ids, jnp.int32)
+    if strategy == "reference":
+        kw = dict(q_pos=pos_BxL, kv_pos=pos_BxL, q_seg=seg_BxL, kv_seg=seg_BxL)
+        return reference_attention(q, k, v, causal=o.causal, **kw)
+    if mesh is None:
+        if strategy == "none":
+            return none_local(mesh, L, o)(q, k, v, pos_BxL, seg_BxL)
+        raise ValueError(f"strategy {strategy} needs a mesh with a 'context' axis; pass mesh=")
+    spec = qkv_spec(mesh, strategy)
+    tspec = PartitionSpec(spec[0], spec[1])  # A[B_(data,fsdp), L_(cp axes)]: no heads
+    local = strategies.get(strategy).local_fn()(mesh, L, o)
+    return jax.shard_map(local, mesh=mesh, in_specs=(spec, spec, spec, tspec, tspec), out_specs=spec)(
+        q, k, v, pos_BxL, seg_BxL
+    )

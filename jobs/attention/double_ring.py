@@ -11,14 +11,14 @@ The zigzag / contiguous layout is that of one flat ring of P positions, so ring.
 unchanged with flat source positions; only s = t = 0 (our own block) needs the causal mask. Same O(L/P)
 discipline as ring: hop loops are ring.loop while loops, the custom VJP saves only (q, k, v, out, lse), and
 dK/dV travel with their block (N inner shifts per round bring it back to the round's start, then one outer
-shift), so after G rounds every block's gradient is home.
+shift), so after G rounds every block's gradient is home. Packed documents: the block's Tokens travel with
+it (every shift moves (K, V, Tokens)), and hops no local query can see skip their kernel, as in ring.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -27,7 +27,7 @@ from jax.sharding import Mesh
 from jobs import strategies
 from jobs.attention.core import merge
 from jobs.attention.layout import block_positions
-from jobs.attention.ring import RingConfig, hop_bwd, hop_fwd, loop, saved_core
+from jobs.attention.ring import RingConfig, block, hop_bwd, hop_fwd, loop, saved_core, with_tokens
 from jobs.attention.sharding import Options, axis_size
 
 OUTER_AXIS, INNER_AXIS = strategies.get("double_ring").axes  # the registry's (outer ring, inner ring)
@@ -55,68 +55,67 @@ def _setup(cfg: DoubleRingConfig, Ll: int):
     return p, pos, lambda s, t: ((a - s) % G) * N + (b - t) % N
 
 
-def _fwd(cfg: DoubleRingConfig, q, k, v):
+def _fwd(cfg: DoubleRingConfig, q, k, v, tok):
     G, N = cfg.outer, cfg.inner
     p, pos, src = _setup(cfg, q.shape[1])
-    hop = lambda s, t, kv: hop_fwd(cfg.ring, src(s, t), p, q, *kv, pos)
+    hop = lambda s, t, blk: hop_fwd(cfg.ring, src(s, t), p, q, blk, pos, qt=tok)
 
-    def inner(s, lo: int, kv, acc):
-        """Merge hops t = lo .. N-1 of round s into acc; kv is the block held at step lo."""
+    def inner(s, lo: int, blk, acc):
+        """Merge hops t = lo .. N-1 of round s into acc; blk is the block (K, V[, Tokens]) held at step lo."""
 
         def step(c):
-            t, o, lse, *kv = c
-            nxt = _shift(INNER_AXIS, N, kv)  # issued before the hop it overlaps with
-            return (t + 1, *merge(o, lse, *hop(s, t, kv)), *nxt)
+            t, o, lse, blk = c
+            nxt = _shift(INNER_AXIS, N, blk)  # issued before the hop it overlaps with
+            return (t + 1, *merge(o, lse, *hop(s, t, blk)), nxt)
 
         if lo < N - 1:
-            _, *acc, k, v = loop(lo, N - 1, step, (*acc, *kv))
-            kv = (k, v)
-        return merge(*acc, *hop(s, N - 1, kv))  # last hop of the round: no inner shift
+            _, *acc, blk = loop(lo, N - 1, step, (*acc, blk))
+        return merge(*acc, *hop(s, N - 1, blk))  # last hop of the round: no inner shift
 
-    base = _shift(OUTER_AXIS, G, (k, v))  # round 1's block, in flight during all of round 0
-    cur = _shift(INNER_AXIS, N, (k, v))
-    acc = hop_fwd(cfg.ring, p, p, q, k, v, pos, own=True)
+    own = block(k, v, tok)
+    base = _shift(OUTER_AXIS, G, own)  # round 1's block, in flight during all of round 0
+    cur = _shift(INNER_AXIS, N, own)
+    acc = hop_fwd(cfg.ring, p, p, q, own, pos, own=True, qt=tok)
     if N > 1:
         acc = inner(0, 1, cur, acc)
     if G == 1:
         return acc
 
     def round_(c):
-        s, o, lse, *base = c
+        s, o, lse, base = c
         nxt = _shift(OUTER_AXIS, G, base)
-        return (s + 1, *inner(s, 0, base, (o, lse)), *nxt)
+        return (s + 1, *inner(s, 0, base, (o, lse)), nxt)
 
     if G > 2:
-        _, *acc, k1, v1 = loop(1, G - 1, round_, (*acc, *base))
-        base = (k1, v1)
+        _, *acc, base = loop(1, G - 1, round_, (*acc, base))
     return inner(G - 1, 0, base, acc)  # last round: no outer shift
 
 
 def _core_bwd(cfg, res, do):
-    q, k, v, o, lse = res
+    q, k, v, o, lse, tok = res
     G, N = cfg.outer, cfg.inner
     p, pos, src = _setup(cfg, q.shape[1])
-    hop = lambda s, t, kv: hop_bwd(cfg.ring, src(s, t), p, q, *kv, o, lse, do, pos)
+    hop = lambda s, t, blk: hop_bwd(cfg.ring, src(s, t), p, q, blk, o, lse, do, pos, qt=tok)
 
-    def inner(s, lo: int, kv, dkv, dq):
-        """Hops t = lo .. N-1 of round s; (kv, dkv) is the block and its gradient so far at step lo. Returns
+    def inner(s, lo: int, blk, dkv, dq):
+        """Hops t = lo .. N-1 of round s; (blk, dkv) is the block and its gradient so far at step lo. Returns
         dq and the block's gradient, back on the device that held it at step 0 (N inner shifts)."""
 
         def step(c):
-            t, dq, k, v, dk, dv = c
-            nxt = _shift(INNER_AXIS, N, (k, v))
-            dq_s, dk_s, dv_s = hop(s, t, (k, v))
-            return (t + 1, dq + dq_s, *nxt, *_shift(INNER_AXIS, N, (dk + dk_s, dv + dv_s)))
+            t, dq, blk, (dk, dv) = c
+            nxt = _shift(INNER_AXIS, N, blk)
+            dq_s, dk_s, dv_s = hop(s, t, blk)
+            return (t + 1, dq + dq_s, nxt, _shift(INNER_AXIS, N, (dk + dk_s, dv + dv_s)))
 
         if lo < N - 1:
-            _, dq, k, v, dk, dv = loop(lo, N - 1, step, (dq, *kv, *dkv))
-            kv, dkv = (k, v), (dk, dv)
-        dq_s, dk_s, dv_s = hop(s, N - 1, kv)
+            _, dq, blk, dkv = loop(lo, N - 1, step, (dq, blk, dkv))
+        dq_s, dk_s, dv_s = hop(s, N - 1, blk)
         return dq + dq_s, _shift(INNER_AXIS, N, (dkv[0] + dk_s, dkv[1] + dv_s))
 
-    base = _shift(OUTER_AXIS, G, (k, v))
-    cur = _shift(INNER_AXIS, N, (k, v))
-    dq, dk, dv = hop_bwd(cfg.ring, p, p, q, k, v, o, lse, do, pos, own=True)
+    own = block(k, v, tok)
+    base = _shift(OUTER_AXIS, G, own)
+    cur = _shift(INNER_AXIS, N, own)
+    dq, dk, dv = hop_bwd(cfg.ring, p, p, q, own, o, lse, do, pos, own=True, qt=tok)
     dbase = _shift(INNER_AXIS, N, (dk, dv))  # our block's gradient travels with our K/V
     if N > 1:
         dq, dbase = inner(0, 1, cur, dbase, dq)
@@ -124,18 +123,17 @@ def _core_bwd(cfg, res, do):
     if G > 1:
 
         def round_(c):
-            s, dq, k, v, dk, dv = c
-            nxt = _shift(OUTER_AXIS, G, (k, v))
-            dq, dkv = inner(s, 0, (k, v), (dk, dv), dq)
-            return (s + 1, dq, *nxt, *_shift(OUTER_AXIS, G, dkv))
+            s, dq, blk, dkv = c
+            nxt = _shift(OUTER_AXIS, G, blk)
+            dq, dkv = inner(s, 0, blk, dkv, dq)
+            return (s + 1, dq, nxt, _shift(OUTER_AXIS, G, dkv))
 
         if G > 2:
-            _, dq, k1, v1, dk, dv = loop(1, G - 1, round_, (dq, *base, *dbase))
-            base, dbase = (k1, v1), (dk, dv)
+            _, dq, base, dbase = loop(1, G - 1, round_, (dq, base, dbase))
         dq, dbase = inner(G - 1, 0, base, dbase, dq)
         dbase = _shift(OUTER_AXIS, G, dbase)  # last outer hop: our own block's gradient comes home
     dk, dv = dbase
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
 
 
 double_ring_core = saved_core(
@@ -148,4 +146,4 @@ def double_ring_local(mesh: Mesh, L: int, o: Options) -> Callable:
     del L  # each hop's positions come from the local block and the flat ring position
     G, N = axis_size(mesh, OUTER_AXIS), axis_size(mesh, INNER_AXIS)
     ring = RingConfig(INNER_AXIS, G * N, o.causal, o.layout, o.kernel, o.block_q, o.block_kv)
-    return partial(double_ring_core, DoubleRingConfig(ring, G, N))
+    return with_tokens(double_ring_core, DoubleRingConfig(ring, G, N))

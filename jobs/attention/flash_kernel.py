@@ -10,7 +10,8 @@ kv_offsets, page_table_k, page_table_v, stats, out, dout), so a hop's backward g
 (what Transformer Engine's JAX ring does). tests/test_kernels_flash.py checks those names on any host.
 
 cuDNN has no fp32 flash path and no offset-causal mask: fp32 inputs and a device's query block against the
-whole sequence (all_gather) run the xla kernel, which is exact for any positions.
+whole sequence (all_gather) run the xla kernel, which is exact for any positions. So do packed documents
+(segment ids): cuDNN's ragged q_seqlen/offsets path is not wired here yet.
 """
 
 from __future__ import annotations
@@ -52,10 +53,14 @@ def _take(x: jax.Array, idx) -> jax.Array:
     return x if idx is None else jnp.take(x, idx, axis=1)
 
 
-def flash_fwd(q, k, v, q_pos, kv_pos, *, causal: bool, block_q: int, block_kv: int, order: Order = MONOTONIC):
+def flash_fwd(
+    q, k, v, q_pos, kv_pos, *, causal: bool, block_q: int, block_kv: int, order: Order = MONOTONIC,
+    q_seg=None, kv_seg=None,
+):  # fmt: skip
     """(out fp32 [B, Lq, H, D], lse fp32 [B, Lq, H])."""
-    if not _supported(q, k, causal):
-        return xla_fwd(q, k, v, q_pos, kv_pos, causal=causal, block_q=block_q, block_kv=block_kv)
+    if q_seg is not None or not _supported(q, k, causal):
+        segs = {} if q_seg is None else {"q_seg": q_seg, "kv_seg": kv_seg}
+        return xla_fwd(q, k, v, q_pos, kv_pos, causal=causal, block_q=block_q, block_kv=block_kv, **segs)
     perm, inv = _perm(k, causal, order)
     q, k, v = (_take(x, inv) for x in (q, k, v))
     out, stats_BxHxL = _fa.dot_product_attention(
@@ -66,11 +71,14 @@ def flash_fwd(q, k, v, q_pos, kv_pos, *, causal: bool, block_q: int, block_kv: i
 
 
 def flash_bwd(
-    q, k, v, o, lse, do, q_pos, kv_pos, *, causal: bool, block_q: int, block_kv: int, order: Order = MONOTONIC
-):
+    q, k, v, o, lse, do, q_pos, kv_pos, *, causal: bool, block_q: int, block_kv: int, order: Order = MONOTONIC,
+    q_seg=None, kv_seg=None,
+):  # fmt: skip
     """dq, dk, dv (fp32) from the given (global) out and lse."""
-    if not _supported(q, k, causal):
-        return xla_bwd(q, k, v, o, lse, do, q_pos, kv_pos, causal=causal, block_q=block_q, block_kv=block_kv)
+    if q_seg is not None or not _supported(q, k, causal):
+        segs = {} if q_seg is None else {"q_seg": q_seg, "kv_seg": kv_seg}
+        kw = dict(causal=causal, block_q=block_q, block_kv=block_kv, **segs)
+        return xla_bwd(q, k, v, o, lse, do, q_pos, kv_pos, **kw)
     perm, inv = _perm(k, causal, order)
     q, k, v, do = (_take(x, inv) for x in (q, k, v, do.astype(q.dtype)))
     o, lse = _take(o.astype(q.dtype), inv), _take(lse.astype(jnp.float32), inv)

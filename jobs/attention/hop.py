@@ -11,7 +11,8 @@ class Order(NamedTuple):
     layout/ring: keys are the whole sequence in `layout` order for ring size `ring` (global_positions), and
     the queries are either that same sequence or one device's block of it. The default (contiguous, 1) also
     covers every ring hop: a ring block's positions increase with the index (zigzag too: chunk r precedes
-    chunk 2R-1-r), so a causal hop is the plain causal mask and any other hop is unmasked.
+    chunk 2R-1-r), so a causal hop is the plain causal mask and any other hop is unmasked. layout="balanced"
+    (packed documents, a data-dependent permutation): no static mask fits; only position-masking kernels run.
     """
 
     layout: str = "contiguous"

@@ -1,7 +1,9 @@
 """Local attention kernels behind one signature, and a custom-VJP `attend` that every strategy can use.
 
 A kernel is a pair (fwd -> (out, lse), bwd -> (dq, dk, dv)) over local arrays with explicit token positions
-(the causal mask is `q_pos >= kv_pos`, so permuted layouts need no special case). "xla" runs everywhere;
+(the causal mask is `q_pos >= kv_pos`, so permuted layouts need no special case). Packed documents: a kernel
+gets `q_seg`/`kv_seg` [B, L] segment ids, and then per-row positions [B, L], only when the caller has
+segment ids (without them the positions are one [L] vector, today's path). "xla" runs everywhere;
 hardware kernels (TPU splash, GPU flash) plug in here without touching the strategies. Kernels with static
 masks also get `order` (jobs.attention.hop.Order), which says how the key positions are laid out.
 "auto" (the default) is splash on TPU, flash on GPU, xla elsewhere.
@@ -27,28 +29,13 @@ AUTO = {platform: name for name, platform in KERNEL_PLATFORM.items() if platform
 
 
 class FwdFn(Protocol):
-    def __call__(
-        self, q, k, v, q_pos, kv_pos, *, causal: bool, block_q: int, block_kv: int, order: Order = MONOTONIC
-    ): ...
+    def __call__(self, q, k, v, q_pos, kv_pos, *, causal: bool, block_q: int, block_kv: int,
+                 order: Order = MONOTONIC, q_seg=None, kv_seg=None): ...  # fmt: skip
 
 
 class BwdFn(Protocol):
-    def __call__(
-        self,
-        q,
-        k,
-        v,
-        o,
-        lse,
-        do,
-        q_pos,
-        kv_pos,
-        *,
-        causal: bool,
-        block_q: int,
-        block_kv: int,
-        order: Order = MONOTONIC,
-    ): ...
+    def __call__(self, q, k, v, o, lse, do, q_pos, kv_pos, *, causal: bool, block_q: int, block_kv: int,
+                 order: Order = MONOTONIC, q_seg=None, kv_seg=None): ...  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -72,11 +59,18 @@ def _auto(phase: str):
     TPU topology from a CPU host picks splash too; GPU is chosen on the host (a GPU is compiled where it runs).
     """
 
-    def call(*args, **kw):
+    def call(*args, q_seg=None, kv_seg=None, **kw):
         other = AUTO["gpu"] if jax.default_backend() == "gpu" else "xla"
         tpu, rest = getattr(KERNELS[AUTO["tpu"]], phase), getattr(KERNELS[other], phase)
+        if kw.get("order", MONOTONIC).layout == "balanced":  # splash masks are static: xla everywhere
+            tpu = rest = getattr(KERNELS["xla"], phase)
+        segs = (q_seg, kv_seg)
+        n = len(args)
         return jax.lax.platform_dependent(
-            *args, tpu=lambda *a: tpu(*a, **kw), default=lambda *a: rest(*a, **kw)
+            *args,
+            segs,
+            tpu=lambda *a: tpu(*a[:n], q_seg=a[n][0], kv_seg=a[n][1], **kw),
+            default=lambda *a: rest(*a[:n], q_seg=a[n][0], kv_seg=a[n][1], **kw),
         )
 
     return call
@@ -101,31 +95,37 @@ def get_kernel(name: str) -> Kernel:
 Arr = jax.Array
 
 
+def _segs(segs: tuple | None) -> dict:
+    return {} if segs is None else {"q_seg": segs[0], "kv_seg": segs[1]}
+
+
 @partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8, 9))
 def attend(
     q: Arr, k: Arr, v: Arr, q_pos: Arr, kv_pos: Arr, causal: bool, kernel: str, block_q: int, block_kv: int,
-    order: Order = MONOTONIC,
+    order: Order = MONOTONIC, segs: tuple[Arr, Arr] | None = None,
 ) -> Arr:  # fmt: skip
     """Attention of local queries q [B, Lq, H, D] over keys k, v [B, Lk, K, D] at positions q_pos [Lq], kv_pos [Lk];
-    out like q. Backward recomputes (saves q, k, v, out, lse)."""
-    kw = dict(causal=causal, block_q=block_q, block_kv=block_kv, order=order)
+    out like q. Backward recomputes (saves q, k, v, out, lse). Packed documents: segs = (q_seg [B, Lq],
+    kv_seg [B, Lk]) and then q_pos [B, Lq], kv_pos [B, Lk]."""
+    kw = dict(causal=causal, block_q=block_q, block_kv=block_kv, order=order, **_segs(segs))
     o, _ = get_kernel(kernel).fwd(q, k, v, q_pos, kv_pos, **kw)
     return o.astype(q.dtype)
 
 
-def _attend_fwd(q, k, v, q_pos, kv_pos, causal, kernel, block_q, block_kv, order=MONOTONIC):
+def _attend_fwd(q, k, v, q_pos, kv_pos, causal, kernel, block_q, block_kv, order=MONOTONIC, segs=None):
     kern = get_kernel(kernel)
-    o, lse = kern.fwd(q, k, v, q_pos, kv_pos, causal=causal, block_q=block_q, block_kv=block_kv, order=order)
+    kw = dict(causal=causal, block_q=block_q, block_kv=block_kv, order=order, **_segs(segs))
+    o, lse = kern.fwd(q, k, v, q_pos, kv_pos, **kw)
     o = o.astype(q.dtype)
-    return o, (q, k, v, o, lse, q_pos, kv_pos)
+    return o, (q, k, v, o, lse, q_pos, kv_pos, segs)
 
 
 def _attend_bwd(causal, kernel, block_q, block_kv, order, res, do):
-    q, k, v, o, lse, q_pos, kv_pos = res
-    dq, dk, dv = get_kernel(kernel).bwd(
-        q, k, v, o, lse, do, q_pos, kv_pos, causal=causal, block_q=block_q, block_kv=block_kv, order=order
-    )
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None
+    q, k, v, o, lse, q_pos, kv_pos, segs = res
+    kw = dict(causal=causal, block_q=block_q, block_kv=block_kv, order=order, **_segs(segs))
+    dq, dk, dv = get_kernel(kernel).bwd(q, k, v, o, lse, do, q_pos, kv_pos, **kw)
+    nothing = None if segs is None else (None, None)
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, nothing
 
 
 attend.defvjp(_attend_fwd, _attend_bwd)

@@ -7,11 +7,21 @@ from collections.abc import Callable
 from jax.sharding import Mesh
 
 from jobs import cp_rules
+from jobs.attention.hop import Order
 from jobs.attention.kernel import attend
 from jobs.attention.layout import global_positions
 from jobs.attention.sharding import Options, mesh_shape
 
 
 def none_local(mesh: Mesh | None, L: int, o: Options) -> Callable:
-    pos = global_positions(L, o.layout, cp_rules.ring_size("none", mesh_shape(mesh)))
-    return lambda q, k, v: attend(q, k, v, pos, pos, o.causal, o.kernel, o.block_q, o.block_kv)
+    ring = cp_rules.ring_size("none", mesh_shape(mesh))
+    pos = global_positions(L, o.layout, ring)
+
+    def local(q, k, v, pos_BxL=None, seg_BxL=None):
+        if seg_BxL is None:
+            return attend(q, k, v, pos, pos, o.causal, o.kernel, o.block_q, o.block_kv)
+        order = Order(o.layout, ring)  # packed documents: per-row positions and segment ids
+        segs = (seg_BxL, seg_BxL)
+        return attend(q, k, v, pos_BxL, pos_BxL, o.causal, o.kernel, o.block_q, o.block_kv, order, segs)
+
+    return local

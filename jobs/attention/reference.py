@@ -6,6 +6,11 @@ import jax
 import jax.numpy as jnp
 
 
+def _batched(x: jax.Array) -> jax.Array:
+    """[L] -> [1, L]; [B, L] stays."""
+    return x[None] if x.ndim == 1 else x
+
+
 def reference_attention(
     q_BxLxHxD: jax.Array,
     k_BxLxKxD: jax.Array,
@@ -14,8 +19,14 @@ def reference_attention(
     causal: bool = True,
     q_pos: jax.Array | None = None,
     kv_pos: jax.Array | None = None,
+    q_seg: jax.Array | None = None,
+    kv_seg: jax.Array | None = None,
 ) -> jax.Array:
-    """softmax(q k^T / sqrt(D) + mask) v in fp32 with GQA; positions default to natural order. Out like q."""
+    """softmax(q k^T / sqrt(D) + mask) v in fp32 with GQA; out like q.
+
+    Positions ([L] or [B, L]) default to natural order. With segment ids q_seg [B, Lq], kv_seg [B, Lk] a query
+    sees a key only when their ids are equal (and, causal, kv_pos <= q_pos); rows that see no key are 0.
+    """
     B, Lq, H, D = q_BxLxHxD.shape
     Lk, K = k_BxLxKxD.shape[1], k_BxLxKxD.shape[2]
     f32 = jnp.float32
@@ -23,10 +34,25 @@ def reference_attention(
     k, v = k_BxLxKxD.astype(f32), v_BxLxKxD.astype(f32)
     hi = jax.lax.Precision.HIGHEST
     s_BxKxGxLqxLk = jnp.einsum("bqkgd,bskd->bkgqs", q, k, precision=hi) * D**-0.5
-    if causal:
-        q_pos = jnp.arange(Lq) if q_pos is None else q_pos
-        kv_pos = jnp.arange(Lk) if kv_pos is None else kv_pos
-        s_BxKxGxLqxLk = jnp.where(q_pos[:, None] >= kv_pos[None, :], s_BxKxGxLqxLk, -jnp.inf)
-    p = jax.nn.softmax(s_BxKxGxLqxLk, axis=-1)
+    if q_seg is None and kv_seg is None:
+        if causal:
+            q_pos = jnp.arange(Lq) if q_pos is None else q_pos
+            kv_pos = jnp.arange(Lk) if kv_pos is None else kv_pos
+            s_BxKxGxLqxLk = jnp.where(q_pos[:, None] >= kv_pos[None, :], s_BxKxGxLqxLk, -jnp.inf)
+        p = jax.nn.softmax(s_BxKxGxLqxLk, axis=-1)
+    else:
+        q_seg = _batched(jnp.zeros(Lq, jnp.int32) if q_seg is None else q_seg)
+        kv_seg = _batched(jnp.zeros(Lk, jnp.int32) if kv_seg is None else kv_seg)
+        see_BxLqxLk = q_seg[:, :, None] == kv_seg[:, None, :]
+        if causal:
+            q_pos = _batched(jnp.arange(Lq) if q_pos is None else q_pos)
+            kv_pos = _batched(jnp.arange(Lk) if kv_pos is None else kv_pos)
+            see_BxLqxLk = see_BxLqxLk & (q_pos[:, :, None] >= kv_pos[:, None, :])
+        see = jnp.broadcast_to(see_BxLqxLk[:, None, None], s_BxKxGxLqxLk.shape)
+        s = jnp.where(see, s_BxKxGxLqxLk, -jnp.inf)
+        m = jnp.max(s, axis=-1, keepdims=True)
+        e = jnp.where(see, jnp.exp(s - jnp.where(jnp.isneginf(m), 0.0, m)), 0.0)
+        total = e.sum(-1, keepdims=True)
+        p = e / jnp.where(total > 0, total, 1.0)
     o = jnp.einsum("bkgqs,bskd->bqkgd", p, v, precision=hi).reshape(B, Lq, H, D)
     return o.astype(q_BxLxHxD.dtype)

@@ -4,6 +4,8 @@ Zigzag layout (device r holds chunks r and 2R-1-r) balances causal work: after s
 uses all queries against the first KV chunk, a hop from j>r only the second query chunk against all KV, so no
 masks are needed and every device does the same work. The backward is a custom VJP that saves only
 (q, k, v, out, lse) and rotates K/V again with dK/dV travelling along, then one last hop home: O(L/P) memory.
+Packed documents: each K/V block travels with its Tokens (segment ids, true positions and their summary), and
+a hop whose block no local query can see skips its kernel (jobs.attention.packed_hop).
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from jobs import strategies
+from jobs.attention import packed_hop
 from jobs.attention.core import empty_like, match_varying, merge
 from jobs.attention.kernel import get_kernel
 from jobs.attention.layout import block_positions
 from jobs.attention.sharding import Options, axis_size
+from jobs.attention.tokens import Tokens, tokens
 
 
 @dataclass(frozen=True)
@@ -43,15 +47,24 @@ def _index(cfg: RingConfig) -> jax.Array:
     return jax.lax.axis_index(cfg.axis) if cfg.size > 1 else jnp.int32(0)
 
 
-def _hop_fwd(cfg: RingConfig, s, r, q, k, v, pos):
+def block(k, v, tok: Tokens | None) -> tuple:
+    """What travels around the ring: (k, v), and with packed documents (k, v, Tokens)."""
+    return (k, v) if tok is None else (k, v, tok)
+
+
+def _hop_fwd(cfg: RingConfig, s, r, q, blk, pos, qt):
     """(out, lse) of local queries against the K/V block that started on device (r - s) mod R."""
-    return hop_fwd(cfg, (r - s) % cfg.size, r, q, k, v, pos, own=isinstance(s, int) and s == 0)
+    return hop_fwd(cfg, (r - s) % cfg.size, r, q, blk, pos, own=isinstance(s, int) and s == 0, qt=qt)
 
 
-def hop_fwd(cfg: RingConfig, j, r, q, k, v, pos, *, own: bool = False):
-    """(out, lse) of the queries of ring position r against the K/V block of ring position j (j == r only
-    when `own`, the one hop that needs a causal mask); any ring order whose blocks are zigzag or
-    contiguous positions of one ring (double_ring's too) calls this."""
+def hop_fwd(cfg: RingConfig, j, r, q, blk, pos, *, own: bool = False, qt: Tokens | None = None):
+    """(out, lse) of the queries of ring position r against the K/V block `blk` of ring position j (j == r
+    only when `own`, the one hop that needs a causal mask); any ring order whose blocks are zigzag or
+    contiguous positions of one ring (double_ring's too) calls this. qt: the queries' Tokens (packed)."""
+    if qt is not None:
+        k, v, kt = blk
+        return packed_hop.hop_fwd(cfg, j, r, q, k, v, qt, kt, own=own)
+    k, v = blk
     kern = get_kernel(cfg.kernel)
     fwd = partial(kern.fwd, block_q=cfg.block_q, block_kv=cfg.block_kv)
     if own:
@@ -84,12 +97,17 @@ def hop_fwd(cfg: RingConfig, j, r, q, k, v, pos, *, own: bool = False):
     return jax.lax.cond(j < r, full, skip)
 
 
-def _hop_bwd(cfg: RingConfig, s, r, q, k, v, o, lse, do, pos):
-    return hop_bwd(cfg, (r - s) % cfg.size, r, q, k, v, o, lse, do, pos, own=isinstance(s, int) and s == 0)
+def _hop_bwd(cfg: RingConfig, s, r, q, blk, o, lse, do, pos, qt):
+    own = isinstance(s, int) and s == 0
+    return hop_bwd(cfg, (r - s) % cfg.size, r, q, blk, o, lse, do, pos, own=own, qt=qt)
 
 
-def hop_bwd(cfg: RingConfig, j, r, q, k, v, o, lse, do, pos, *, own: bool = False):
+def hop_bwd(cfg: RingConfig, j, r, q, blk, o, lse, do, pos, *, own: bool = False, qt: Tokens | None = None):
     """(dq, dk, dv) fp32 of one hop (as hop_fwd), recomputed from the saved global out and lse."""
+    if qt is not None:
+        k, v, kt = blk
+        return packed_hop.hop_bwd(cfg, j, r, q, k, v, o, lse, do, qt, kt, own=own)
+    k, v = blk
     kern = get_kernel(cfg.kernel)
     bwd = partial(kern.bwd, block_q=cfg.block_q, block_kv=cfg.block_kv)
     if own:
@@ -144,36 +162,39 @@ def loop(lo: int, hi: int, step: Callable, carry: tuple) -> tuple:
     return jax.lax.while_loop(lambda c: c[0] < hi, step, (jnp.int32(lo), *carry))
 
 
-def _ring_fwd(cfg: RingConfig, q, k, v):
+def _ring_fwd(cfg: RingConfig, q, k, v, tok: Tokens | None):
     r = _index(cfg)
     pos = block_positions(q.shape[1] * cfg.size, cfg.layout, cfg.size, r)
+    hop = lambda s, blk: _hop_fwd(cfg, s, r, q, blk, pos, tok)
+    blk = block(k, v, tok)
     if cfg.size == 1:
-        return _hop_fwd(cfg, 0, r, q, k, v, pos)
-    kv = _shift(cfg, (k, v))
-    o, lse = _hop_fwd(cfg, 0, r, q, k, v, pos)
+        return hop(0, blk)
+    nxt = _shift(cfg, blk)
+    o, lse = hop(0, blk)
 
     def step(carry):
-        s, o, lse, k, v = carry
-        kv = _shift(cfg, (k, v))
-        o, lse = merge(o, lse, *_hop_fwd(cfg, s, r, q, k, v, pos))
-        return (s + 1, o, lse, *kv)
+        s, o, lse, blk = carry
+        nxt = _shift(cfg, blk)
+        o, lse = merge(o, lse, *hop(s, blk))
+        return (s + 1, o, lse, nxt)
 
-    _, o, lse, k, v = _hops(cfg, step, (o, lse, *kv))
-    return merge(o, lse, *_hop_fwd(cfg, cfg.size - 1, r, q, k, v, pos))
+    _, o, lse, blk = _hops(cfg, step, (o, lse, nxt))
+    return merge(o, lse, *hop(cfg.size - 1, blk))
 
 
 def saved_core(fwd: Callable, bwd: Callable, doc: str) -> Callable:
-    """core(cfg, q, k, v) -> out with a custom VJP that saves only (q, k, v, out, lse): O(L/P) whatever the hop
-    order. fwd(cfg, q, k, v) -> (out fp32, lse); bwd(cfg, (q, k, v, out, lse), dout) -> (dq, dk, dv)."""
+    """core(cfg, q, k, v, tok) -> out with a custom VJP that saves only (q, k, v, out, lse, tok): O(L/P) whatever
+    the hop order. tok: the local block's Tokens (packed documents) or None. fwd(cfg, q, k, v, tok) -> (out fp32,
+    lse); bwd(cfg, (q, k, v, out, lse, tok), dout) -> (dq, dk, dv, None)."""
 
     @partial(jax.custom_vjp, nondiff_argnums=(0,))
-    def core(cfg, q_BxLlxHxD: jax.Array, k_BxLlxKxD: jax.Array, v_BxLlxKxD: jax.Array) -> jax.Array:
-        return fwd(cfg, q_BxLlxHxD, k_BxLlxKxD, v_BxLlxKxD)[0].astype(q_BxLlxHxD.dtype)
+    def core(cfg, q_BxLlxHxD: jax.Array, k_BxLlxKxD: jax.Array, v_BxLlxKxD: jax.Array, tok) -> jax.Array:
+        return fwd(cfg, q_BxLlxHxD, k_BxLlxKxD, v_BxLlxKxD, tok)[0].astype(q_BxLlxHxD.dtype)
 
-    def core_fwd(cfg, q, k, v):
-        o, lse = fwd(cfg, q, k, v)
+    def core_fwd(cfg, q, k, v, tok):
+        o, lse = fwd(cfg, q, k, v, tok)
         o = o.astype(q.dtype)
-        return o, (q, k, v, o, lse)
+        return o, (q, k, v, o, lse, tok)
 
     core.defvjp(core_fwd, bwd)
     core.__doc__ = doc
@@ -181,27 +202,29 @@ def saved_core(fwd: Callable, bwd: Callable, doc: str) -> Callable:
 
 
 def _ring_core_bwd(cfg, res, do):
-    q, k, v, o, lse = res
+    q, k, v, o, lse, tok = res
     r = _index(cfg)
     pos = block_positions(q.shape[1] * cfg.size, cfg.layout, cfg.size, r)
+    hop = lambda s, blk: _hop_bwd(cfg, s, r, q, blk, o, lse, do, pos, tok)
+    blk = block(k, v, tok)
     if cfg.size == 1:
-        dq, dk, dv = _hop_bwd(cfg, 0, r, q, k, v, o, lse, do, pos)
-        return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
-    kv = _shift(cfg, (k, v))
-    dq, dk, dv = _hop_bwd(cfg, 0, r, q, k, v, o, lse, do, pos)
+        dq, dk, dv = hop(0, blk)
+        return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
+    nxt = _shift(cfg, blk)
+    dq, dk, dv = hop(0, blk)
     dkv = _shift(cfg, (dk, dv))  # our block's gradient travels with our K/V
 
     def step(carry):
-        s, dq, k, v, dk, dv = carry
-        kv = _shift(cfg, (k, v))
-        dq_s, dk_s, dv_s = _hop_bwd(cfg, s, r, q, k, v, o, lse, do, pos)
+        s, dq, blk, (dk, dv) = carry
+        nxt = _shift(cfg, blk)
+        dq_s, dk_s, dv_s = hop(s, blk)
         dkv = _shift(cfg, (dk + dk_s, dv + dv_s))
-        return (s + 1, dq + dq_s, *kv, *dkv)
+        return (s + 1, dq + dq_s, nxt, dkv)
 
-    _, dq, k, v, dk, dv = _hops(cfg, step, (dq, *kv, *dkv))
-    dq_s, dk_s, dv_s = _hop_bwd(cfg, cfg.size - 1, r, q, k, v, o, lse, do, pos)
+    _, dq, blk, (dk, dv) = _hops(cfg, step, (dq, nxt, dkv))
+    dq_s, dk_s, dv_s = hop(cfg.size - 1, blk)
     dk, dv = _shift(cfg, (dk + dk_s, dv + dv_s))  # final hop home: we held block r+1's gradient
-    return (dq + dq_s).astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
+    return (dq + dq_s).astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
 
 
 ring_core = saved_core(
@@ -211,11 +234,15 @@ ring_core = saved_core(
 )
 
 
+def with_tokens(core: Callable, cfg) -> Callable:
+    """fn(q, k, v, pos=None, seg=None): core with the local block's Tokens when segment ids are given."""
+    return lambda q, k, v, pos=None, seg=None: core(cfg, q, k, v, None if seg is None else tokens(pos, seg))
+
+
 def ring_local(mesh: Mesh, L: int, o: Options) -> Callable:
-    """Per-device body over A[B, L_context, H, D] in `layout` order (zigzag: already permuted)."""
+    """Per-device body over A[B, L_context, H, D] in `layout` order (zigzag: already permuted); packed
+    documents add pos, seg [B, L_context] (true positions and segment ids in the same order)."""
     del L  # each hop's positions come from the local block and the ring index
     (axis,) = strategies.get("ring").axes
-    return partial(
-        ring_core,
-        RingConfig(axis, axis_size(mesh, axis), o.causal, o.layout, o.kernel, o.block_q, o.block_kv),
-    )
+    cfg = RingConfig(axis, axis_size(mesh, axis), o.causal, o.layout, o.kernel, o.block_q, o.block_kv)
+    return with_tokens(ring_core, cfg)

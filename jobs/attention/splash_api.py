@@ -26,6 +26,7 @@ from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_ma
 
 from jobs.attention.core import match_varying
 
+SegmentIds = _sk.SegmentIds
 LANES = 128  # splash tiles sequence blocks in multiples of the TPU lane width
 # Keys per inner step of a kv block: a 2048 x 2048 step needs 33.4 MB of scoped VMEM on tpu7x (limit 32 MB).
 COMPUTE_BLOCK = 512
@@ -87,10 +88,16 @@ def make(
         )
 
 
-def fwd(kernel: _sk.SplashAttentionKernel, q_HxLqxD, k_KxLkxD, v_KxLkxD) -> tuple[jax.Array, jax.Array]:
-    """(out [H, Lq, D] in q's dtype, lse [H, Lq] fp32 natural log); q must be pre-scaled by D**-0.5."""
+def fwd(
+    kernel: _sk.SplashAttentionKernel, q_HxLqxD, k_KxLkxD, v_KxLkxD, segment_ids: SegmentIds | None = None
+) -> tuple[jax.Array, jax.Array]:
+    """(out [H, Lq, D] in q's dtype, lse [H, Lq] fp32 natural log); q must be pre-scaled by D**-0.5.
+
+    segment_ids (q [Lq], kv [Lk]): packed documents; a row that sees no key in this call gets splash's finite
+    mask value as lse (~-2.4e38), which weighs nothing when merged with the row's visible hops.
+    """
     with _config._check_vma(False):
-        out, (lse,) = kernel(q_HxLqxD, k_KxLkxD, v_KxLkxD)
+        out, (lse,) = kernel(q_HxLqxD, k_KxLkxD, v_KxLkxD, segment_ids=segment_ids)
     refs = (q_HxLqxD, k_KxLkxD, v_KxLkxD)
     return match_varying(out, *refs), match_varying(lse, *refs)
 
@@ -105,7 +112,14 @@ def _collapse(info):
 
 
 def bwd(
-    kernel: _sk.SplashAttentionKernel, q_HxLqxD, k_KxLkxD, v_KxLkxD, o_HxLqxD, lse_HxLq, do_HxLqxD
+    kernel: _sk.SplashAttentionKernel,
+    q_HxLqxD,
+    k_KxLkxD,
+    v_KxLkxD,
+    o_HxLqxD,
+    lse_HxLq,
+    do_HxLqxD,
+    segment_ids: SegmentIds | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """dq (w.r.t. the pre-scaled q), dk, dv given the given (global) out and lse."""
     kw = kernel.kwargs
@@ -113,7 +127,7 @@ def bwd(
         q_HxLqxD,
         k_KxLkxD,
         v_KxLkxD,
-        None,  # segment_ids
+        segment_ids,
         None,  # sinks
         o_HxLqxD,
         lse_HxLq.astype(jnp.float32),

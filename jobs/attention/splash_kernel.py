@@ -9,7 +9,9 @@ runs in Pallas interpret mode (for tests: lax.platform_dependent keeps only the 
 platform, so an AOT compile for a TPU topology from a CPU host gets the Mosaic kernel). Shapes splash cannot
 tile (lengths not multiples of 128) fall back to the xla kernel, which is exact for any positions, and so do
 calls whose block map stays over MAX_MASK_BLOCKS even with 2048-key blocks (splash_api's block masks make
-building it cheap: ~4 s for 802,816 blocks).
+building it cheap: ~4 s for 802,816 blocks). Packed documents go through splash's own SegmentIds (reordered
+and split with the tokens); the "balanced" layout has data-dependent positions no static mask can express,
+so kernel=splash refuses it with a ValueError (kernel=auto runs xla there, see jobs.attention.kernel).
 """
 
 from __future__ import annotations
@@ -110,16 +112,35 @@ def _on_platform(kind: str, offset: int, shape, heads: int, bq: int, bk: int, bo
     return jax.lax.platform_dependent(*args, tpu=branch(False), default=branch(True))
 
 
-def _fwd_body(kern, q, k, v):
-    o, lse = jax.vmap(partial(splash_api.fwd, kern))(_heads(q), _heads(k), _heads(v))
+def _ids(segs):
+    return None if segs is None else splash_api.SegmentIds(*segs)
+
+
+def _fwd_body(kern, q, k, v, segs):
+    o, lse = jax.vmap(partial(splash_api.fwd, kern))(_heads(q), _heads(k), _heads(v), _ids(segs))
     return _heads(o).astype(jnp.float32), jnp.swapaxes(lse, 1, 2)
 
 
-def _bwd_body(kern, q, k, v, o, lse, do):
+def _bwd_body(kern, q, k, v, o, lse, do, segs):
     dq, dk, dv = jax.vmap(partial(splash_api.bwd, kern))(
-        _heads(q), _heads(k), _heads(v), _heads(o), jnp.swapaxes(lse, 1, 2), _heads(do)
+        _heads(q), _heads(k), _heads(v), _heads(o), jnp.swapaxes(lse, 1, 2), _heads(do), _ids(segs)
     )
     return tuple(_heads(g).astype(jnp.float32) for g in (dq, dk, dv))
+
+
+def _refuse_balanced(order: Order) -> None:
+    if order.layout == "balanced":
+        raise ValueError(
+            "kernel=splash cannot run layout=balanced (its masks are static, balanced positions are data); "
+            "use kernel=xla or kernel=auto (xla for balanced)"
+        )
+
+
+def _piece_segs(plan: _Plan, i: int, q_seg, kv_seg):
+    if q_seg is None:
+        return None
+    p = plan.pieces[i]
+    return q_seg[:, p.q0 : p.q0 + p.length], kv_seg
 
 
 def _run_piece(plan: _Plan, i: int, body, q_pos, q, k, *rest):
@@ -132,7 +153,8 @@ def _run_piece(plan: _Plan, i: int, body, q_pos, q, k, *rest):
         partial(_on_platform, "causal", n * p.length, shape, heads, bq, bk, body)
         for n in range(k.shape[1] // p.length)
     ]
-    return jax.lax.switch(q_pos[p.q0] // p.length, branches, q, k, *rest)
+    row = q_pos if q_pos.ndim == 1 else q_pos[0]  # contiguous/zigzag positions are the same in every row
+    return jax.lax.switch(row[p.q0] // p.length, branches, q, k, *rest)
 
 
 def _take(x: jax.Array, idx: np.ndarray | None) -> jax.Array:
@@ -144,17 +166,26 @@ def _split(plan: _Plan, x: jax.Array) -> list[jax.Array]:
 
 
 def splash_fwd(
-    q, k, v, q_pos, kv_pos, *, causal: bool, block_q: int, block_kv: int, order: Order = MONOTONIC
-):
+    q, k, v, q_pos, kv_pos, *, causal: bool, block_q: int, block_kv: int, order: Order = MONOTONIC,
+    q_seg=None, kv_seg=None,
+):  # fmt: skip
     """(out fp32 [B, Lq, H, D], lse fp32 [B, Lq, H]); positions only pick the mask (see module doc)."""
+    _refuse_balanced(order)
     plan = _plan(q.shape[1], k.shape[1], causal, order, block_q, block_kv)
     if plan is None:
-        return xla_fwd(q, k, v, q_pos, kv_pos, causal=causal, block_q=block_q, block_kv=block_kv)
+        segs = {} if q_seg is None else {"q_seg": q_seg, "kv_seg": kv_seg}
+        return xla_fwd(q, k, v, q_pos, kv_pos, causal=causal, block_q=block_q, block_kv=block_kv, **segs)
     inv = None if plan.perm is None else cp_rules.inverse_permutation(plan.perm)
+    q_inv = inv if plan.q_reordered else None
     q_s = (q * q.shape[-1] ** -0.5).astype(q.dtype)  # splash applies no softmax scale
-    q_s = _take(q_s, inv if plan.q_reordered else None)
+    q_s = _take(q_s, q_inv)
     k, v = _take(k, inv), _take(v, inv)
-    outs = [_run_piece(plan, i, _fwd_body, q_pos, q_i, k, v) for i, q_i in enumerate(_split(plan, q_s))]
+    if q_seg is not None:
+        q_seg, kv_seg = _take(q_seg, q_inv), _take(kv_seg, inv)
+    outs = [
+        _run_piece(plan, i, _fwd_body, q_pos, q_i, k, v, _piece_segs(plan, i, q_seg, kv_seg))
+        for i, q_i in enumerate(_split(plan, q_s))
+    ]
     o = jnp.concatenate([x[0] for x in outs], 1)
     lse = jnp.concatenate([x[1] for x in outs], 1)
     back = plan.perm if plan.q_reordered else None
@@ -162,22 +193,29 @@ def splash_fwd(
 
 
 def splash_bwd(
-    q, k, v, o, lse, do, q_pos, kv_pos, *, causal: bool, block_q: int, block_kv: int, order: Order = MONOTONIC
-):
+    q, k, v, o, lse, do, q_pos, kv_pos, *, causal: bool, block_q: int, block_kv: int, order: Order = MONOTONIC,
+    q_seg=None, kv_seg=None,
+):  # fmt: skip
     """dq, dk, dv (fp32) from the given (global) out and lse, piece by piece like the forward."""
+    _refuse_balanced(order)
     plan = _plan(q.shape[1], k.shape[1], causal, order, block_q, block_kv)
     if plan is None:
-        return xla_bwd(q, k, v, o, lse, do, q_pos, kv_pos, causal=causal, block_q=block_q, block_kv=block_kv)
+        segs = {} if q_seg is None else {"q_seg": q_seg, "kv_seg": kv_seg}
+        kw = dict(causal=causal, block_q=block_q, block_kv=block_kv, **segs)
+        return xla_bwd(q, k, v, o, lse, do, q_pos, kv_pos, **kw)
     scale = q.shape[-1] ** -0.5
     inv = None if plan.perm is None else cp_rules.inverse_permutation(plan.perm)
     q_inv = inv if plan.q_reordered else None
     q_s = _take((q * scale).astype(q.dtype), q_inv)
     o, lse, do = (_take(x, q_inv) for x in (o.astype(q.dtype), lse, do.astype(q.dtype)))
     k, v = _take(k, inv), _take(v, inv)
+    if q_seg is not None:
+        q_seg, kv_seg = _take(q_seg, q_inv), _take(kv_seg, inv)
     dqs, dk, dv = [], 0.0, 0.0
     parts = zip(_split(plan, q_s), _split(plan, o), _split(plan, lse), _split(plan, do), strict=True)
     for i, (q_i, o_i, lse_i, do_i) in enumerate(parts):
-        dq_i, dk_i, dv_i = _run_piece(plan, i, _bwd_body, q_pos, q_i, k, v, o_i, lse_i, do_i)
+        segs = _piece_segs(plan, i, q_seg, kv_seg)
+        dq_i, dk_i, dv_i = _run_piece(plan, i, _bwd_body, q_pos, q_i, k, v, o_i, lse_i, do_i, segs)
         dqs.append(dq_i)
         dk, dv = dk + dk_i, dv + dv_i
     dq = jnp.concatenate(dqs, 1) * scale  # the kernel differentiated w.r.t. the pre-scaled q

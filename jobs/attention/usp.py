@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 
 from jax.sharding import Mesh
 
 from jobs import strategies
-from jobs.attention.ring import RingConfig, ring_core
+from jobs.attention.ring import RingConfig, ring_core, with_tokens
 from jobs.attention.sharding import Options, axis_size
 from jobs.attention.ulysses import ulysses_exchange
 
@@ -21,4 +20,7 @@ def usp_local(mesh: Mesh, L: int, o: Options) -> Callable:
     ring_axis = next(a for a in s.axes if a != a2a)
     R, U = axis_size(mesh, ring_axis), axis_size(mesh, a2a)
     cfg = RingConfig(ring_axis, R, o.causal, o.layout, o.kernel, o.block_q, o.block_kv)
-    return lambda q, k, v: ulysses_exchange(q, k, v, axis=a2a, size=U, inner=partial(ring_core, cfg))
+    inner = with_tokens(ring_core, cfg)  # packed documents: the ring block's pos, seg gathered over a2a
+    return lambda q, k, v, pos=None, seg=None: ulysses_exchange(
+        q, k, v, axis=a2a, size=U, inner=inner, pos_BxLl=pos, seg_BxLl=seg
+    )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jobs.attention.block_mask import PositionMask, segment_mask
 from jobs.attention.core import NEG_INF, match_varying, safe_max
 
 
@@ -57,15 +58,7 @@ def _kv_unblocks(x_NxBxKxbxD: jax.Array) -> jax.Array:
     return jnp.transpose(x_NxBxKxbxD, (1, 0, 3, 2, 4)).reshape(B, n * b, K, D)
 
 
-def _mask(qpos_R: jax.Array, kpos_b: jax.Array) -> jax.Array:
-    return qpos_R[:, None] >= kpos_b[None, :]
-
-
-def _any_visible(qpos_R: jax.Array, kpos_b: jax.Array) -> jax.Array:
-    return jnp.max(qpos_R) >= jnp.min(kpos_b)
-
-
-def _setup(q, k, qpos, kpos, block_q, block_kv):
+def _setup(q, k, qpos, kpos, block_q, block_kv, causal, q_seg=None, kv_seg=None):
     B, Lq, H, D = q.shape
     Lk, K = k.shape[1], k.shape[2]
     bq, bk = fit_block(Lq, block_q), fit_block(Lk, block_kv)
@@ -76,9 +69,12 @@ def _setup(q, k, qpos, kpos, block_q, block_kv):
     # masked scores' -inf fill -- got partially evaluated out of these loops and stacked as [nq, nk, R, bk]
     # buffers (~1-4 GiB per train step at 16K/4 devices). Through the barrier they depend on q, so they stay
     # per block, inside the loops.
+    if q_seg is not None:  # packed documents: positions and segment ids per batch row
+        qpos, kpos, q_seg, kv_seg, _ = jax.lax.optimization_barrier((qpos, kpos, q_seg, kv_seg, q))
+        return B, H, K, D, nq, nk, bk, segment_mask(causal, qpos, q_seg, kpos, kv_seg, nq, nk, H // K)
     qpos, kpos, _ = jax.lax.optimization_barrier((qpos, kpos, q))
     qpos_NxR = jnp.repeat(qpos.reshape(nq, bq), H // K, axis=1)  # row r = (query i, head g) -> pos i
-    return B, H, K, D, nq, nk, bk, qpos_NxR, kpos.reshape(nk, bk)
+    return B, H, K, D, nq, nk, bk, PositionMask(causal, qpos_NxR, kpos.reshape(nk, bk))
 
 
 def xla_fwd(
@@ -91,10 +87,15 @@ def xla_fwd(
     causal: bool,
     block_q: int,
     block_kv: int,
+    q_seg: jax.Array | None = None,
+    kv_seg: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
-    """Returns out [B, Lq, H, D] fp32 (normalised) and lse [B, Lq, H] fp32 (-inf where no key is visible)."""
-    B, H, K, D, nq, nk, _, qpos_NxR, kpos_Nxb = _setup(
-        q_BxLqxHxD, k_BxLkxKxD, qpos_Lq, kpos_Lk, block_q, block_kv
+    """Returns out [B, Lq, H, D] fp32 (normalised) and lse [B, Lq, H] fp32 (-inf where no key is visible).
+
+    With segment ids q_seg [B, Lq], kv_seg [B, Lk] the positions are per row too ([B, Lq], [B, Lk]).
+    """
+    B, H, K, D, nq, nk, _, mask = _setup(
+        q_BxLqxHxD, k_BxLkxKxD, qpos_Lq, kpos_Lk, block_q, block_kv, causal, q_seg, kv_seg
     )
     scale = D**-0.5
     prec = _precision(q_BxLqxHxD.dtype)
@@ -109,8 +110,8 @@ def xla_fwd(
         def attend(carry, k_b, v_b, kpos_b):
             m, denom, acc = carry
             s = jnp.einsum("bkrd,bksd->bkrs", q_b, k_b, preferred_element_type=f32, precision=prec) * scale
-            if causal:
-                s = jnp.where(_mask(qpos_b, kpos_b), s, NEG_INF)
+            if mask.active:
+                s = mask.where(qpos_b, kpos_b, s)
             m_new = jnp.maximum(m, s.max(-1))
             m_safe = safe_max(m_new)
             p = jnp.exp(s - m_safe[..., None])
@@ -122,9 +123,9 @@ def xla_fwd(
 
         def kv_step(carry, xs):
             k_b, v_b, kpos_b = xs
-            if not causal:
+            if not mask.active:
                 return attend(carry, k_b, v_b, kpos_b), None
-            visible = _any_visible(qpos_b, kpos_b)
+            visible = mask.visible(qpos_b, kpos_b)
             return jax.lax.cond(visible, lambda c: attend(c, k_b, v_b, kpos_b), lambda c: c, carry), None
 
         stat = q_b.shape[:3]
@@ -133,12 +134,12 @@ def xla_fwd(
             match_varying(jnp.zeros(stat, f32), *refs),
             match_varying(jnp.zeros(q_b.shape, f32), *refs),
         )
-        (m, denom, acc), _ = jax.lax.scan(kv_step, init, (k_NxBxKxbxD, v_NxBxKxbxD, kpos_Nxb))
+        (m, denom, acc), _ = jax.lax.scan(kv_step, init, (k_NxBxKxbxD, v_NxBxKxbxD, mask.k))
         seen = denom > 0
         lse = jnp.where(seen, m + jnp.log(jnp.where(seen, denom, 1.0)), NEG_INF)
         return acc / jnp.where(seen, denom, 1.0)[..., None], lse
 
-    o_NxBxKxRxD, lse_NxBxKxR = jax.lax.map(q_block, (q_NxBxKxRxD, qpos_NxR))
+    o_NxBxKxRxD, lse_NxBxKxR = jax.lax.map(q_block, (q_NxBxKxRxD, mask.q))
     return _unrows(o_NxBxKxRxD, H), _unrows(lse_NxBxKxR, H)
 
 
@@ -155,10 +156,12 @@ def xla_bwd(
     causal: bool,
     block_q: int,
     block_kv: int,
+    q_seg: jax.Array | None = None,
+    kv_seg: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """dq, dk, dv (fp32) given the final (global) out and lse; recomputes probabilities block by block."""
-    B, H, K, D, nq, nk, _, qpos_NxR, kpos_Nxb = _setup(
-        q_BxLqxHxD, k_BxLkxKxD, qpos_Lq, kpos_Lk, block_q, block_kv
+    B, H, K, D, nq, nk, _, mask = _setup(
+        q_BxLqxHxD, k_BxLkxKxD, qpos_Lq, kpos_Lk, block_q, block_kv, causal, q_seg, kv_seg
     )
     scale = D**-0.5
     dtype = q_BxLqxHxD.dtype
@@ -180,8 +183,8 @@ def xla_bwd(
 
         def grads(dq_b, k_b, v_b, kpos_b):
             s = jnp.einsum("bkrd,bksd->bkrs", q_b, k_b, preferred_element_type=f32, precision=prec) * scale
-            if causal:
-                s = jnp.where(_mask(qpos_b, kpos_b), s, NEG_INF)
+            if mask.active:
+                s = mask.where(qpos_b, kpos_b, s)
             p = jnp.exp(s - lse_b[..., None])
             dv_b = jnp.einsum(
                 "bkrs,bkrd->bksd", p.astype(dtype), do_b, preferred_element_type=f32, precision=prec
@@ -194,19 +197,19 @@ def xla_bwd(
 
         def kv_step(dq_b, xs):
             k_b, v_b, kpos_b = xs
-            if not causal:
+            if not mask.active:
                 return grads(dq_b, k_b, v_b, kpos_b)
             skip = lambda c: (c, (zeros(k_b.shape), zeros(k_b.shape)))
-            visible = _any_visible(qpos_b, kpos_b)
+            visible = mask.visible(qpos_b, kpos_b)
             return jax.lax.cond(visible, lambda c: grads(c, k_b, v_b, kpos_b), skip, dq_b)
 
         dq_b, (dk_NxBxKxbxD, dv_NxBxKxbxD) = jax.lax.scan(
-            kv_step, zeros(q_b.shape), (k_NxBxKxbxD, v_NxBxKxbxD, kpos_Nxb)
+            kv_step, zeros(q_b.shape), (k_NxBxKxbxD, v_NxBxKxbxD, mask.k)
         )
         return (dkv[0] + dk_NxBxKxbxD, dkv[1] + dv_NxBxKxbxD), dq_b
 
     init = (zeros(k_NxBxKxbxD.shape), zeros(v_NxBxKxbxD.shape))
     (dk, dv), dq_NxBxKxRxD = jax.lax.scan(
-        q_block, init, (q_NxBxKxRxD, do_NxBxKxRxD, lse_NxBxKxR, delta_NxBxKxR, qpos_NxR)
+        q_block, init, (q_NxBxKxRxD, do_NxBxKxRxD, lse_NxBxKxR, delta_NxBxKxR, mask.q)
     )
     return _unrows(dq_NxBxKxRxD, H), _kv_unblocks(dk), _kv_unblocks(dv)

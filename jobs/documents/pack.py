@@ -15,8 +15,9 @@ import grain
 import numpy as np
 from grain.experimental import FirstFitPackIterDataset
 
-PACKS = ("first_fit", "concat")
-LONG_DOCS = ("split", "truncate")
+from jobs.spec import LONG_DOCS, PACKS
+
+__all__ = ["LONG_DOCS", "PACKS"]  # with the packers below
 
 
 class _PiecesIterator(grain.DatasetIterator):

@@ -66,7 +66,8 @@ class Strategy:
     name: str = ""
     axes: tuple[str, ...] = ("context",)  # mesh axes the sequence is sharded over, major first
     ulysses_axis: str | None = None  # the axis whose all-to-all trades sequence for heads
-    layouts: tuple[str, ...] = ("contiguous", "zigzag")
+    # balanced: packed documents in a loader's permutation (jobs/balance.py), positions and segment ids given
+    layouts: tuple[str, ...] = ("contiguous", "zigzag", "balanced")
     default_layout: str = "contiguous"  # what the recommender and the benchmarks pick
     collectives: tuple[str, ...] = ()  # HLO ops its compiled step must contain (a silent no-CP would not)
     summary: str = ""  # one line for the recommender and the docs
@@ -176,8 +177,9 @@ class Strategy:
 
     # -- data plane -----------------------------------------------------------------------------------
     def local_fn(self) -> Callable:
-        """The JAX body: jobs/attention/<name>.py's <name>_local(mesh, L, Options) -> fn(q, k, v), the per-device
-        function run under one shard_map; imported only when asked for (this module never imports jax)."""
+        """The JAX body: jobs/attention/<name>.py's <name>_local(mesh, L, Options) -> fn(q, k, v, pos=None,
+        seg=None), the per-device function run under one shard_map (pos, seg: packed documents' true positions and
+        segment ids [B, L_local]); imported only when asked for (this module never imports jax)."""
         return getattr(importlib.import_module(f"jobs.attention.{self.name}"), f"{self.name}_local")
 
 

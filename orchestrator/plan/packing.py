@@ -3,8 +3,9 @@
 MFU, as MaxText counts it, prices every row's attention as one causal mask (jobs/flops.py). With packed
 documents a query sees only its own document, so the useful work is far less: the plan reports both. What the
 kernel computes is the tiles with anything visible, at the grain it can skip: a `strategy.block_kv` block for
-the xla kernel (CPU, GPU); on TPU splash's mask is static, so only a whole ring hop whose documents meet none of
-the local queries' is skipped (a strategy that gathers the whole sequence skips nothing). The busiest device's
+the xla kernel (CPU, GPU, and the balanced layout anywhere); on TPU splash's mask is static, so only a whole ring
+hop whose documents meet none of the local queries' is skipped (a strategy that gathers the whole sequence skips
+nothing). The busiest device's
 tiles over the mean is the layout's imbalance. Both come from jobs/balance on a row sampled from the corpus's
 own document lengths (`lengths.npy`, written by `python -m jobs.documents.corpus`, beside the shards).
 """
@@ -68,9 +69,12 @@ def of(spec: TrialSpec) -> Packing | None:
         return None
     from orchestrator.plan.memory import local_sizes
 
-    P = cp_rules.ring_size(spec.strategy.name, spec.mesh.shape())
-    hop = strategies.get(spec.strategy.name).hop_tokens(local_sizes(spec))
-    block = min(hop, spec.context_length) if spec.cluster.platform == "tpu" else spec.strategy.block_kv
+    # the shards the layout balances: zigzag's ring positions, balanced's every sequence shard
+    shape, s = spec.mesh.shape(), strategies.get(spec.strategy.name)
+    P = s.cp(shape) if spec.strategy.layout == "balanced" else cp_rules.ring_size(spec.strategy.name, shape)
+    hop = s.hop_tokens(local_sizes(spec))
+    splash = spec.cluster.platform == "tpu" and spec.strategy.layout != "balanced"  # balanced runs on xla
+    block = min(hop, spec.context_length) if splash else spec.strategy.block_kv
     return _measure(tuple(s for s, _ in found), spec.context_length, P, spec.strategy.layout, block,
                     spec.train.seed)  # fmt: skip
 

@@ -87,6 +87,14 @@ def _data(spec: TrialSpec) -> list[tuple[str, str]]:
         return [("data kind vs path", f"train.data.path={path!r} is ignored by train.data.kind=recall; "
                  "allowed: a path only with train.data.kind=tokens — set train.data.kind=tokens to train on "
                  "it, or drop the path")]  # fmt: skip
+    if spec.strategy.layout == "balanced" and kind != "documents":
+        return [("layout vs data", f"strategy.layout=balanced balances packed documents, but train.data.kind="
+                 f"{kind} has one causal row; allowed: balanced with train.data.kind=documents — use "
+                 "strategy.layout=zigzag")]  # fmt: skip
+    if spec.strategy.layout == "balanced" and spec.strategy.kernel == "splash":
+        return [("layout vs kernel", "strategy.layout=balanced is a per-row token order that splash's static "
+                 "masks cannot express; allowed: kernel xla or auto (xla for balanced) — set "
+                 "strategy.kernel=auto")]  # fmt: skip
     return []
 
 
