@@ -79,7 +79,9 @@ def test_grad_accum_is_priced(sized):
     assert w2.attention_ring_bytes == pytest.approx(w1.attention_ring_bytes)  # same tokens moved in total
     fsdp = replace(one, mesh=replace(one.mesh, fsdp=2, context=one.mesh.context // 2))
     f1, f2 = work.step_work(fsdp), work.step_work(replace(fsdp, train=two.train))
-    assert f1.fsdp_bytes > 0 and f2.fsdp_bytes == pytest.approx(2 * f1.fsdp_bytes)  # gathers once per microbatch
+    assert f1.fsdp_bytes > 0 and f2.fsdp_bytes == pytest.approx(
+        2 * f1.fsdp_bytes
+    )  # gathers once per microbatch
     assert steptime.step_time(replace(fsdp, train=two.train)).step_s >= steptime.step_time(fsdp).step_s
 
 
