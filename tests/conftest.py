@@ -80,3 +80,19 @@ def stdlib_corpus(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("corpus") / "stdlib"
     corpus.build(str(out), [corpus.stdlib_dir()], vocab=512, fmt="arrayrecord", max_docs=300, shard_docs=100)
     return out
+
+
+@pytest.fixture
+def gcs():
+    """A GCS emulator for the real google-cloud-storage client; yields its bucket as gs://cp-test."""
+    from servers import start_gcs_emulator
+
+    from jobs import storage
+
+    url, stop = start_gcs_emulator(bucket="cp-test")
+    os.environ["STORAGE_EMULATOR_HOST"] = url
+    storage.client.cache_clear()
+    yield "gs://cp-test"
+    stop()
+    os.environ.pop("STORAGE_EMULATOR_HOST", None)
+    storage.client.cache_clear()

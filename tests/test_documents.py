@@ -175,19 +175,6 @@ def test_mixture_is_deterministic_with_the_weights_asked(shards, tmp_path):
     assert len(firsts) > 200 and abs(from_other - 0.25) < 0.03, (len(firsts), from_other)
 
 
-@pytest.fixture
-def gcs():
-    from servers import start_gcs_emulator
-
-    url, stop = start_gcs_emulator(bucket="cp-docs")
-    os.environ["STORAGE_EMULATOR_HOST"] = url
-    storage.client.cache_clear()
-    yield "gs://cp-docs"
-    stop()
-    os.environ.pop("STORAGE_EMULATOR_HOST", None)
-    storage.client.cache_clear()
-
-
 def test_gcs_source_on_the_emulator(shards, gcs, tmp_path):
     assert storage.upload_dir(shards["ar"], f"{gcs}/corpus/ar") == 2
     o = options([f"{gcs}/corpus/ar"], pack="concat")

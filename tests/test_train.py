@@ -9,7 +9,6 @@ import sys
 
 import numpy as np
 import pytest
-from servers import start_gcs_emulator
 
 from jobs import storage, strategies
 from jobs.data import chance_loss
@@ -95,17 +94,6 @@ def test_kill_and_resume_continues_with_the_same_losses(tmp_path):
     got = {r["step"]: r["loss"] for r in recs if r["kind"] == "step"}
     for s, loss in got.items():
         assert loss == pytest.approx(ref_steps[s], abs=1e-5), (s, loss, ref_steps[s])
-
-
-@pytest.fixture
-def gcs():
-    url, stop = start_gcs_emulator(bucket="cp-test")
-    os.environ["STORAGE_EMULATOR_HOST"] = url
-    storage.client.cache_clear()
-    yield "gs://cp-test"
-    stop()
-    os.environ.pop("STORAGE_EMULATOR_HOST", None)
-    storage.client.cache_clear()
 
 
 @pytest.mark.slow
