@@ -45,14 +45,23 @@ def test_ring_trains_on_documents_like_no_cp(stdlib_corpus, layout):
         assert set(by) == {"0-256", "256-512"} and min(by.values()) <= r["loss"] <= max(by.values())
 
 
+# One layout per strategy, every layout at least once: tests/test_attention_segments.py holds the whole
+# strategy x layout matrix against the dense reference; this checks the training step's plumbing of each.
+EVERY = [("all_gather", "zigzag"), ("ulysses", "contiguous"), ("ring", "balanced"), ("usp", "zigzag"),
+         ("double_ring", "balanced")]  # fmt: skip
+
+
 @pytest.mark.slow
-def test_every_strategy_and_layout_trains_on_documents_like_no_cp(stdlib_corpus):
+def test_every_strategy_trains_on_documents_like_no_cp(stdlib_corpus):
     base = ["train.steps=3", "train.dtype=float32"]
     ref = losses(spec_of(stdlib_corpus, "strategy=none", "cluster.devices_per_host=1", *base))
-    for name in strategies.CP_NAMES:
-        for layout in strategies.get(name).layouts:
-            got = losses(spec_of(stdlib_corpus, f"strategy={name}", f"strategy.layout={layout}", *base))
-            np.testing.assert_allclose(got, ref, rtol=0, atol=2e-4, err_msg=f"{name} {layout}")
+    assert {s for s, _ in EVERY} == set(strategies.CP_NAMES)
+    assert {lay for _, lay in EVERY} == {
+        lay for s in strategies.CP_NAMES for lay in strategies.get(s).layouts
+    }
+    for name, layout in EVERY:
+        got = losses(spec_of(stdlib_corpus, f"strategy={name}", f"strategy.layout={layout}", *base))
+        np.testing.assert_allclose(got, ref, rtol=0, atol=2e-4, err_msg=f"{name} {layout}")
 
 
 @pytest.mark.slow
@@ -69,3 +78,17 @@ def test_resume_sees_the_batches_it_would_have_seen(stdlib_corpus, tmp_path):
     got = {r["step"]: r["loss"] for r in recs if r["kind"] == "step"}
     # steps 4 and 5 ran on the restored iterator: a fresh one would have fed batches 0 and 1 again
     assert [got[s] for s in range(6)] == pytest.approx(ref, abs=1e-5)
+
+
+def test_quickstart_sweep_is_cp_scaling_on_the_corpus_with_steps_by_length(stdlib_corpus):
+    """conf/sweep/quickstart.yaml: cp_scaling's 75 points on documents, the same tokens per short trial; on this
+    cluster the planner runs every strategy at 1K-4K and calls the rest infeasible."""
+    from orchestrator.plan import plan
+
+    specs = expand(load(["+sweep=quickstart", f"sweep.set.train.data.sources=[{stdlib_corpus}]"]))
+    assert len(specs) == 75 and {s.train.data.kind for s in specs} == {"documents"}
+    assert {s.model.vocab for s in specs} == {4096}
+    steps = {s.context_length: s.train.steps for s in specs}
+    assert [steps[n] for n in (1024, 2048, 4096, 8192, 14680064)] == [32, 16, 8, 8, 8]
+    runs = [r for r in plan(specs) if r.verdict == "run"]
+    assert sorted({r.context_length for r in runs}) == [1024, 2048, 4096] and len(runs) == 15
