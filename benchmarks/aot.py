@@ -5,6 +5,7 @@ and topology, so a rerun prints at once):
 
     python benchmarks/aot.py
     python benchmarks/aot.py --strategies ring usp --lengths 1048576 4194304 --clusters tpu7x_128
+    python benchmarks/aot.py --strategies ring usp --lengths 1048576 --clusters tpu7x_128 --documents data/stdlib
 
 Prints a markdown table (for docs/results/aot.md) and a closing note with the 14M rows and the worst ratio.
 """
@@ -21,7 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python benchmarks/...` finds the repo
 
 from jobs import strategies  # noqa: E402
-from jobs.spec import ClusterSpec, MemorySpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec  # noqa: E402
+from jobs.spec import ClusterSpec, DataSpec, MemorySpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec  # noqa: E402
 from orchestrator import grid  # noqa: E402
 from orchestrator.config import group_option  # noqa: E402
 from orchestrator.plan import aot, render, validate  # noqa: E402
@@ -44,10 +45,13 @@ def spec_for(
     slices: int = 1,
     memory: MemorySpec | None = None,
     ulysses: int | str = "auto",
+    documents: str = "",
+    layout: str = "",
 ) -> TrialSpec:
     """Every device on the sequence, the context axes split as `mesh=auto` splits them (usp: 4-way Ulysses
     for the 4 KV heads of llama3_1_8b_long) unless `ulysses` fixes the inner degree (of strategies that have
-    one); over `slices` slices the context axis crosses them (DCN)."""
+    one); over `slices` slices the context axis crosses them (DCN). `documents`: packed documents from that
+    source (the step then carries segment ids; the planner samples the source's lengths.npy)."""
     c, m = ClusterSpec(**conf("cluster", cluster)), conf("model", model)
     c = dataclasses.replace(c, slices_per_trial=slices)
     inner = (
@@ -55,10 +59,12 @@ def spec_for(
     )
     auto = {"data": 1, "fsdp": 1, "tensor": 1, "context": "auto", "context_ulysses": inner}
     auto["dcn"] = "context" if slices > 1 else ""
+    data = DataSpec(kind="documents", sources=(documents,)) if documents else DataSpec()
+    strat = conf("strategy", strategy) | ({"layout": layout} if layout else {})
     return TrialSpec(
         model=ModelSpec(**m), mesh=grid.resolve_mesh(auto, strategy, m, c.devices),
-        strategy=StrategySpec(**conf("strategy", strategy)), context_length=length,
-        train=TrainSpec(remat=remat, memory=memory or MemorySpec()), cluster=c,
+        strategy=StrategySpec(**strat), context_length=length,
+        train=TrainSpec(remat=remat, memory=memory or MemorySpec(), data=data), cluster=c,
     )  # fmt: skip
 
 
@@ -135,6 +141,8 @@ def main(argv: list[str]) -> int:
         "--band", action="store_true",
         help="also compile each point at planner/0.95 and planner/1.15 MiB: is analytic / needed in [0.95, 1.15]?",
     )  # fmt: skip
+    ap.add_argument("--documents", default="", help="packed documents from this source (e.g. data/stdlib)")
+    ap.add_argument("--layout", default="", help="strategy.layout (default: the strategy's own)")
     ap.add_argument("--refresh", action="store_true", help="compile again even if cached")
     a = ap.parse_args(argv)
     if not aot.available():
@@ -151,7 +159,18 @@ def main(argv: list[str]) -> int:
         for strategy in a.strategies:
             for length in a.lengths:
                 mem = MemorySpec(offload=tuple(a.offload), host=tuple(a.host))
-                spec = spec_for(a.model, cluster, strategy, length, a.remat, a.slices, mem, a.ulysses)
+                spec = spec_for(
+                    a.model,
+                    cluster,
+                    strategy,
+                    length,
+                    a.remat,
+                    a.slices,
+                    mem,
+                    a.ulysses,
+                    a.documents,
+                    a.layout,
+                )
                 bad = validate.problems(spec)
                 if bad:  # not a compile question: say why once, in the log
                     print(f"skip {cluster} {strategy} {length:,}: {bad[0].message}", file=sys.stderr)

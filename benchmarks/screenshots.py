@@ -3,7 +3,7 @@
     python benchmarks/screenshots.py [--uri http://127.0.0.1:PORT] [--out docs/img] [--size 1400x900]
 
 Without --uri it starts a throwaway `mlflow server` (sqlite, in a temp dir) on a free port and runs
-`+sweep=smoke` against it (one to two minutes on 2 cores); with --uri it photographs the newest sweep already
+`+sweep=smoke` against it (`--sweep quickstart`: that sweep, on data/stdlib, about 5 minutes) (one to two minutes on 2 cores); with --uri it photographs the newest sweep already
 there, which is the quick loop after a UI change. Needs Debian's browser and driver
 (`apt-get install chromium chromium-driver`) and `pip install selenium`; no browser is ever downloaded.
 """
@@ -27,6 +27,7 @@ from selenium.common.exceptions import TimeoutException  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.actions.action_builder import ActionBuilder  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.support import expected_conditions as EC  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
@@ -44,9 +45,11 @@ const drawn = cards.every(c => c.querySelector(".js-plotly-plot g.trace"));
 return cards.length && drawn && keys.every(k => new RegExp(arguments[0]).test(k)) ? keys : null;"""
 
 
-def run_sweep(uri: str, workdir: Path) -> None:
-    """The smoke sweep through the real CLI, in `workdir` (its journal and Ray logs stay out of the repo)."""
-    cmd = [sys.executable, "-m", "orchestrator", "+sweep=smoke", "tracking=server", f"tracking.uri={uri}",
+def run_sweep(uri: str, workdir: Path, sweep: str = "smoke") -> None:
+    """A sweep through the real CLI, in `workdir` (its journal and Ray logs stay out of the repo)."""
+    if sweep == "quickstart":  # its corpus, built by python -m jobs.documents.corpus --out data/stdlib
+        (workdir / "data").symlink_to(ROOT / "data", target_is_directory=True)
+    cmd = [sys.executable, "-m", "orchestrator", f"+sweep={sweep}", "tracking=server", f"tracking.uri={uri}",
            "progress=plain"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     log = workdir / "sweep.log"
@@ -56,14 +59,16 @@ def run_sweep(uri: str, workdir: Path) -> None:
         raise RuntimeError(f"sweep exited {code}:\n{log.read_text()[-3000:]}")
 
 
-def newest_sweep(uri: str) -> tuple[str, str, str, str]:
-    """(experiment id, parent run id, child run id, child run name); the child is the longest finished trial."""
+def newest_sweep(uri: str, sweep_id: str = "") -> tuple[str, str, str, str]:
+    """(experiment id, parent run id, child run id, child run name) of the newest sweep (or of `sweep_id`); the
+    child is the longest finished trial."""
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(EXPERIMENT)
     if exp is None:
         raise SystemExit(f"no experiment {EXPERIMENT!r} at {uri}: run a sweep first (or leave out --uri)")
     eid = exp.experiment_id
-    parents = client.search_runs([eid], "tags.kind = 'sweep'", order_by=["attributes.start_time DESC"])
+    which = "tags.kind = 'sweep'" + (f" and tags.sweep_id = '{sweep_id}'" if sweep_id else "")
+    parents = client.search_runs([eid], which, order_by=["attributes.start_time DESC"])
     if not parents:
         raise SystemExit(f"no sweep in experiment {EXPERIMENT!r} at {uri}")
     pid = parents[0].info.run_id
@@ -120,7 +125,8 @@ class Dashboard:
     def charts(self, term: str) -> list[str]:
         """Filter the run's charts to metric keys matching the regex `term`; wait for those in view to be drawn."""
         box = self.find("input[placeholder='Search metric charts']")
-        box.clear()
+        box.send_keys(Keys.CONTROL, "a")  # clear() leaves React's own state (the old term) as it was
+        box.send_keys(Keys.BACKSPACE)
         box.send_keys(term)
         return self.wait.until(lambda d: d.execute_script(CARDS_DRAWN, term), f"no {term!r} chart drawn")
 
@@ -134,8 +140,8 @@ class Dashboard:
         self.d.quit()
 
 
-def take(uri: str, out: Path, width: int, height: int) -> list[tuple[Path, str]]:
-    eid, pid, cid, child = newest_sweep(uri)
+def take(uri: str, out: Path, width: int, height: int, sweep_id: str = "") -> list[tuple[Path, str]]:
+    eid, pid, cid, child = newest_sweep(uri, sweep_id)
     out.mkdir(parents=True, exist_ok=True)
     made = []
     with tempfile.TemporaryDirectory(prefix="screenshots-chromium-") as profile:
@@ -152,17 +158,28 @@ def take(uri: str, out: Path, width: int, height: int) -> list[tuple[Path, str]]
             keys = ui.charts("^mfu/")
             made.append((ui.shot(out / "dashboard-sweep-charts.png"), f"sweep run, {', '.join(keys)} charts"))
 
-            ui.open(f"/experiments/{eid}/runs/{pid}/artifacts/plots/mfu_vs_context.png")
-            ui.wait.until(lambda d: d.execute_script(
-                "return [...document.images].some(i => i.src.startsWith('blob:') && i.complete && i.naturalWidth)"
-            ), "the plot did not load")  # fmt: skip
-            made.append((ui.shot(out / "dashboard-sweep-plots.png"), "sweep run, plots/mfu_vs_context.png"))
+            for plot, name in (
+                ("mfu_vs_context", "sweep-plots"),
+                ("loss_by_position", "sweep-loss-by-position"),
+            ):
+                ui.open(f"/experiments/{eid}/runs/{pid}/artifacts/plots/{plot}.png")
+                ui.text(
+                    f"{plot}.png"
+                ).click()  # a second artifact route on the same page keeps the first file
+                ui.text(f"plots/{plot}.png")  # the viewer's header: this file is the one shown
+                ui.wait.until(lambda d: d.execute_script(
+                    "return [...document.images].some(i => i.src.startsWith('blob:') && i.complete && i.naturalWidth)"
+                ), f"plots/{plot}.png did not load")  # fmt: skip
+                made.append((ui.shot(out / f"dashboard-{name}.png"), f"sweep run, plots/{plot}.png"))
 
             ui.open(f"/experiments/{eid}/runs/{cid}/model-metrics")
             keys = ui.charts("^(loss|mfu|step_time_s)$")
             made.append(
                 (ui.shot(out / "dashboard-trial-charts.png"), f"trial run {child}, {', '.join(keys)} charts")
             )
+            keys = ui.charts("^loss_by_position/")
+            made.append((ui.shot(out / "dashboard-trial-loss-by-position.png"), f"trial run {child}, "
+                         f"{', '.join(keys)} charts"))  # fmt: skip
         finally:
             ui.close()
     return made
@@ -173,6 +190,10 @@ def main() -> int:
     ap.add_argument(
         "--uri", default="", help="an MLflow server with a sweep on it; default: start one and sweep"
     )
+    ap.add_argument(
+        "--sweep", default="smoke", help="the sweep run when there is no --uri: smoke or quickstart"
+    )
+    ap.add_argument("--sweep-id", default="", help="with --uri: photograph this sweep, not the newest")
     ap.add_argument("--out", default=str(ROOT / "docs" / "img"))
     ap.add_argument("--size", default="1400x900", help="viewport WIDTHxHEIGHT in CSS pixels")
     a = ap.parse_args()
@@ -187,10 +208,10 @@ def main() -> int:
             a.uri = server.url
         try:
             if server:
-                print(f"mlflow server at {a.uri}; running the smoke sweep ...", flush=True)
-                run_sweep(a.uri, Path(tmp))
+                print(f"mlflow server at {a.uri}; running the {a.sweep} sweep ...", flush=True)
+                run_sweep(a.uri, Path(tmp), a.sweep)
                 print(f"sweep done in {time.monotonic() - t0:.0f} s", flush=True)
-            made = take(a.uri, Path(a.out), width, height)
+            made = take(a.uri, Path(a.out), width, height, a.sweep_id)
         finally:
             if server:
                 server.stop()

@@ -80,13 +80,19 @@ def test_resume_sees_the_batches_it_would_have_seen(stdlib_corpus, tmp_path):
     assert [got[s] for s in range(6)] == pytest.approx(ref, abs=1e-5)
 
 
-def test_quickstart_sweep_is_cp_scaling_on_the_corpus_with_steps_by_length(stdlib_corpus):
+def test_quickstart_sweep_is_cp_scaling_on_the_corpus_with_steps_by_length(
+    stdlib_corpus, tmp_path, monkeypatch
+):
     """conf/sweep/quickstart.yaml: cp_scaling's 75 points on documents, the same tokens per short trial; on this
     cluster the planner runs every strategy at 1K-4K and calls the rest infeasible."""
     from orchestrator.plan import plan
 
-    specs = expand(load(["+sweep=quickstart", f"sweep.set.train.data.sources=[{stdlib_corpus}]"]))
+    monkeypatch.chdir(tmp_path)  # the sweep reads data/stdlib, relative to where it runs
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "stdlib").symlink_to(stdlib_corpus, target_is_directory=True)
+    specs = expand(load(["+sweep=quickstart"]))
     assert len(specs) == 75 and {s.train.data.kind for s in specs} == {"documents"}
+    assert {s.train.data.sources for s in specs} == {("data/stdlib",)}
     assert {s.model.vocab for s in specs} == {4096}
     steps = {s.context_length: s.train.steps for s in specs}
     assert [steps[n] for n in (1024, 2048, 4096, 8192, 14680064)] == [32, 16, 8, 8, 8]
