@@ -30,9 +30,7 @@ PAGE = CONF_DIR.parent / "docs" / "reference" / "config.md"
 ORDER = ("", "model", "strategy", "mesh", "cluster", "train", "train.data", "train.memory", "run",
          "tracking", "retries", "gate", "sweep")  # fmt: skip
 MISSING = dataclasses.MISSING
-HYDRA_KEYS = (
-    "defaults",
-)  # Hydra's defaults lists (config.yaml, a group option): composition, not config keys
+HYDRA_KEYS = ("defaults",)  # Hydra's defaults lists (config.yaml, a group option's): not config keys
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,10 +82,7 @@ def yaml_keys(conf_dir: Path = CONF_DIR, roots: Iterable[type] = ROOTS) -> list[
     keys = list(_flat(base, "", sections))
     for g in GROUPS:
         for path in sorted((conf_dir / g).glob("*.yaml")):
-            option = {
-                k: v for k, v in _load(path).items() if k not in HYDRA_KEYS
-            }  # a sweep may extend another
-            keys += _flat(option, f"{g}.", sections)
+            keys += _flat({k: v for k, v in _load(path).items() if k not in HYDRA_KEYS}, f"{g}.", sections)
     return list(dict.fromkeys(keys))
 
 
