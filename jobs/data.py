@@ -45,6 +45,7 @@ def recall_batch(seed: int, step: int, batch: int, length: int, vocab: int) -> d
         raise ValueError(f"recall task needs context_length >= {2 * RECALL_KEYS}, got {length}")
     tokens = rng.integers(1, 1 + filler, size=(batch, length), dtype=np.int32)
     mask = np.zeros((batch, length), np.float32)
+    distance = np.zeros((batch, length), np.int32)  # at a query: tokens back to its key (0 elsewhere)
     n_q = (length - half) // 2
     for b in range(batch):
         value_of = rng.integers(0, RECALL_VALUES, size=RECALL_KEYS)
@@ -54,9 +55,10 @@ def recall_batch(seed: int, step: int, batch: int, length: int, vocab: int) -> d
         tokens[b, half : half + 2 * n_q : 2] = q0 + asked
         tokens[b, half + 1 : half + 2 * n_q : 2] = a0 + value_of[asked]
         mask[b, half : half + 2 * n_q : 2] = 1.0  # a query position predicts its answer
+        distance[b, half : half + 2 * n_q : 2] = np.arange(half, half + 2 * n_q, 2) - where[asked]
     targets = np.concatenate([tokens[:, 1:], np.zeros((batch, 1), np.int32)], axis=1)
     positions = np.broadcast_to(np.arange(length, dtype=np.int32), (batch, length)).copy()
-    return {"tokens": tokens, "targets": targets, "positions": positions, "mask": mask}
+    return {"tokens": tokens, "targets": targets, "positions": positions, "mask": mask, "distance": distance}
 
 
 def chance_loss(vocab: int) -> float:

@@ -197,9 +197,11 @@ def forward(
     return rms_norm(x, params["final_norm"], model.norm_eps)
 
 
-def loss_fn(params: dict, batch: dict, **kw) -> tuple[jax.Array, tuple[jax.Array, jax.Array, jax.Array]]:
+def loss_fn(params: dict, batch: dict, **kw) -> tuple[jax.Array, tuple[jax.Array, ...]]:
     """Mean masked next-token cross-entropy, and (the number of counted tokens, the loss summed and the tokens
-    counted per position bucket, jobs.spec.position_buckets: by position within the document when packed).
+    counted per position bucket, jobs.spec.position_buckets: by position within the document when packed);
+    with a `distance` in the batch (the recall task: each query's distance back to its key) also the correct
+    argmax predictions and the counted tokens per distance bucket.
 
     The [B, L/P, V] logits never exist whole: each device unembeds its local sequence in chunks of
     LOSS_CHUNK tokens under remat (at 14M tokens over 64 devices they would be ~270 GiB per device)."""
@@ -220,22 +222,35 @@ def loss_fn(params: dict, batch: dict, **kw) -> tuple[jax.Array, tuple[jax.Array
     w = params["unembed"].astype(kw["dtype"])
     upper = jnp.asarray(position_buckets(L)[1:], jnp.int32)
     K = upper.shape[0] + 1
+    keys = ("targets", "mask", "positions", *(("distance",) if "distance" in batch else ()))
+
+    def buckets(at, v):  # [K]: v summed per bucket of `at`
+        return jnp.einsum("bpck,bpc->k", jax.nn.one_hot(jnp.searchsorted(upper, at, side="right"), K), v)
 
     @functools.partial(jax.checkpoint, prevent_cse=False)
     def chunk_loss(carry, xs):
-        x, tgt, mask, pos = xs
+        x, tgt, mask, pos, *dist = xs
         logits = jnp.einsum("bpce,ev->bpcv", x, w).astype(jnp.float32)
         logz = jax.nn.logsumexp(logits, axis=-1)
         gold = jnp.take_along_axis(logits, tgt[..., None].astype(jnp.int32), axis=-1)[..., 0]
         m = mask.astype(jnp.float32)
         nll = jax.lax.stop_gradient(logz - gold) * m  # the buckets are a report, not part of the loss
-        in_k = jax.nn.one_hot(jnp.searchsorted(upper, pos, side="right"), K, dtype=jnp.float32)
-        tot, n, by_pos, n_pos = carry
-        return (tot + ((logz - gold) * m).sum(), n + m.sum(), by_pos + jnp.einsum("bpck,bpc->k", in_k, nll),
-                n_pos + jnp.einsum("bpck,bpc->k", in_k, m)), None  # fmt: skip
+        tot, n, *sums = carry
+        out = [buckets(pos, nll), buckets(pos, m)]
+        if dist:  # a report too: the argmax carries no gradient
+            # right when the answer's logit is the largest: the same max logsumexp takes, so no second
+            # pass over the [.., V] logits (an argmax kept another logits-sized buffer: +2 GiB at 128K vocab)
+            hit = (gold >= jnp.max(logits, axis=-1)).astype(jnp.float32) * m
+            out += [buckets(dist[0], hit), buckets(dist[0], m)]
+        return (
+            tot + ((logz - gold) * m).sum(),
+            n + m.sum(),
+            *(a + b for a, b in zip(sums, out, strict=True)),
+        ), None
 
-    xs = tuple(local_chunks(batch[k]) for k in ("targets", "mask", "positions"))
-    zero = (jnp.float32(0), jnp.float32(0), jnp.zeros(K, jnp.float32), jnp.zeros(K, jnp.float32))
-    (tot, n, by_pos, n_pos), _ = jax.lax.scan(chunk_loss, zero, (local_chunks(x_BxLxE), *xs))
+    zero = (jnp.float32(0), jnp.float32(0), *(jnp.zeros(K, jnp.float32) for _ in range(len(keys) * 2 - 4)))
+    (tot, n, *sums), _ = jax.lax.scan(
+        chunk_loss, zero, (local_chunks(x_BxLxE), *map(local_chunks, map(batch.get, keys)))
+    )
     n = jnp.maximum(n, 1.0)
-    return tot / n, (n, by_pos, n_pos)
+    return tot / n, (n, *sums)

@@ -93,6 +93,8 @@ class StepRecord(_Record):
     peak_bytes_in_use: int | None = None  # runtime peak; None on CPU (and on every process but 0)
     # mean loss per position bucket (jobs.spec.bucket_labels -> loss), buckets with a counted token only
     loss_by_position: dict[str, float] | None = _optional()
+    # the recall task: the fraction of queries answered right (argmax) per bucket of distance to their key
+    accuracy_by_distance: dict[str, float] | None = _optional()
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -57,6 +57,8 @@ def batch_keys(spec: TrialSpec) -> dict[str, jnp.dtype]:
     """What a batch holds, [B, L] each: packed documents add their segment ids, and under the balanced layout
     (a per-row token order) the true row position of every token, which the attention's mask needs."""
     keys = {"tokens": jnp.int32, "targets": jnp.int32, "positions": jnp.int32, "mask": jnp.float32}
+    if spec.train.data.kind == "recall":  # each query's distance to its key: accuracy by distance
+        keys["distance"] = jnp.int32
     if spec.train.data.kind == "documents":
         keys["segment_ids"] = jnp.int32
         if spec.strategy.layout == "balanced":
@@ -87,6 +89,7 @@ def make_train_step(spec: TrialSpec, mesh: Mesh):
         memory=spec.train.memory,
     )
     accum = spec.train.grad_accum
+    bkeys = batch_keys(spec)
 
     def init(key):
         params = init_params(spec.model, key)
@@ -111,7 +114,7 @@ def make_train_step(spec: TrialSpec, mesh: Mesh):
 
         zeros = jax.tree.map(jnp.zeros_like, params)
         K = len(position_buckets(spec.context_length))
-        start = (zeros, 0.0, 0.0, (jnp.zeros(K), jnp.zeros(K)))
+        start = (zeros, 0.0, 0.0, tuple(jnp.zeros(K) for _ in range(4 if "distance" in bkeys else 2)))
         (g, tot, n, by_pos), _ = jax.lax.scan(body, start, micro)
         return tot / n, jax.tree.map(lambda x: x / n, g), by_pos
 
@@ -120,7 +123,7 @@ def make_train_step(spec: TrialSpec, mesh: Mesh):
 
     def step(state, batch):
         params = to_device(state[0], pspecs, "params")
-        loss, g, (pos_loss, pos_tokens) = grads_of(params, batch)
+        loss, g, (pos_loss, pos_tokens, *by_distance) = grads_of(params, batch)
         # only the update reads the moments: brought to device after the backward, not held through it
         opt_state = to_device(state[1], opt_sh, "optimizer")
         updates, opt_state = opt.update(g, opt_state, params)
@@ -130,7 +133,7 @@ def make_train_step(spec: TrialSpec, mesh: Mesh):
             "grad_norm": optax.tree.norm(g),
             "pos_loss": pos_loss,
             "pos_tokens": pos_tokens,
-        }
+        } | (dict(zip(("dist_hits", "dist_queries"), by_distance, strict=True)) if by_distance else {})
         return (params, opt_state), metrics
 
     state_sh = held_shardings(spec, pspecs, opt_sh)

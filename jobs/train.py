@@ -207,6 +207,7 @@ def train(spec: TrialSpec) -> Iterator[Record]:
                 mfu=tf / peak if peak == peak and peak > 0 else float("nan"),
                 peak_bytes_in_use=runtime_peak_bytes() if lead else None,  # only process 0's records are sent
                 loss_by_position=by_position(m),
+                accuracy_by_distance=by_distance(m),
             )
         )
         return history[-1]
@@ -216,6 +217,12 @@ def train(spec: TrialSpec) -> Iterator[Record]:
     def by_position(m: dict) -> dict[str, float]:
         tot, n = np.asarray(m["pos_loss"]), np.asarray(m["pos_tokens"])
         return {k: float(t / c) for k, t, c in zip(labels, tot, n, strict=True) if c > 0}
+
+    def by_distance(m: dict) -> dict[str, float] | None:  # the recall task only
+        if "dist_hits" not in m:
+            return None
+        hits, n = np.asarray(m["dist_hits"]), np.asarray(m["dist_queries"])
+        return {k: float(h / c) for k, h, c in zip(labels, hits, n, strict=True) if c > 0}
 
     prev = None  # (step, metrics) dispatched but not yet reported
     for step in range(first, spec.train.steps):

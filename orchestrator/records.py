@@ -18,6 +18,9 @@ START_METRICS = ("devices", "processes", "compile_s", "restore_s", "peak_tflops_
 POSITION_METRIC = (
     "loss_by_position"  # + "/<bucket>": a step's loss per position bucket (jobs.spec.bucket_labels)
 )
+DISTANCE_METRIC = (
+    "accuracy_by_distance"  # + "/<bucket>": recall, queries answered right by distance to the key
+)
 FINAL = ("step_time_median_s", "tokens_per_s", "tflops_per_s_per_device", "mfu")  # logged as final_<name>
 SUMMARY_METRICS = ("final_loss", "steps_run", "attempt_from_step", "timed_from_step", "timed_to_step", *FINAL,
                    "peak_bytes_in_use", *MEMORY_METRICS)  # fmt: skip
@@ -63,6 +66,7 @@ def record_points(r: Record, now: int, attempt: int = 1) -> list[Point]:
         return []
     if isinstance(r, StepRecord):  # one metric per position bucket, e.g. loss_by_position/1K-4K
         vals |= {f"{POSITION_METRIC}/{k}": v for k, v in (r.loss_by_position or {}).items()}
+        vals |= {f"{DISTANCE_METRIC}/{k}": v for k, v in (r.accuracy_by_distance or {}).items()}
     ok = {k: float(v) for k, v in vals.items() if isinstance(v, int | float) and not isinstance(v, bool)}
     return [[k, v, now, step] for k, v in ok.items() if v == v]
 

@@ -36,6 +36,9 @@ class TrialResult:
     # time and run time; this separates the model's error from the load's).
     predicted_step_at_run_s: float | None = None
     by_position: dict[str, float] = field(default_factory=dict)  # loss per position bucket, last steps' mean
+    by_distance: dict[str, float] = field(
+        default_factory=dict
+    )  # recall: accuracy per distance bucket, the same
 
     @property
     def measured_bytes(self) -> float | None:
@@ -62,17 +65,28 @@ def collect(
         step = (predicted_step or {}).get(spec.trial_id)
         at_run = _at_run_peak(spec, start) if step is not None else None
         out.append(
-            TrialResult(spec, summary, losses, pred, start.peak_source, step, at_run, _by_position(recs))
+            TrialResult(
+                spec,
+                summary,
+                losses,
+                pred,
+                start.peak_source,
+                step,
+                at_run,
+                _last_steps(recs),
+                _last_steps(recs, "accuracy_by_distance"),
+            )  # fmt: skip
         )
     return out
 
 
-def _by_position(recs: list[Record], last: int = 3) -> dict[str, float]:
-    """Each bucket's loss over the trial's last `last` steps that counted a token there (less step noise)."""
+def _last_steps(recs: list[Record], key: str = "loss_by_position", last: int = 3) -> dict[str, float]:
+    """Each bucket's value (a StepRecord's `key`) over the trial's last `last` steps that counted a token
+    there (less step noise)."""
     seen: dict[str, list[float]] = defaultdict(list)
     for r in recs:
         if isinstance(r, StepRecord):
-            for k, v in (r.loss_by_position or {}).items():
+            for k, v in (getattr(r, key) or {}).items():
                 seen[k].append(v)
     return {k: sum(v[-last:]) / len(v[-last:]) for k, v in seen.items()}
 
@@ -185,9 +199,14 @@ def loss_figure(trials: list[TrialResult]) -> Figure:
     return fig
 
 
-def position_figure(trials: list[TrialResult]) -> Figure | None:
-    """One panel per strategy: loss by position bucket, one line per context length (None: no buckets)."""
-    series = {n: [t for t in ts if t.by_position] for n, ts in _series(trials).items()}
+XLABEL = {"by_position": "position bucket's end (in the document when packed)",
+          "by_distance": "distance bucket's end (query to its key, tokens)"}  # fmt: skip
+
+
+def position_figure(trials: list[TrialResult], attr: str = "by_position") -> Figure | None:
+    """One panel per strategy: loss by position bucket (or, attr="by_distance", the recall task's accuracy by
+    distance to the key), one line per context length (None: no buckets)."""
+    series = {n: [t for t in ts if getattr(t, attr)] for n, ts in _series(trials).items()}
     series = {n: ts for n, ts in series.items() if ts}
     if not series:
         return None
@@ -197,19 +216,18 @@ def position_figure(trials: list[TrialResult]) -> Figure | None:
         for t in ts:
             L = t.spec.context_length
             ends = [*position_buckets(L)[1:], L]  # each bucket at its far end: lengths share an axis
-            xy = [
-                (e, t.by_position[k])
-                for k, e in zip(bucket_labels(L), ends, strict=True)
-                if k in t.by_position
-            ]
+            got = getattr(t, attr)
+            xy = [(e, got[k]) for k, e in zip(bucket_labels(L), ends, strict=True) if k in got]
             ax.plot(*zip(*xy, strict=True), marker="o", label=f"L={L:,}")
         ax.set_title(name)
         ax.set_xscale("log", base=2)
-        ax.set_xlabel("position bucket's end (in the document when packed)")
+        ax.set_xlabel(XLABEL[attr])
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
-    axes[0].set_ylabel("loss, last steps")
-    fig.suptitle(f"Loss by position — {_where(trials)}")
+    axes[0].set_ylabel("loss, last steps" if attr == "by_position" else "accuracy, last steps")
+    fig.suptitle(
+        f"{'Loss by position' if attr == 'by_position' else 'Recall accuracy by distance'} — {_where(trials)}"
+    )
     fig.tight_layout()
     return fig
 
@@ -218,12 +236,17 @@ def make_figures(trials: list[TrialResult]) -> dict[str, Figure]:
     """name -> Figure for the parent run; empty when no trial finished."""
     if not trials:
         return {}
-    return {
+    figs = {
         "mfu_vs_context": mfu_figure(trials),
         "memory_vs_context": memory_figure(trials),
         "step_time_vs_context": step_time_figure(trials),
         "loss_curves": loss_figure(trials),
-    } | ({"loss_by_position": fig} if (fig := position_figure(trials)) else {})
+    }
+    if fig := position_figure(trials):
+        figs["loss_by_position"] = fig
+    if fig := position_figure(trials, "by_distance"):  # the recall task
+        figs["accuracy_by_distance"] = fig
+    return figs
 
 
 def publish(

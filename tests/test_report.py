@@ -123,3 +123,20 @@ def test_loss_by_position_is_a_metric_and_a_parent_plot():
     xs = sorted(x for ax in axes[:1] for line in ax.lines for x in line.get_xdata())
     assert xs == [256, 256, 1024, 1024, 4096]  # each bucket at its end; the 1K row has no 1K-4K bucket
     assert position_figure([TrialResult(specs[0], SummaryRecord())]) is None
+
+
+def test_recall_accuracy_by_distance_is_a_metric_and_a_parent_plot():
+    from jobs.records import StepRecord, SummaryRecord
+    from orchestrator.records import record_points
+    from orchestrator.report import TrialResult, _last_steps, make_figures
+
+    recs = [StepRecord(step=i, t_ms=1, loss=2.0, accuracy_by_distance={"0-256": a, "256-1K": 0.5})
+            for i, a in enumerate((0.1, 0.2, 0.4, 0.6))]  # fmt: skip
+    names = {p[0]: p[1] for p in record_points(recs[-1], now=1)}
+    assert names["accuracy_by_distance/0-256"] == 0.6 and names["accuracy_by_distance/256-1K"] == 0.5
+    assert _last_steps(recs, "accuracy_by_distance") == pytest.approx({"0-256": 0.4, "256-1K": 0.5})
+    spec = make_spec("ring", 1024)
+    figs = make_figures([TrialResult(spec, SummaryRecord(), by_distance={"0-256": 0.4, "256-1K": 0.5})])
+    assert "accuracy_by_distance" in figs and "loss_by_position" not in figs
+    (ax,) = figs["accuracy_by_distance"].axes
+    assert list(ax.lines[0].get_ydata()) == [0.4, 0.5]

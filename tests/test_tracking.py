@@ -275,7 +275,7 @@ def test_smoke_sweep_on_server_with_gcs_artifacts_and_an_outage(gcs_server, tmp_
             assert sorted(h.step for h in hist) == [512, 1024], (key, strategy)
     plots = {a.path for a in c.list_artifacts(parent.info.run_id, "plots")}
     assert plots == {f"plots/{n}.png" for n in ("mfu_vs_context", "memory_vs_context", "step_time_vs_context",
-                                                 "loss_curves", "loss_by_position")}  # fmt: skip
+                                                 "loss_curves", "loss_by_position", "accuracy_by_distance")}  # fmt: skip
     in_bucket = blobs(host)
     prefix = f"mlflow/{parent.info.experiment_id}/{parent.info.run_id}/artifacts"
     assert f"{prefix}/plots/mfu_vs_context.png" in in_bucket and f"{prefix}/grid.json" in in_bucket

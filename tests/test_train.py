@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from jobs import storage, strategies
-from jobs.data import chance_loss
+from jobs.data import RECALL_VALUES, chance_loss, recall_batch, recall_vocab
 from jobs.spec import DataSpec, MeshSpec, RunSpec
 from jobs.train import train
 from orchestrator.config import load
@@ -39,7 +39,9 @@ def test_recall_learns_through_ring_cp_and_matches_no_cp():
     ring = spec_of("strategy=ring", steps, *LEARN)
     dense = spec_of("strategy=none", steps, "cluster.devices_per_host=1", *LEARN)
     assert ring.mesh.cp == 8 and dense.mesh.size == 1
-    _, cp_losses, summary = run(ring)
+    recs = list(train(ring))
+    cp_losses = [r["loss"] for r in recs if r["kind"] == "step"]
+    summary = next(r for r in recs if r["kind"] == "summary")
     _, ref_losses, _ = run(dense)
     chance = chance_loss(ring.model.vocab)
     late = float(np.mean(cp_losses[-10:]))
@@ -49,6 +51,23 @@ def test_recall_learns_through_ring_cp_and_matches_no_cp():
     # same curve as the no-CP run: identical early, within fp32 reduction-order drift later
     np.testing.assert_allclose(cp_losses[:10], ref_losses[:10], rtol=0, atol=2e-3)
     assert abs(np.mean(cp_losses[-10:]) - np.mean(ref_losses[-10:])) < 0.15
+    # retrieval accuracy by distance to the key (one bucket at L=128): chance is 1 in 8 values
+    acc = [r["accuracy_by_distance"]["0-128"] for r in recs if r["kind"] == "step"]
+    assert all(set(r["accuracy_by_distance"]) == {"0-128"} for r in recs if r["kind"] == "step")
+    assert np.mean(acc[:5]) < 0.3 and np.mean(acc[-10:]) > 0.3, (acc[:5], acc[-10:])
+
+
+def test_recall_batch_says_how_far_back_each_answer_is():
+    b = recall_batch(seed=3, step=1, batch=2, length=64, vocab=256)
+    p0, q0, a0, _ = recall_vocab(256)
+    rows, cols = np.nonzero(b["mask"])
+    d = b["distance"][rows, cols]
+    assert (d > 0).all() and (b["distance"][b["mask"] == 0] == 0).all()
+    key_token = b["tokens"][rows, cols - d]  # the (key, value) token `distance` back from each query
+    asked, answer = b["tokens"][rows, cols] - q0, b["targets"][rows, cols] - a0
+    assert ((key_token - p0) // RECALL_VALUES == asked).all() and (
+        (key_token - p0) % RECALL_VALUES == answer
+    ).all()
 
 
 def _job(spec_path, env):
