@@ -13,6 +13,10 @@ from conftest import ROOT, run_cli
 from mlflow import MlflowClient
 from servers import start_mlflow_server
 
+from jobs.train import train
+from orchestrator.config import load
+from orchestrator.grid import expand
+
 PLACED = re.compile(r"attempt (\d+) on (?:\S+: )?0=pid (\d+)@\S+?(?:, 1=pid (\d+)@\S+)?$")
 
 
@@ -78,10 +82,13 @@ def _faults(tmp_path, spec: str) -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_killed_host_is_preempted_and_the_trial_resumes(tmp_path):
-    # host 1 (not the one reporting) dies after step 4's record; host 0 loses its peer mid-collective
+def test_killed_host_is_preempted_and_the_trial_resumes(tmp_path, stdlib_corpus):
+    """Host 1 (not the one reporting) dies after step 4's record; host 0 loses its peer mid-collective.
+    On packed documents: the retry restores the loader's state, so its steps equal an uninterrupted run's."""
     env = _faults(tmp_path, "kill:1:4:after_report")
-    res = run_cli(["cluster=local_multihost", *KILL_ARGS, "+sweep.id=kill-host"], cwd=tmp_path, env=env)
+    data = ["train.data.kind=documents", f"train.data.sources=[{stdlib_corpus}]", "model.vocab=512"]
+    args = ["cluster=local_multihost", *KILL_ARGS, *data, "+sweep.id=kill-host"]
+    res = run_cli(args, cwd=tmp_path, env=env)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "preempted: retrying" in res.stdout and (tmp_path / "faults" / "kill-1-4-after_report").exists()
     client, run = _one_trial(tmp_path)
@@ -90,6 +97,11 @@ def test_killed_host_is_preempted_and_the_trial_resumes(tmp_path):
     resumed = [m.value for m in client.get_metric_history(run.info.run_id, "resumed_from_step")]
     assert 3 in resumed, resumed  # the retry after the kill started from the checkpoint after step 2
     _assert_every_step_once(client, run, 12)
+    # a fresh loader would have fed batches 0, 1, ... again from step 3; fp32, gloo sums in its own order
+    (spec,) = expand(load([*KILL_ARGS[:3], *data, "cluster=local"]))
+    whole = [r["loss"] for r in train(spec) if r["kind"] == "step"]
+    got = [m.value for m in sorted(client.get_metric_history(run.info.run_id, "loss"), key=lambda m: m.step)]
+    assert got == pytest.approx(whole, rel=1e-5, abs=1e-6), (got, whole)
 
 
 @pytest.mark.slow
