@@ -67,8 +67,14 @@ def main(argv: list[str]) -> int:
     if over:
         print(f"error: {over}; nothing launched", file=sys.stderr)
         return 2
+    from orchestrator import preflight
     from orchestrator.run import run
 
+    try:  # the environment's faults (tracking server, Ray head, gs:// credentials), before anything starts
+        preflight.check(options.tracking, [s for s, r in zip(specs, rows, strict=True) if r.verdict == "run"])
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     return run(options, specs, rows)
 
 

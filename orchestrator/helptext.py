@@ -40,7 +40,10 @@ EXAMPLES = (
 EXIT_CODES = (
     (0, "done: no trial failed (with dry_run: no point invalid, or skip_invalid=true)"),
     (1, "some trials failed, or tracking never came back (writes journaled for a rerun)"),
-    (2, "bad input: one error line, nothing started"),
+    (
+        2,
+        "bad input (also no tracking server, no Ray head, no gs:// credentials): one error line, nothing started",
+    ),
     (3, "the regression gate tripped"),
 )
 
