@@ -51,6 +51,28 @@ def store(tmp_path):
     return f"sqlite:///{tmp_path / 'mlflow.db'}"
 
 
+@pytest.fixture(scope="session")
+def postgres():
+    """One real PostgreSQL server for the session (tests/postgres.py); a test takes a fresh database of it."""
+    from postgres import Postgres, bin_dir
+
+    if bin_dir() is None:
+        if os.environ.get("CP_TEST_POSTGRES") == "required":  # .ci/run installs it: missing is a failure
+            pytest.fail("PostgreSQL is not installed, and CP_TEST_POSTGRES=required")
+        pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
+    pg = Postgres().start()
+    yield pg
+    pg.close()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def sql_store(request, tmp_path):
+    """A fresh MLflow store URI on each SQL backend: sqlite, and PostgreSQL as the deployed server's."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'mlflow.db'}"
+    return request.getfixturevalue("postgres").database(f"t_{os.urandom(6).hex()}")
+
+
 @pytest.fixture(scope="module")
 def no_ray_no_mlflow(tmp_path_factory):
     """A PYTHONPATH whose `ray` and `mlflow` fail on import: bad input must be rejected before either loads."""

@@ -1,4 +1,4 @@
-"""Real servers for tests: an MLflow tracking server (sqlite, optional gs:// artifacts) and a GCS emulator.
+"""Real servers for tests: an MLflow tracking server (sqlite or PostgreSQL, optional gs:// artifacts), a GCS emulator.
 
 Plain helpers, not pytest fixtures, so any test module (tracking, data, checkpoints) can wrap them in its own
 fixtures. Every process is started in its own session and stopped by process group, so uvicorn's workers go too.
@@ -116,12 +116,13 @@ class Server:
         artifacts_destination: str | None = None,
         env: dict[str, str] | None = None,
         workers: int = 1,
+        backend: str | None = None,
     ):
         tmp = Path(tmp)
         tmp.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.backend = f"sqlite:///{tmp / 'server.db'}"
+        self.backend = backend or f"sqlite:///{tmp / 'server.db'}"  # or postgresql://... (tests/postgres.py)
         self.log = tmp / "mlflow-server.log"
         dest = artifacts_destination or (tmp / "mlartifacts").as_uri()
         self.cmd = [str(BIN / "mlflow"), "server", "--backend-store-uri", self.backend, "--host", "127.0.0.1",
@@ -155,12 +156,16 @@ class Server:
 
 
 def start_mlflow_server(
-    tmp: Path, artifacts_destination: str | None = None, gcs_host: str | None = None, workers: int = 1
+    tmp: Path,
+    artifacts_destination: str | None = None,
+    gcs_host: str | None = None,
+    workers: int = 1,
+    backend: str | None = None,
 ) -> Server:
-    """Start `mlflow server` (sqlite backend in `tmp`) and wait for /health.
+    """Start `mlflow server` (sqlite in `tmp`, or the `backend` store URI) and wait for /health.
 
     `artifacts_destination` may be gs://bucket/prefix: pass the emulator's `gcs_host` so the server's
     google-cloud-storage talks to it. Clients then upload through the server (mlflow-artifacts: URIs).
     """
     env = {"STORAGE_EMULATOR_HOST": gcs_host, "GOOGLE_CLOUD_PROJECT": "test"} if gcs_host else {}
-    return Server(tmp, artifacts_destination, env, workers).start()
+    return Server(tmp, artifacts_destination, env, workers, backend).start()

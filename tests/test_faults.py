@@ -209,11 +209,11 @@ def test_ctrl_c_cancels_running_trials_and_frees_their_slices(tmp_path):
 
 
 @pytest.mark.slow
-def test_driver_sigkill_before_the_queue_drains_loses_no_write(tmp_path):
-    """The tracking server is down while a trial finishes; the driver is SIGKILLed right after the trial's last
+def test_driver_sigkill_before_the_queue_drains_loses_no_write(tmp_path, postgres):
+    """The tracking server (on PostgreSQL, as deployed) is down while a trial finishes; the driver is SIGKILLed right after the trial's last
     record and its finished status were queued (so journaled). The rerun replays the journal: every step once,
     the trial finished and not run again."""
-    server = start_mlflow_server(tmp_path / "server")
+    server = start_mlflow_server(tmp_path / "server", backend=postgres.database("journal"))
     try:
         args = ["cluster=local", "context_length=512", "train.steps=6", "train.dtype=float32", "progress=plain",
                 "tracking=server", f"tracking.uri={server.url}", "+sweep.id=journal"]  # fmt: skip

@@ -52,10 +52,10 @@ def log_trial(tracker: Tracker, spec, sweep_id: str, chunks: int = 1, pause: flo
 # --- local store -----------------------------------------------------------------------------------
 
 
-def test_parent_and_child_runs(store, tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # the sqlite store's artifacts go to ./mlruns
+def test_parent_and_child_runs(sql_store, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a SQL store's artifacts go to ./mlruns
     spec = make_spec("ring", 1024, steps=6)
-    t = Tracker(store, "exp")
+    t = Tracker(sql_store, "exp")
     t.start_sweep("smoke", "sw1", "local")
     t.start_trial(spec, "sw1", predicted_bytes=123_456_789)
     log_trial(t, spec, "sw1")
@@ -63,7 +63,7 @@ def test_parent_and_child_runs(store, tmp_path, monkeypatch):
     t.end("sweep")
     assert t.flush(timeout=60)
 
-    c = MlflowClient(store)
+    c = MlflowClient(sql_store)
     [parent], [child] = runs_of(c, "exp")
     assert parent.data.tags["sweep_id"] == "sw1" and parent.data.tags["code_revision"]
     assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
@@ -115,10 +115,10 @@ def test_a_single_trial_with_tracking_none_writes_no_store(tmp_path):
     assert not (tmp_path / ".cache" / "tracking").exists()
 
 
-def test_lost_answers_are_retried_without_duplicates(store, tmp_path, monkeypatch):
+def test_lost_answers_are_retried_without_duplicates(sql_store, tmp_path, monkeypatch):
     """A request that reached the store but whose answer was lost is sent again: still one run, one point each."""
     monkeypatch.chdir(tmp_path)
-    t = Tracker(store, "exp")
+    t = Tracker(sql_store, "exp")
     real = {name: getattr(t.client, name) for name in ("create_run", "log_batch")}
     lost = {"create_run": 2, "log_batch": 3}  # the first answers of each kind never arrive
 
@@ -141,7 +141,7 @@ def test_lost_answers_are_retried_without_duplicates(store, tmp_path, monkeypatc
     log_trial(t, spec, "sw1", chunks=3)
     assert t.flush(timeout=60)
     assert lost == {"create_run": 0, "log_batch": 0}
-    c = MlflowClient(store)
+    c = MlflowClient(sql_store)
     parents, children = runs_of(c, "exp")
     assert len(parents) == 1 and len(children) == 1
     assert count_points(c, children[0].info.run_id, "loss") == 5
@@ -158,16 +158,16 @@ def test_rejected_write_is_dropped_and_does_not_block(store, tmp_path, monkeypat
     assert parent.data.metrics["x"] == 1.0
 
 
-def test_resumed_sweep_reuses_its_runs(store, tmp_path, monkeypatch):
+def test_resumed_sweep_reuses_its_runs(sql_store, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     spec = make_spec("ring", 512)
     for _ in range(2):
-        t = Tracker(store, "exp")
+        t = Tracker(sql_store, "exp")
         t.start_sweep("smoke", "sw1", "local")
         t.start_trial(spec, "sw1")
         t.end("sweep")
         assert t.flush(timeout=30)
-    parents, children = runs_of(MlflowClient(store), "exp")
+    parents, children = runs_of(MlflowClient(sql_store), "exp")
     assert len(parents) == 1 and len(children) == 1
 
 
@@ -175,11 +175,14 @@ def test_resumed_sweep_reuses_its_runs(store, tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def gcs_server(tmp_path_factory):
+def gcs_server(tmp_path_factory, postgres):
+    """The deployed layout: an MLflow server on PostgreSQL (Cloud SQL there), artifacts on GCS."""
     tmp = tmp_path_factory.mktemp("mlflow-server")
     host, stop_gcs = start_gcs_emulator(BUCKET, log=tmp / "gcs.log")
-    server = start_mlflow_server(tmp, f"gs://{BUCKET}/mlflow", gcs_host=host)
-    yield server, host
+    server = start_mlflow_server(
+        tmp, f"gs://{BUCKET}/mlflow", gcs_host=host, backend=postgres.database("srv")
+    )
+    yield server, host, postgres
     server.stop()
     stop_gcs()
 
@@ -190,7 +193,7 @@ def blobs(host: str) -> list[str]:
 
 def test_outage_buffers_every_point_and_creates_runs_late(gcs_server):
     """The server is down before the runs exist and while metrics stream; after it is back, all arrives once."""
-    server, host = gcs_server
+    server, host, pg = gcs_server
     t = Tracker(server.url, "outage")
     assert t.finished_trials("sw-out") == {}  # the store is up at launch (a read)
     specs = [make_spec("ring", 512, steps=20), make_spec("all_gather", 1024, steps=20)]
@@ -220,8 +223,9 @@ def test_outage_buffers_every_point_and_creates_runs_late(gcs_server):
 
 @pytest.mark.slow
 def test_smoke_sweep_on_server_with_gcs_artifacts_and_an_outage(gcs_server, tmp_path):
-    """The real CLI against the server; the server is stopped once the first trial streams, then restarted."""
-    server, host = gcs_server
+    """The real CLI against the server; the server is stopped once the first trial streams, then restarted,
+    then PostgreSQL under it is restarted: every point arrives once."""
+    server, host, pg = gcs_server
     exp = "cli-smoke"
     args = ["+sweep=smoke", "progress=plain", "tracking=server", f"tracking.uri={server.url}",
             f"tracking.experiment={exp}", "sweep.id=smoke-srv"]  # fmt: skip
@@ -229,7 +233,7 @@ def test_smoke_sweep_on_server_with_gcs_artifacts_and_an_outage(gcs_server, tmp_
     cli = threading.Thread(target=lambda: result.setdefault("res", run_cli(args, cwd=tmp_path, timeout=1500)))
     cli.start()
     c = MlflowClient(server.url)
-    outage = None
+    outage, pg_restarted_mid_sweep = None, False
     while cli.is_alive() and outage is None:  # wait for the first streamed step, then pull the plug
         try:
             exp_obj = c.get_experiment_by_name(exp)
@@ -240,6 +244,8 @@ def test_smoke_sweep_on_server_with_gcs_artifacts_and_an_outage(gcs_server, tmp_
                 time.sleep(8)
                 server.start()
                 outage = time.monotonic() - t0
+                pg.restart_after(5)  # then the database under the server: its pooled connections die
+                pg_restarted_mid_sweep = cli.is_alive()
         except Exception:  # noqa: BLE001 - the store is being created
             pass
         time.sleep(0.5)
@@ -247,6 +253,7 @@ def test_smoke_sweep_on_server_with_gcs_artifacts_and_an_outage(gcs_server, tmp_
     res = result["res"]
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
     assert outage and outage >= 8, "the sweep finished before the outage could start"
+    assert pg_restarted_mid_sweep, "the sweep finished before PostgreSQL restarted"
     assert "tracking store unavailable" in res.stderr and "tracking store back" in res.stderr
     assert f"open {server.url}" in res.stdout
 
