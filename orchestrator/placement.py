@@ -35,7 +35,23 @@ def live_placement_groups() -> int:
     return sum(table.get(pid.hex(), {}).get("state", "REMOVED") != "REMOVED" for pid in _reserved)
 
 
-def host_info(process_id: int, slice_id: int = 0) -> dict[str, Any]:
+# Set per attempt, never inherited: a node's environment can hold them from an earlier job or a `ray start` under
+# an old multislice config, and a stale MEGASCALE_* makes the TPU runtime wait for slices that are gone (Ray
+# #62893). JAX_COORDINATOR_* and friends would steer jax.distributed's auto-detection likewise.
+ATTEMPT_ENV_PREFIXES = ("MEGASCALE_", "JAX_COORDINATOR_", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
+
+
+def clean_env(own: dict[str, str]) -> list[str]:
+    """Drop the per-attempt variables this process inherited but its attempt did not set (`own`); returns
+    their names. Runs first in a host task, before jax and its backend start."""
+    stale = sorted(k for k in os.environ if k.startswith(ATTEMPT_ENV_PREFIXES) and k not in own)
+    for k in stale:
+        del os.environ[k]
+    os.environ.update(own)
+    return stale
+
+
+def host_info(process_id: int, slice_id: int = 0, scrubbed: list[str] | None = None) -> dict[str, Any]:
     """Who and where this host process is: the placement record, and the pid a fault test kills."""
     labels = ray.get_runtime_context().get_node_labels() or {}
     return {
@@ -50,6 +66,7 @@ def host_info(process_id: int, slice_id: int = 0) -> dict[str, Any]:
         "worker_id": labels.get(clusters.WORKER_LABEL) or os.environ.get("TPU_WORKER_ID", ""),
         # what the TPU runtime will read to join the slices over DCN (empty on one slice)
         "megascale": {k: v for k, v in os.environ.items() if k.startswith("MEGASCALE_")},
+        "scrubbed": scrubbed or [],  # inherited per-attempt variables removed before jax started
     }
 
 
@@ -128,7 +145,9 @@ class Reservation:
         if c.kind in clusters.TPU_KINDS and c.slices_per_trial > 1:
             envs = [megascale_env(first["ip"], c.slices_per_trial, pid // c.hosts) for pid in range(n)]
         names = list(dict.fromkeys(probes[i]["slice"] for i in order if probes[i]["slice"]))
-        record = {"slice": "+".join(names), "n_hosts": n, "n_slices": c.slices_per_trial}
+        # probed afresh for every attempt: a retry never dials the coordinator port of the attempt it replaces
+        record = {"slice": "+".join(names), "n_hosts": n, "n_slices": c.slices_per_trial,
+                  "coordinator": first["address"]}  # fmt: skip
         return Placed([bundles[i] for i in order], first["address"], envs, options, record)
 
     def _reserve_local(self, n: int):

@@ -18,7 +18,7 @@ import ray
 from jobs.spec import TrialSpec
 from orchestrator import cluster as clusters
 from orchestrator.outcomes import Outcome, classify, combine
-from orchestrator.placement import Placed, Reservation, host_info, live_placement_groups
+from orchestrator.placement import Placed, Reservation, clean_env, host_info, live_placement_groups
 
 __all__ = ["Attempt", "Cancelled", "Event", "host_task", "live_placement_groups"]
 log = logging.getLogger(__name__)
@@ -28,12 +28,17 @@ GRACE_S = 2.0  # after a host's error, how long the others get to report their o
 # max_calls=1: every trial gets fresh processes (libtpu's lockfile, a clean jax.distributed).
 # max_retries=0: a lone host retried by Ray could never rejoin its gang; the executor retries the whole trial.
 @ray.remote(num_returns="streaming", max_calls=1, max_retries=0)
-def host_task(spec_json: str, process_id: int, num_processes: int, coordinator: str, batch_s: float = 0.5):
-    """One JAX process of a trial. Every host first yields its host record; only process 0 yields metrics."""
+def host_task(
+    spec_json: str, process_id: int, num_processes: int, coordinator: str, env: dict[str, str] | None = None,
+    batch_s: float = 0.5,
+):  # fmt: skip
+    """One JAX process of a trial. Every host first yields its host record; only process 0 yields metrics.
+    `env`: the attempt's own variables (MEGASCALE_* on a multislice TPU trial); inherited ones it lacks go."""
     from jobs.spec import TrialSpec as _Spec
 
+    scrubbed = clean_env(env or {})
     spec = _Spec.from_json(spec_json)
-    yield [host_info(process_id, process_id // spec.cluster.hosts)]  # process ids are slice-major
+    yield [host_info(process_id, process_id // spec.cluster.hosts, scrubbed)]  # process ids are slice-major
     from jobs.train import init_distributed, train
 
     init_distributed(coordinator, num_processes, process_id)
@@ -132,7 +137,7 @@ class Attempt:
                 # set at process start, before jax: a TPU runtime reads MEGASCALE_* when its backend starts
                 if host_env := env | placed.envs[pid]:
                     o["runtime_env"] = {"env_vars": host_env}
-                args = (self.spec.to_json(), pid, n, placed.coordinator)
+                args = (self.spec.to_json(), pid, n, placed.coordinator, placed.envs[pid])
                 self.refs.append(host_task.options(**o).remote(*args))
         self.readers = [
             threading.Thread(target=self._drain, args=(pid, gen), daemon=True, name=f"host-{pid}")

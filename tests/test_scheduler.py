@@ -96,10 +96,13 @@ def test_placement_note_and_plain_progress(capsys):
 
 @pytest.mark.slow
 def test_fake_tpu_slices_gang_schedule_trials(tmp_path):
-    """4 trials on 2 fake v5p-16 slices (2 hosts x 4 devices): at most 2 at once, each on one whole slice."""
+    """4 trials on 2 fake v5p-16 slices (2 hosts x 4 devices): at most 2 at once, each on one whole slice.
+    The fake nodes inherit a stale multislice environment (Ray #62893): one-slice hosts run without it."""
     args = ["+sweep=smoke", "cluster=local_fake_tpu", "~sweep.set", "train.steps=2", "train.dtype=float32",
             "progress=plain", "sweep.id=fake-tpu"]  # fmt: skip
-    res = run_cli(args, cwd=tmp_path)
+    stale = {"MEGASCALE_COORDINATOR_ADDRESS": "10.9.9.9:8081", "MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "1",
+             "JAX_COORDINATOR_ADDRESS": "10.9.9.9:1234"}  # fmt: skip
+    res = run_cli(args, cwd=tmp_path, env=stale)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp = client.get_experiment_by_name("cp_scaling")
@@ -117,6 +120,9 @@ def test_fake_tpu_slices_gang_schedule_trials(tmp_path):
             "fake-slice-"
         )
         assert all(str(h["process_id"]) == h["worker_id"] for h in att["hosts"])
+        assert all(h["megascale"] == {} and h["scrubbed"] == sorted(stale) for h in att["hosts"]), att[
+            "hosts"
+        ]
         assert len({h["node_id"] for h in att["hosts"]}) == 2
         assert r.data.tags["slices"] == att["hosts"][0]["slice"]
         spans.append((att["placed"], att["ended"]))
