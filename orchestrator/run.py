@@ -10,12 +10,14 @@ from jobs.spec import TrialSpec
 from orchestrator import cluster as clusters
 from orchestrator import regress, report
 from orchestrator.executor import execute
+from orchestrator.leases import SoleLeases
 from orchestrator.outcomes import RetryBudgets
 from orchestrator.progress import Progress
 from orchestrator.schema import Options, SweepConfig
 from orchestrator.tracker import open_tracker, recording
 
 log = logging.getLogger(__name__)
+WAIT_POLL_S = 5.0  # how often a driver looks at the leases another driver holds
 
 
 def sweep_identity(options: Options) -> tuple[str, str]:
@@ -39,7 +41,7 @@ def run(options: Options, specs: list[TrialSpec], rows: list) -> int:
     grid = [{"spec": json.loads(s.to_json()), "plan": r.as_dict()} for s, r in zip(specs, rows, strict=True)]
     tracker.log_text("sweep", json.dumps(grid, indent=1), "grid.json")
 
-    todo: list[TrialSpec] = []
+    runnable: list[tuple[TrialSpec, object]] = []
     seen: set[str] = set()
     with Progress(options.progress) as progress:
         for spec, row in zip(specs, rows, strict=True):
@@ -58,17 +60,10 @@ def run(options: Options, specs: list[TrialSpec], rows: list) -> int:
                 tracker.end(tid, "FINISHED")
             else:
                 progress.add(tid, label, spec.train.steps)
-                tracker.start_trial(spec, sweep_id, predicted_bytes=row.predicted_hbm_bytes_per_device)
-                if row.predicted_step_s is not None:  # next to the measured final_step_time_median_s
-                    tracker.log_metrics(tid, {"predicted_step_time_s": row.predicted_step_s})
-                todo.append(spec)
+                tracker.open_trial(spec, sweep_id)  # described once its lease is ours
+                runnable.append((spec, row))
         tracker.flush(timeout=30)
-        outcomes: dict[str, str] = {}
-        if todo:
-            clusters.connect(cluster)
-            conc = clusters.concurrency(cluster)
-            budgets = RetryBudgets(options.retries.preemption, options.retries.failure)
-            outcomes = execute(todo, tracker, progress, conc, budgets, sweep_id)
+        outcomes, todo, by_other = _run_leased(options, cluster, tracker, progress, sweep_id, runnable)
     predicted = {s.trial_id: r.predicted_hbm_bytes_per_device for s, r in zip(specs, rows, strict=True)}
     step_s = {s.trial_id: r.predicted_step_s for s, r in zip(specs, rows, strict=True)}
     try:  # a plot must never cost a sweep its exit code
@@ -87,12 +82,105 @@ def run(options: Options, specs: list[TrialSpec], rows: list) -> int:
         log.error("tracking store unreachable: %d writes not delivered (journaled for a rerun of sweep %s)",
                   len(tracker.ops), sweep_id)  # fmt: skip
         return 1
+    others = f", {len(by_other)} run by another driver" if by_other else ""
     print(f"sweep {sweep_id}: {sum(o == 'finished' for o in outcomes.values())} finished, "
-          f"{len(failed)} failed, {len(done)} skipped (already finished)")  # fmt: skip
+          f"{len(failed)} failed, {len(done)} skipped (already finished){others}")  # fmt: skip
     print(f"dashboard: {tracker.dashboard_hint()}")
     if not recording(options.tracking):  # tracking=none: no store holds a baseline for the gate
         return 1 if failed else 0
     return _gate(options, sweep_id, failed=bool(failed))
+
+
+def _describe(tracker, spec: TrialSpec, row, sweep_id: str) -> None:
+    """A trial this driver holds: its params, spec, status and predictions on its child run."""
+    tracker.start_trial(spec, sweep_id, predicted_bytes=row.predicted_hbm_bytes_per_device)
+    if row.predicted_step_s is not None:  # next to the measured final_step_time_median_s
+        tracker.log_metrics(spec.trial_id, {"predicted_step_time_s": row.predicted_step_s})
+
+
+def _run_leased(options: Options, cluster, tracker, progress: Progress, sweep_id: str, runnable: list):
+    """Claim the runnable trials' leases (orchestrator/leases.py), run this driver's, then wait for those
+    another driver holds. Returns (trial id -> outcome, the specs run here, trial ids another driver settled)."""
+    outcomes: dict[str, str] = {}
+    ran: list[TrialSpec] = []
+
+    def launch(batch: list[TrialSpec]) -> None:
+        clusters.connect(cluster)
+        budgets = RetryBudgets(options.retries.preemption, options.retries.failure)
+        outcomes.update(execute(batch, tracker, progress, clusters.concurrency(cluster), budgets, sweep_id))
+        ran.extend(batch)
+
+    leases = tracker.leases()
+    try:
+        leases.start()
+    except Exception as e:  # noqa: BLE001 - the store went away after the preflight: run, unguarded
+        log.warning("trial leases unavailable (%s: %s): this driver runs its trials without them",
+                    type(e).__name__, str(e)[:200])  # fmt: skip
+        leases = SoleLeases()
+    try:
+        mine, held = _claim(leases, runnable, progress)
+        for spec, row in mine:
+            _describe(tracker, spec, row, sweep_id)
+        tracker.flush(timeout=30)
+        if mine:
+            launch([spec for spec, _ in mine])
+        by_other = _wait_for_others(leases, held, tracker, progress, sweep_id, launch, outcomes)
+    finally:
+        leases.close()
+    return outcomes, ran, by_other
+
+
+def _claim(leases, runnable: list, progress: Progress) -> tuple[list, dict]:
+    """Claim in grid order. Once a trial is held by a live driver, claim no more: that driver is running this
+    sweep, so the rest are left to it (two drivers started together do not split a sweep)."""
+    mine, held, holder = [], {}, ""
+    for spec, row in runnable:
+        claim = None if holder else _try_claim(leases, spec.trial_id)
+        if claim is not None and claim.ours:
+            mine.append((spec, row))
+            continue
+        holder = holder or claim.holder
+        held[spec.trial_id] = (spec, row)
+        progress.event(spec.trial_id, f"left to driver {holder}, which holds this sweep: waiting")
+    return mine, held
+
+
+def _try_claim(leases, tid: str):
+    """A claim; a store that fails it (an outage since the heartbeat) leaves the trial to this driver."""
+    try:
+        return leases.claim(tid)
+    except Exception as e:  # noqa: BLE001
+        log.warning("trial %s: lease not claimed (%s: %s); running it unguarded", tid, type(e).__name__, e)
+        return SoleLeases().claim(tid)
+
+
+def _wait_for_others(leases, held: dict, tracker, progress, sweep_id: str, launch, outcomes: dict) -> list:
+    """Until every trial another driver holds is settled. What it finished or failed is its result (reported,
+    not rerun); a trial whose driver died first is claimed and run here. Returns the ids the other settled."""
+    by_other: list[str] = []
+    try:
+        while held and "cancelled" not in outcomes.values():
+            time.sleep(WAIT_POLL_S)
+            taken = []
+            for tid, (spec, row) in list(held.items()):
+                claim = leases.claim(tid, settled=("finished", "failed"))
+                if claim.ours:
+                    tracker.refresh(tid)  # the steps its last driver logged are not logged again
+                    _describe(tracker, spec, row, sweep_id)
+                    taken.append(spec)
+                    progress.event(tid, "its driver is gone: taken over")
+                elif claim.status in ("finished", "failed"):
+                    by_other.append(tid)
+                    progress.update(tid, state="skipped", note=f"{claim.status} by driver {claim.holder}")
+                else:
+                    continue
+                del held[tid]
+            if taken:
+                tracker.flush(timeout=30)
+                launch(taken)
+    except KeyboardInterrupt:
+        print(f"interrupted: {len(held)} trials held by another driver are left to it", flush=True)
+    return by_other
 
 
 def _gate(options: Options, sweep_id: str, failed: bool) -> int:

@@ -31,6 +31,9 @@ class Tracker(Protocol):
     def close_journal(self) -> None: ...
     def finished_trials(self, sweep_id: str) -> dict[str, str]: ...
     def resume(self, sweep_id: str) -> None: ...
+    def refresh(self, key: str) -> None: ...
+    def leases(self) -> Any: ...  # orchestrator/leases.py: Leases, or SoleLeases without a store
+    def open_trial(self, spec: TrialSpec, sweep_id: str) -> None: ...
     def start_sweep(
         self, name: str, sweep_id: str, cluster: str, tags: dict[str, str] | None = None
     ) -> None: ...
@@ -65,6 +68,17 @@ class NullTracker:
         return {}
 
     def resume(self, sweep_id: str) -> None:
+        pass
+
+    def refresh(self, key: str) -> None:
+        pass
+
+    def leases(self) -> Any:
+        from orchestrator.leases import SoleLeases
+
+        return SoleLeases()
+
+    def open_trial(self, spec: TrialSpec, sweep_id: str) -> None:
         pass
 
     def start_sweep(self, name: str, sweep_id: str, cluster: str, tags: dict[str, str] | None = None) -> None:

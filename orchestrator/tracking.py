@@ -22,13 +22,14 @@ from mlflow.entities import Metric, Param, RunTag
 
 from jobs.records import Record, StepRecord, SummaryRecord
 from jobs.spec import TrialSpec
+from orchestrator.leases import Leases
 from orchestrator.records import TrialLog, record_points, summary_covers, trial_params
+from orchestrator.runs import find_or_create
 from orchestrator.writequeue import Op, WriteQueue
 
 log = logging.getLogger(__name__)
-JOURNAL_DIR = os.path.join(
-    ".cache", "tracking"
-)  # relative to the driver's working directory, like checkpoints
+# relative to the driver's working directory, like checkpoints
+JOURNAL_DIR = os.path.join(".cache", "tracking")
 
 
 def code_revision() -> str:
@@ -124,19 +125,18 @@ class MlflowTracker:
             raise ValueError(f"unknown tracking op {op['kind']!r}")
 
     def _open(self, op: Op) -> None:
-        """Find the run with these identity tags (a resumed sweep, or a create whose answer was lost), else create it."""
+        """Find the run with these identity tags (a resumed sweep, another driver's, or a create whose answer
+        was lost), else create it (orchestrator/runs.py: one run when drivers race)."""
         tags = dict(op["tags"])
         if op.get("parent"):
             tags["mlflow.parentRunId"] = self.run_ids[op["parent"]]
-        filt = " and ".join(f"tags.{k} = '{v}'" for k, v in op["identity"].items())
-        found = self.client.search_runs([self._exp()], filt, max_results=1)
-        if found:
-            self.run_ids[op["key"]] = found[0].info.run_id
-            if op.get("reopen", True):
-                self.client.update_run(self.run_ids[op["key"]], status="RUNNING")
-        else:
-            run = self.client.create_run(self._exp(), tags={**op["identity"], **tags}, run_name=op["name"])
-            self.run_ids[op["key"]] = run.info.run_id
+        rid, found = self.run_ids.get(op["key"]), True
+        if rid is None:
+            anchor = (tags["mlflow.parentRunId"], op["key"]) if op.get("parent") else None
+            rid, found = find_or_create(self.client, self._exp(), op["identity"], tags, op["name"], anchor)
+            self.run_ids[op["key"]] = rid
+        if found and op.get("reopen", True):
+            self.client.update_run(rid, status="RUNNING")
 
     # --- reads (direct; used before launch and after the sweep) ------------------------------
     def _exp(self) -> str:
@@ -174,12 +174,19 @@ class MlflowTracker:
         """Before re-running a sweep: which steps (and attempts) its unfinished trials already have in the store."""
         for r in self.find_runs(f"tags.sweep_id = '{sweep_id}' and tags.kind = 'trial'"):
             tid = r.data.tags.get("trial_id")
-            if not tid or r.data.tags.get("status") in ("finished", "infeasible", "invalid"):
-                continue
-            rid = r.info.run_id
-            self.steps[tid] = {m.step for m in self.client.get_metric_history(rid, "loss")}
-            attempts = self.client.get_metric_history(rid, "compile_s")
-            self.prior_attempts[tid] = max((m.step for m in attempts), default=0)
+            if tid and r.data.tags.get("status") not in ("finished", "infeasible", "invalid"):
+                self.refresh(tid, r.info.run_id)
+
+    def refresh(self, key: str, run_id: str | None = None) -> None:
+        """Re-read what the store has of trial `key` (steps, attempts): before taking over another driver's."""
+        rid = run_id or self.run_ids[key]
+        self.steps[key] = {m.step for m in self.client.get_metric_history(rid, "loss")}
+        attempts = self.client.get_metric_history(rid, "compile_s")
+        self.prior_attempts[key] = max((m.step for m in attempts), default=0)
+
+    def leases(self) -> Leases:
+        """This driver's trial leases (orchestrator/leases.py); needs the parent run delivered (a flush)."""
+        return Leases(self.client, self.run_ids)
 
     # --- writes -----------------------------------------------------------------------------
     def _put_open(
@@ -193,6 +200,15 @@ class MlflowTracker:
         all_tags = {"sweep_name": name, "cluster": cluster, "code_revision": code_revision(), **(tags or {})}
         self._put_open("sweep", {"sweep_id": sweep_id, "kind": "sweep"}, all_tags, sweep_id)
 
+    def open_trial(self, spec: TrialSpec, sweep_id: str) -> None:
+        """Find or create the trial's child run, nothing more (its lease is claimed before it is described)."""
+        identity = {"sweep_id": sweep_id, "trial_id": spec.trial_id}
+        self._put_open(spec.trial_id, identity, {"kind": "trial"}, self._name(spec), "sweep")
+
+    @staticmethod
+    def _name(spec: TrialSpec) -> str:
+        return f"{spec.strategy.name}-L{spec.context_length}-{spec.mesh.label()}"
+
     def start_trial(
         self,
         spec: TrialSpec,
@@ -205,8 +221,7 @@ class MlflowTracker:
         key = spec.trial_id
         self.logs[key] = TrialLog(lines=[f"trial {key} {spec.strategy.name} L={spec.context_length} "
                                          f"mesh={spec.mesh.label()} cluster={spec.cluster.name}"])  # fmt: skip
-        name = f"{spec.strategy.name}-L{spec.context_length}-{spec.mesh.label()}"
-        self._put_open(key, {"sweep_id": sweep_id, "trial_id": key}, {"kind": "trial"}, name, parent="sweep")
+        self.open_trial(spec, sweep_id)
         self.queue.put({"kind": "batch", "key": key, "params": trial_params(spec)})
         self.log_text(key, spec.to_json(), "trial_spec.json")
         self.set_status(key, status, reason)

@@ -1,0 +1,80 @@
+"""Find or create an MLflow run by its identity tags, with one winner when drivers race to create it.
+
+A search then a create is not atomic: drivers of one sweep started together can all find nothing and all
+create the run. The store's unique keys decide instead. A child run is settled on its parent: the param
+`run.<key>` names it, and a param cannot change once logged, so one candidate wins however many race (the
+others delete theirs). A parent has nothing above it, so its creator first reserves the name
+`<experiment>.runs/<identity>` as an experiment (names are unique): the one driver that reserved it creates
+the run and leaves its id as the reservation's tag (then deletes the reservation, which keeps the name but
+hides it); every other driver reads the id from there.
+"""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+from typing import Any
+
+WAIT_S = 60.0  # for the driver that reserved a parent run to create it
+
+
+def _oldest(runs: list) -> Any:
+    return min(runs, key=lambda r: (r.info.start_time, r.info.run_id))
+
+
+def _settle_child(client: Any, anchor: str, key: str, candidate: str) -> str:
+    """The child run recorded on the parent for `key`: `candidate`, unless another was recorded first."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.log_param(anchor, f"run.{key}", candidate)
+        return candidate
+    except MlflowException as e:
+        if e.error_code != "INVALID_PARAMETER_VALUE":
+            raise
+        return client.get_run(anchor).data.params[f"run.{key}"]
+
+
+def _reserved(client: Any, exp_id: str, identity: dict[str, str], tags: dict, name: str) -> tuple[str, bool]:
+    """A parent run created by exactly one driver: the one whose reservation experiment was created."""
+    from mlflow.exceptions import MlflowException
+
+    exp = client.get_experiment(exp_id).name
+    key = f"{exp}.runs/" + ",".join(f"{k}={v}" for k, v in sorted(identity.items()))
+    try:
+        res = client.create_experiment(key)
+    except MlflowException as e:
+        if e.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:  # the reserving driver is creating the run
+            tagged = (client.get_experiment_by_name(key) or SimpleNamespace(tags={})).tags.get("run")
+            if tagged:
+                return tagged, True
+            time.sleep(0.2)
+        raise RuntimeError(f"{key} was reserved but no run was created in {WAIT_S:.0f} s") from None
+    mine = client.create_run(exp_id, tags={**identity, **tags}, run_name=name).info.run_id
+    client.set_experiment_tag(res, "run", mine)
+    client.delete_experiment(res)
+    return mine, False
+
+
+def find_or_create(
+    client: Any, exp_id: str, identity: dict[str, str], tags: dict[str, str], name: str,
+    anchor: tuple[str, str] | None = None,
+) -> tuple[str, bool]:  # fmt: skip
+    """(run id, found): the run with these identity tags, created (with `tags`) when there is none.
+    `anchor`: (parent run id, key) for a child run, settled on the parent."""
+    filt = " and ".join(f"tags.{k} = '{v}'" for k, v in identity.items())
+    found = client.search_runs([exp_id], filt, max_results=50)
+    if not anchor:
+        return (
+            (_oldest(found).info.run_id, True) if found else _reserved(client, exp_id, identity, tags, name)
+        )
+    if found:
+        return _settle_child(client, *anchor, _oldest(found).info.run_id), True
+    mine = client.create_run(exp_id, tags={**identity, **tags}, run_name=name).info.run_id
+    winner = _settle_child(client, *anchor, mine)
+    if winner != mine:  # another driver created it too, and recorded its own first
+        client.delete_run(mine)
+    return winner, winner != mine
