@@ -163,9 +163,14 @@ def _wait_for_others(leases, held: dict, tracker, progress, sweep_id: str, launc
             time.sleep(WAIT_POLL_S)
             taken = []
             for tid, (spec, row) in list(held.items()):
-                claim = leases.claim(tid, settled=("finished", "failed"))
+                try:
+                    claim = leases.claim(tid, settled=("finished", "failed"))
+                    if claim.ours:
+                        tracker.refresh(tid)  # the steps its last driver logged are not logged again
+                except Exception as e:  # noqa: BLE001 - the store is away: look again at the next poll
+                    log.warning("trial %s: its lease could not be read (%s); waiting", tid, type(e).__name__)
+                    continue
                 if claim.ours:
-                    tracker.refresh(tid)  # the steps its last driver logged are not logged again
                     _describe(tracker, spec, row, sweep_id)
                     taken.append(spec)
                     progress.event(tid, "its driver is gone: taken over")
