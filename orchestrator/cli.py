@@ -145,21 +145,24 @@ def compose(args: Args, conf_dir: Path = CONF_DIR) -> DictConfig:
     merged = flat_keys(sweep.get("axes") or {}) | axes  # dict order: a replaced axis keeps its place
     # `strategy.block_q=128` with a strategy axis: each point loads its option whole, so the key goes to the
     # sweep's `set`, which grid.expand applies on top of every option it loads
-    kept = _group_keys(plain, {a for a in merged if a in GROUP_AXES})
+    cli_keys = _cli_keys(plain)
+    groups = {a for a in merged if a in GROUP_AXES}
+    kept = {k: v for k, v in cli_keys.items() if "." in k and k.split(".")[0] in groups}
+    # and a key the sweep file's `set` also names: the command line wins, as for any other key
+    sweep_set = flat_keys(sweep.get("set") or {})
+    kept |= {k: v for k, v in cli_keys.items() if k in sweep_set}
     if axes or kept:
         with open_dict(cfg):
             cfg.sweep = {"name": sweep.get("name") or "cli", "id": sweep.get("id") or "", "axes": merged,
-                         "zip": sweep.get("zip") or [], "set": flat_keys(sweep.get("set") or {}) | kept}  # fmt: skip
+                         "zip": sweep.get("zip") or [], "set": sweep_set | kept}  # fmt: skip
     return cfg
 
 
-def _group_keys(plain: list[str], groups: set[str]) -> dict[str, Any]:
-    """The plain overrides that set a key inside a group that is a grid axis, as dotted key -> value."""
-    if not groups:
-        return {}
+def _cli_keys(plain: list[str]) -> dict[str, Any]:
+    """The plain overrides that set a trial key (not the sweep itself, not Hydra's), as dotted key -> value."""
     parsed = OverridesParser.create().parse_overrides(plain)
     return {o.key_or_group: _plain(o.value()) for o in parsed
-            if not o.is_delete() and o.key_or_group.split(".")[0] in groups and "." in o.key_or_group}  # fmt: skip
+            if not (o.is_delete() or o.is_hydra_override() or o.key_or_group.split(".")[0] == "sweep")}  # fmt: skip
 
 
 def flat_keys(tree: dict, prefix: str = "") -> dict:

@@ -99,6 +99,13 @@ def test_a_key_inside_a_group_axis_holds_for_every_option(argv):
     assert {s.strategy.block_q for s in specs} == {128}
 
 
+def test_the_command_line_wins_over_the_sweep_files_set():
+    """smoke's `set` has train.steps: 4; a command-line train.steps is the user's last word, as for any key."""
+    specs = expand(cli.compose(cli.parse_args(["+sweep=smoke", "train.steps=3"])))
+    assert len(specs) == 4 and {s.train.steps for s in specs} == {3}
+    assert {s.train.steps for s in expand(cli.compose(cli.parse_args(["+sweep=smoke"])))} == {4}
+
+
 def test_a_nested_sweep_set_changes_one_key_not_its_section():
     specs = expand(cli.compose(cli.parse_args(["+sweep=smoke", "+sweep.set.train.steps=3", "train.lr=0.01"])))
     assert {(s.train.steps, s.train.lr) for s in specs} == {(3, 0.01)}
