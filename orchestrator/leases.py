@@ -37,6 +37,7 @@ class Claim:
     ours: bool
     holder: str  # the driver token that holds the lease (ours, or the one we wait for)
     status: str  # the trial's status tag when we looked
+    epoch: int = 1  # the lease's n: above 1, an earlier driver held the trial (and may have logged steps)
 
 
 def _pid_gone(pid: int) -> bool:
@@ -111,12 +112,12 @@ class Leases:
             if n:
                 holder = params[f"lease_{n}"]
                 if holder == self.token:
-                    return Claim(True, holder, status)
+                    return Claim(True, holder, status, n)
                 if status in settled or self.alive(holder):
-                    return Claim(False, holder, status)
+                    return Claim(False, holder, status, n)
             try:
                 self.client.log_param(rid, f"lease_{n + 1}", self.token)
-                return Claim(True, self.token, status)
+                return Claim(True, self.token, status, n + 1)
             except MlflowException as e:
                 if e.error_code != "INVALID_PARAMETER_VALUE":
                     raise

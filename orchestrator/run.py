@@ -118,7 +118,7 @@ def _run_leased(options: Options, cluster, tracker, progress: Progress, sweep_id
                     type(e).__name__, str(e)[:200])  # fmt: skip
         leases = SoleLeases()
     try:
-        mine, held = _claim(leases, runnable, progress)
+        mine, held = _claim(leases, runnable, progress, tracker)
         for spec, row in mine:
             _describe(tracker, spec, row, sweep_id)
         tracker.flush(timeout=30)
@@ -130,13 +130,20 @@ def _run_leased(options: Options, cluster, tracker, progress: Progress, sweep_id
     return outcomes, ran, by_other
 
 
-def _claim(leases, runnable: list, progress: Progress) -> tuple[list, dict]:
+def _claim(leases, runnable: list, progress: Progress, tracker) -> tuple[list, dict]:
     """Claim in grid order. Once a trial is held by a live driver, claim no more: that driver is running this
     sweep, so the rest are left to it (two drivers started together do not split a sweep)."""
     mine, held, holder = [], {}, ""
     for spec, row in runnable:
         claim = None if holder else _try_claim(leases, spec.trial_id)
         if claim is not None and claim.ours:
+            if claim.epoch > 1:  # taken from a driver that died: what it logged since resume() is known too
+                try:
+                    tracker.refresh(spec.trial_id)
+                except Exception as e:  # noqa: BLE001 - resume()'s reading stands
+                    log.warning(
+                        "trial %s: its steps could not be re-read (%s)", spec.trial_id, type(e).__name__
+                    )
             mine.append((spec, row))
             continue
         holder = holder or claim.holder
