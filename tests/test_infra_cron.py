@@ -73,7 +73,8 @@ def test_dockerfile_builds_from_the_project():
     ignore = (INFRA / "docker" / "Dockerfile.dockerignore").read_text().splitlines()
     for s in sources:  # the allow-list must let every COPY source into the build context
         assert f"!{s}" in ignore or f"!{s}/" in ignore, s
-    assert re.search(r'pip install "\.\[tpu\]"', text), "install the project with its tpu extra"
+    # the tpu extra, and the server extra: psycopg 3 for the MLflow server's PostgreSQL store
+    assert 'pip install ".[tpu,server]"' in text, "install the project with its tpu and server extras"
     assert "FROM python:3.11" in text and ">=3.11,<3.12" in (ROOT / "pyproject.toml").read_text()
     assert "wget" in text  # KubeRay's probes exec wget
     assert 'ENTRYPOINT ["/usr/bin/tini", "--", "/app/infra/docker/entrypoint.sh"]' in text
