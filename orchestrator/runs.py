@@ -12,6 +12,7 @@ hides it); every other driver reads the id from there.
 from __future__ import annotations
 
 import time
+import uuid
 from types import SimpleNamespace
 from typing import Any
 
@@ -35,24 +36,32 @@ def _settle_child(client: Any, anchor: str, key: str, candidate: str) -> str:
         return client.get_run(anchor).data.params[f"run.{key}"]
 
 
-def _reserved(client: Any, exp_id: str, identity: dict[str, str], tags: dict, name: str) -> tuple[str, bool]:
-    """A parent run created by exactly one driver: the one whose reservation experiment was created."""
+def _reserved(
+    client: Any, exp_id: str, identity: dict[str, str], tags: dict, name: str, owner: str
+) -> tuple[str, bool]:
+    """A parent run created by exactly one driver: the one whose reservation experiment was created.
+    `owner` marks the reservation ours, so a retry after a lost answer goes on with it."""
     from mlflow.exceptions import MlflowException
 
+    owner = owner or uuid.uuid4().hex  # no id given: only this call can tell the reservation its own
     exp = client.get_experiment(exp_id).name
     key = f"{exp}.runs/" + ",".join(f"{k}={v}" for k, v in sorted(identity.items()))
     try:
-        res = client.create_experiment(key)
+        res = client.create_experiment(key, tags={"owner": owner})
     except MlflowException as e:
         if e.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
         deadline = time.monotonic() + WAIT_S
-        while time.monotonic() < deadline:  # the reserving driver is creating the run
-            tagged = (client.get_experiment_by_name(key) or SimpleNamespace(tags={})).tags.get("run")
-            if tagged:
-                return tagged, True
+        while True:  # the reserving driver is creating the run
+            found = client.get_experiment_by_name(key) or SimpleNamespace(tags={}, experiment_id="")
+            if found.tags.get("run"):
+                return found.tags["run"], True
+            if found.tags.get("owner") == owner:  # our own reservation, whose answer was lost
+                res = found.experiment_id
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{key} was reserved but no run was created in {WAIT_S:.0f} s") from None
             time.sleep(0.2)
-        raise RuntimeError(f"{key} was reserved but no run was created in {WAIT_S:.0f} s") from None
     mine = client.create_run(exp_id, tags={**identity, **tags}, run_name=name).info.run_id
     client.set_experiment_tag(res, "run", mine)
     client.delete_experiment(res)
@@ -61,15 +70,17 @@ def _reserved(client: Any, exp_id: str, identity: dict[str, str], tags: dict, na
 
 def find_or_create(
     client: Any, exp_id: str, identity: dict[str, str], tags: dict[str, str], name: str,
-    anchor: tuple[str, str] | None = None,
+    anchor: tuple[str, str] | None = None, owner: str = "",
 ) -> tuple[str, bool]:  # fmt: skip
     """(run id, found): the run with these identity tags, created (with `tags`) when there is none.
-    `anchor`: (parent run id, key) for a child run, settled on the parent."""
+    `anchor`: (parent run id, key) for a child run, settled on the parent; `owner`: this opener's id."""
     filt = " and ".join(f"tags.{k} = '{v}'" for k, v in identity.items())
     found = client.search_runs([exp_id], filt, max_results=50)
     if not anchor:
         return (
-            (_oldest(found).info.run_id, True) if found else _reserved(client, exp_id, identity, tags, name)
+            (_oldest(found).info.run_id, True)
+            if found
+            else _reserved(client, exp_id, identity, tags, name, owner)
         )
     if found:
         return _settle_child(client, *anchor, _oldest(found).info.run_id), True

@@ -3,8 +3,7 @@
 Every write is a small JSON-able op put on an ordered write-behind queue (orchestrator/writequeue.py), so
 the driver never waits on the store, an outage delays writes but never loses them, and with a journal a
 driver killed outright loses nothing either. Every op is idempotent (the store drops an identical metric
-point; runs are found by their identity tags before being created), so one delivered twice is harmless.
-"""
+point; runs are found by their identity tags, orchestrator/runs.py), so one delivered twice is harmless."""
 
 from __future__ import annotations
 
@@ -16,6 +15,7 @@ import os
 import subprocess
 import tempfile
 import time
+import uuid
 
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
@@ -61,6 +61,7 @@ class MlflowTracker:
         self.steps: dict[str, set[int]] = {}
         self.prior_attempts: dict[str, int] = {}
         self.exp_id: str | None = None
+        self.owner = uuid.uuid4().hex  # marks the run reservations this tracker made (orchestrator/runs.py)
         self.queue = WriteQueue(self._deliver)
 
     @property
@@ -133,7 +134,8 @@ class MlflowTracker:
         rid, found = self.run_ids.get(op["key"]), True
         if rid is None:
             anchor = (tags["mlflow.parentRunId"], op["key"]) if op.get("parent") else None
-            rid, found = find_or_create(self.client, self._exp(), op["identity"], tags, op["name"], anchor)
+            args = (self.client, self._exp(), op["identity"], tags, op["name"], anchor, self.owner)
+            rid, found = find_or_create(*args)
             self.run_ids[op["key"]] = rid
         if found and op.get("reopen", True):
             self.client.update_run(rid, status="RUNNING")

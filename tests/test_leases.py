@@ -5,6 +5,7 @@ import sys
 import threading
 import time
 
+import pytest
 from mlflow import MlflowClient
 
 from orchestrator.leases import Leases, driver_token
@@ -111,3 +112,26 @@ def test_dead_holders_lose_their_leases(sql_store, tmp_path, monkeypatch):
     live = me.claim("t2")
     assert not live.ours and live.holder == "elsewhere-2-bbbbbb"  # heard from just now
     me.close()
+
+
+def test_a_reservation_whose_run_was_never_created_is_taken_up_by_its_owner(sql_store, tmp_path, monkeypatch):
+    """The parent's name was reserved, then the create failed before reaching the store: the write queue's retry
+    by the same tracker (its owner id) creates the run instead of waiting on its own reservation."""
+    monkeypatch.chdir(tmp_path)
+    client = MlflowClient(sql_store)
+    exp = client.create_experiment("lost")
+    real, calls = client.create_run, []
+
+    def flaky(*a, **k):
+        calls.append(1)
+        if len(calls) == 1:
+            raise ConnectionError("the request never reached the store")
+        return real(*a, **k)
+
+    monkeypatch.setattr(client, "create_run", flaky)
+    ident = {"sweep_id": "s", "kind": "sweep"}
+    with pytest.raises(ConnectionError):
+        find_or_create(client, exp, ident, {}, "s", owner="me")
+    rid, found = find_or_create(client, exp, ident, {}, "s", owner="me")
+    assert not found and [r.info.run_id for r in client.search_runs([exp], "tags.sweep_id = 's'")] == [rid]
+    assert find_or_create(client, exp, ident, {}, "s", owner="other") == (rid, True)
