@@ -19,6 +19,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.runs import log_param_once
+
 log = logging.getLogger(__name__)
 
 HEARTBEAT_S = 10.0
@@ -26,10 +28,14 @@ TTL_S = 60.0  # six missed heartbeats: a driver on another host is presumed dead
 EXITED = "exited"
 
 
+def _host() -> str:
+    """This host's name as a token part: no dashes (they separate the parts), only what a tag key allows."""
+    return re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname())
+
+
 def driver_token() -> str:
-    """host-pid-random: unique per driver, and names the host and process for people and for `_dead`."""
-    host = re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname())
-    return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    """host-pid-random: unique per driver, and names the host and process for people and for `alive`."""
+    return f"{_host()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
 @dataclass(frozen=True)
@@ -92,17 +98,14 @@ class Leases:
         beat = self.client.get_run(self.run_ids[self.sweep_key]).data.tags.get(f"driver.{holder}")
         if beat is None or beat == EXITED:
             return False
-        host, _, rest = holder.rpartition("-")[0].rpartition("-")
-        mine = re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname())
-        if host == mine and rest.isdigit() and _pid_gone(int(rest)):
+        host, _, pid = holder.rpartition("-")[0].rpartition("-")
+        if host == _host() and pid.isdigit() and _pid_gone(int(pid)):
             return False
         return time.time() - int(beat) < TTL_S
 
     def claim(self, key: str, settled: tuple[str, ...] = ("finished",)) -> Claim:
         """Take trial `key`'s lease unless a live driver holds it, or its holder left it in a `settled`
         status (then it is that driver's result, not ours to run again)."""
-        from mlflow.exceptions import MlflowException
-
         rid = self.run_ids[key]
         for _ in range(20):  # each turn another driver won an epoch: a bounded number of them exists
             run = self.client.get_run(rid)
@@ -115,13 +118,9 @@ class Leases:
                     return Claim(True, holder, status, n)
                 if status in settled or self.alive(holder):
                     return Claim(False, holder, status, n)
-            try:
-                self.client.log_param(rid, f"lease_{n + 1}", self.token)
+            if log_param_once(self.client, rid, f"lease_{n + 1}", self.token) == self.token:
                 return Claim(True, self.token, status, n + 1)
-            except MlflowException as e:
-                if e.error_code != "INVALID_PARAMETER_VALUE":
-                    raise
-                # another driver logged epoch n + 1 first: look again at who holds it now
+            # another driver took epoch n + 1 first: look again at who holds it now
         raise RuntimeError(
             f"trial {key}: the lease changed hands 20 times while this driver tried to claim it"
         )

@@ -23,17 +23,23 @@ def _oldest(runs: list) -> Any:
     return min(runs, key=lambda r: (r.info.start_time, r.info.run_id))
 
 
-def _settle_child(client: Any, anchor: str, key: str, candidate: str) -> str:
-    """The child run recorded on the parent for `key`: `candidate`, unless another was recorded first."""
+def log_param_once(client: Any, run_id: str, key: str, value: str) -> str:
+    """Log `key` = `value` unless the run has `key` already; returns the value that stands. Params cannot
+    change once logged, so of several writers racing on one key exactly one wins (the store's primary key)."""
     from mlflow.exceptions import MlflowException
 
     try:
-        client.log_param(anchor, f"run.{key}", candidate)
-        return candidate
+        client.log_param(run_id, key, value)
+        return value
     except MlflowException as e:
         if e.error_code != "INVALID_PARAMETER_VALUE":
             raise
-        return client.get_run(anchor).data.params[f"run.{key}"]
+        return client.get_run(run_id).data.params[key]
+
+
+def _settle_child(client: Any, anchor: str, key: str, candidate: str) -> str:
+    """The child run recorded on the parent for `key`: `candidate`, unless another was recorded first."""
+    return log_param_once(client, anchor, f"run.{key}", candidate)
 
 
 def _reserved(

@@ -1,16 +1,8 @@
 """The environment's faults at start are bad input: one `error:` line, exit 2, nothing recorded or launched."""
 
-import socket
-
 import pytest
 from conftest import run_cli
-
-
-def free_port() -> int:
-    """A port nothing listens on (bound, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from servers import free_port  # a port nothing listens on (bound, then released)
 
 
 def stale_ray_tmpdir(tmp_path) -> dict:
