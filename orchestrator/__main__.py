@@ -107,7 +107,8 @@ def _aot(specs: list, rows: list, options: Options) -> tuple[dict, int]:
     # on a Ray pool (aot.pool): options.aot_workers at once, on the shared cache options.aot_cache
     try:
         compared = aot.compare(valid, options.aot_topology or None, workers=options.aot_workers,
-                               cache=options.aot_cache, progress=options.progress, console=console)  # fmt: skip
+                               cache=options.aot_cache, progress=options.progress, console=console,
+                               draws=options.aot_draws)  # fmt: skip
     except ConnectionError as e:  # a cluster.address that was named and does not answer
         print(f"error: aot=true: no Ray to compile on: {e}", file=sys.stderr)
         return {}, 2

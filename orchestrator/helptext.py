@@ -19,6 +19,7 @@ SWITCHES = {
     "aot_topology": "with aot: compile for this topology instead of the cluster's, e.g. 2x2x1",
     "aot_workers": "with aot: compiles at once as Ray tasks (0: one per CPU)",
     "aot_cache": "with aot: the shared compile cache, a directory or gs://bucket/prefix",
+    "aot_draws": "with aot: compiles per point, each in its own process; the worst draw decides",
     "record": "with dry_run: log the plan to MLflow as planned runs (tag planned=true), plots",
     "skip_invalid": "launch the valid points even if some are invalid (else nothing starts)",
     "progress": "auto | rich | plain: the live display of the sweep",

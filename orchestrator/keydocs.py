@@ -21,6 +21,8 @@ DOCS: dict[str, str] = {
     "size needs (0: one per CPU of the Ray cluster).",
     "aot_cache": "With `aot`: the compile cache shared by every user and the nightly sweep, a directory or "
     '`gs://bucket/prefix`, keyed by the program\'s hash ("": `$CP_AOT_CACHE`, else `.cache/aot`).',
+    "aot_draws": "With `aot`: compiles per point, each in a fresh process made to differ from the others; the "
+    "verdict goes by the worst draw and states the spread (libtpu's peak for one program varies by process).",
     "record": "With `dry_run`: record the plan in MLflow as planned runs (sweep id `<id>-plan`, tag "
     "`planned=true`), with plots.",
     "skip_invalid": "Run the valid grid points even when some are invalid (without it an invalid point means "

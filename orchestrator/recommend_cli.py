@@ -28,6 +28,7 @@ _OWN = (
     "aot_topology",
     "aot_workers",
     "aot_cache",
+    "aot_draws",
     "search",
 )
 _SIZES = ("train.batch", "train.grad_accum")  # set by the command lines too once `search` chose them
@@ -56,7 +57,8 @@ def confirm(a: Answer, options: Options, console) -> list[Comparison]:
     from orchestrator.plan import aot
 
     return aot.compare([c.spec for c in a.top], options.aot_topology or None, workers=options.aot_workers,
-                       cache=options.aot_cache, progress=options.progress, console=console)  # fmt: skip
+                       cache=options.aot_cache, progress=options.progress, console=console,
+                       draws=options.aot_draws)  # fmt: skip
 
 
 def _compiled(r: Comparison) -> dict:

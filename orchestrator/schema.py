@@ -109,6 +109,7 @@ RULES: dict[str, Rule] = {
     "progress": Rule(choices=PROGRESS),
     "top": COUNT,
     "aot_workers": NON_NEGATIVE,  # 0: one compile per CPU the Ray cluster has
+    "aot_draws": Rule(ge=1),
     "budget.chip_hours": NON_NEGATIVE,  # 0: no budget
     "search.batch": COUNT,  # each entry of the list
     "search.grad_accum": COUNT,
@@ -201,6 +202,7 @@ class Options:
     aot_cache: str = (
         ""  # the shared compile cache: a directory or gs://bucket/prefix ("": $CP_AOT_CACHE or .cache/aot)
     )
+    aot_draws: int = 1  # compiles per point, each in its own process; judged by the worst (aot.draws)
     record: bool = False  # with dry_run: the plan as planned MLflow runs
     skip_invalid: bool = False
     progress: str = "auto"

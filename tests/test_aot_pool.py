@@ -90,6 +90,21 @@ def test_pool_answers_as_the_serial_path_and_a_rerun_compiles_nothing(tmp_path, 
 
 
 @pytest.mark.slow
+def test_draws_compile_in_their_own_processes_and_the_worst_judges(tmp_path, fresh_ray):
+    pytest.importorskip("libtpu")
+    spec, where = small(), tmp_path / "draws"
+    [row] = aot.compare([spec], workers=2, cache=str(where), progress="plain", draws=2)
+    stem = f"{spec.trial_id}-tpu7x_2x2x1-{row.result.program}"
+    assert sorted(entries(where)) == [f"{stem}.draw2.json", f"{stem}.json"]  # one entry per draw
+    each = [cache.read(where / n) for n in (f"{stem}.json", f"{stem}.draw2.json")]
+    assert row.result.draw_bytes == tuple(d.device_peak for d in each)
+    assert row.result.device_peak == max(row.result.draw_bytes)  # judged by the worst draw
+    assert "2 draws" in row.reason and row.verdict == "run"
+    again = pool.compile_all([spec], workers=2, cache_at=str(where), progress="plain", draws_per_point=2)
+    assert again == [(row.result, True)]  # every draw read back: nothing compiled
+
+
+@pytest.mark.slow
 def test_a_gs_cache_is_shared_between_runs(tmp_path, monkeypatch, gcs, fresh_ray):
     pytest.importorskip("libtpu")
     uri, spec = f"gs://{BUCKET}/team/aot", small()

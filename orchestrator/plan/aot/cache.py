@@ -60,11 +60,16 @@ def _stem(spec: TrialSpec, topology: str | None) -> str:
     return f"{spec.trial_id}-{topology_tag(spec, topology).replace(':', '_')}"
 
 
-def cache_path(spec: TrialSpec, topology: str | None = None, *, cap_mib: int | None = None) -> Path | str:
+def cache_path(
+    spec: TrialSpec, topology: str | None = None, *, cap_mib: int | None = None, draw: int = 1
+) -> Path | str:
     """`<trial id>-<topology tag>-<program hash>.json` (lowers the step to hash it), `.cap<MiB>.json` for a
-    compile capped at `cap_mib` MiB of HBM: a Path in a directory, a gs:// URI (str) in a bucket."""
+    compile capped at `cap_mib` MiB of HBM, `.draw<d>.json` for draw d > 1 (aot.draws): a Path in a directory,
+    a gs:// URI (str) in a bucket."""
     name = f"{_stem(spec, topology)}-{program_version(spec, topology)}"
-    return _entry(f"{name}.json" if cap_mib is None else f"{name}.cap{cap_mib}.json")
+    if cap_mib is not None:
+        return _entry(f"{name}.cap{cap_mib}.json")
+    return _entry(f"{name}.json" if draw == 1 else f"{name}.draw{draw}.json")
 
 
 def cached_any(spec: TrialSpec, topology: str | None = None) -> bool:
@@ -94,10 +99,11 @@ def write(path: Path | str, result: CompileResult) -> None:
 
 
 def lookup(
-    spec: TrialSpec, topology: str | None = None, *, refresh: bool = False
+    spec: TrialSpec, topology: str | None = None, *, refresh: bool = False, draw: int = 1
 ) -> tuple[CompileResult, bool]:
-    """compiled_memory's answer, and whether it came from the cache (True) or was compiled now (False)."""
-    path = cache_path(spec, topology)
+    """compiled_memory's answer (draw `draw`'s, aot.draws), and whether it came from the cache (True) or was
+    compiled now (False)."""
+    path = cache_path(spec, topology, draw=draw)
     if not refresh and (got := read(path, program_version(spec, topology))) is not None:
         return got, True
     got = compile_memory(spec, topology)

@@ -58,6 +58,7 @@ def compare(
     cache: str = "",
     progress: str = "auto",
     console: Console | None = None,
+    draws: int = 1,
 ) -> list[Comparison]:
     """Analytic vs compiled per-device memory, side by side, with the verdict of the compile. A refused compile
     counts its required bytes as compiled (a lower bound: the compiler names only the part that overflowed); any
@@ -65,12 +66,16 @@ def compare(
 
     workers=None compiles here, one point after another; a number compiles on a Ray pool, that many at once
     (0: one per CPU of the Ray cluster; aot.pool), with a progress bar (`progress`: auto | rich | plain).
-    `cache`: the compile cache, a directory or gs://bucket/prefix ("": $CP_AOT_CACHE, else .cache/aot)."""
+    `cache`: the compile cache, a directory or gs://bucket/prefix ("": $CP_AOT_CACHE, else .cache/aot).
+    `draws` k > 1: each point compiled k times and judged by its worst draw (aot.draws), always on the pool:
+    a draw needs a process of its own."""
+    if draws > 1 and workers is None:
+        workers = 0
     if workers is None:
         with using(cache):
             results = [_compiled(spec, topology) for spec in specs]
     else:
-        results = pool.compile_specs(specs, topology, workers, cache, progress, console)
+        results = pool.compile_specs(specs, topology, workers, cache, progress, console, draws)
     return [_row(spec, got) for spec, got in zip(specs, results, strict=True)]
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from rich.console import Console
 
 from jobs.spec import ClusterSpec, TrialSpec
-from orchestrator.plan.aot import cache
+from orchestrator.plan.aot import cache, draws
 from orchestrator.plan.aot.hostmem import compile_host_bytes
 from orchestrator.plan.aot.progressbar import CompileBar
 from orchestrator.plan.aot.result import CompileResult, failed
@@ -39,12 +39,14 @@ def worker_env(cache_at: str = "") -> dict[str, str]:
     return env | {"ALLOW_MULTIPLE_LIBTPU_LOAD": "1", "JAX_PLATFORMS": "cpu"}
 
 
-def _compile(spec_json: str, topology: str | None, env: dict[str, str]) -> tuple[str, bool]:
-    """The task: the point's cached answer, else its compile (cached), as (CompileResult JSON, cache hit)."""
+def _compile(spec_json: str, topology: str | None, env: dict[str, str], draw: int = 1) -> tuple[str, bool]:
+    """The task: the point's cached answer (draw `draw`'s), else its compile (cached), as (CompileResult JSON,
+    cache hit)."""
     os.environ.update(env)  # a fresh process (max_calls=1): before jax and the storage client read them
+    draws.perturb(draw)
     spec = TrialSpec.from_json(spec_json)
     try:
-        got, hit = cache.lookup(spec, topology)
+        got, hit = cache.lookup(spec, topology, draw=draw)
     except Exception as e:  # noqa: BLE001 -- one broken point must not hide the others' answers
         got, hit = failed(spec, topology, e), False
     return got.to_json(), hit
@@ -107,10 +109,13 @@ def compile_all(
     cache_at: str = "",
     progress: str = "auto",
     console: Console | None = None,
+    draws_per_point: int = 1,
 ) -> list[tuple[CompileResult, bool]]:
     """(CompileResult, cache hit) per spec, in order: at most `workers` compiles at once (0: one per CPU of the
     Ray cluster), each a Ray task reserving compile_host_bytes of memory, all on the cache at `cache_at` ("":
-    $CP_AOT_CACHE, else .cache/aot). A compile that raised, or whose worker died, is a failed result."""
+    $CP_AOT_CACHE, else .cache/aot). A compile that raised, or whose worker died, is a failed result. With
+    `draws_per_point` k > 1 each point is compiled k times, each draw its own task, and judged by the worst
+    (aot.draws.worst); its hit is True only when every draw was cached."""
     if not specs:
         return []
     import ray
@@ -118,27 +123,35 @@ def compile_all(
     start(specs[0].cluster, workers)
     slots = workers or max(int(ray.cluster_resources().get("CPU", 1)), 1)
     cap, env, task = node_memory(), worker_env(cache_at), _task()
-    out: list[tuple[CompileResult, bool] | None] = [None] * len(specs)
-    todo = list(reversed(range(len(specs))))  # popped from the end: submitted in the given order
-    running: dict[Any, int] = {}
+    k = max(draws_per_point, 1)
+    got_draws: list[list[tuple[CompileResult, bool] | None]] = [[None] * k for _ in specs]
+    # popped from the end: submitted in the given order, a point's draws one after another
+    todo = [(i, d) for i in reversed(range(len(specs))) for d in reversed(range(1, k + 1))]
+    running: dict[Any, tuple[int, int]] = {}
     # The driver keeps `slots` tasks in flight (not Ray's CPU count): aot_workers holds on a shared cluster too.
-    with CompileBar(len(specs), slots, progress, console) as bar:
+    with CompileBar(len(todo), slots, progress, console) as bar:
         while todo or running:
             while todo and len(running) < slots:
-                i = todo.pop()
-                opts = {"memory": compile_host_bytes(specs[i], cap)}
-                running[task.options(**opts).remote(specs[i].to_json(), topology, env)] = i
+                i, d = todo.pop()
+                opts: dict[str, Any] = {"memory": compile_host_bytes(specs[i], cap)}
+                if d > 1:  # its own worker process, started with its own string hashing (aot.draws)
+                    opts["runtime_env"] = {"env_vars": {"PYTHONHASHSEED": str(d)}}
+                running[task.options(**opts).remote(specs[i].to_json(), topology, env, d)] = (i, d)
             bar.set_running(len(running))
             [ref], _ = ray.wait(list(running), num_returns=1)
-            i = running.pop(ref)
+            i, d = running.pop(ref)
             try:
                 text, hit = ray.get(ref)
                 got = CompileResult.from_json(text)
             except Exception as e:  # noqa: BLE001 -- the worker died (killed for memory, crashed): a row
                 got, hit = failed(specs[i], topology, e), False
-            out[i] = (got, hit)
-            bar.finished(label(specs[i], topology), got, hit)
-    return out  # type: ignore[return-value]  # every slot filled: the loop ends when none is left
+            got_draws[i][d - 1] = (got, hit)
+            bar.finished(label(specs[i], topology) + (f" draw {d}/{k}" if k > 1 else ""), got, hit)
+    out = []
+    for row in got_draws:
+        done = [x for x in row if x is not None]  # every slot filled: the loop ends when none is left
+        out.append((draws.worst([g for g, _ in done]), all(h for _, h in done)))
+    return out
 
 
 def compile_specs(
@@ -148,10 +161,12 @@ def compile_specs(
     cache: str = "",
     progress: str = "auto",
     console: Console | None = None,
+    draws_per_point: int = 1,
 ) -> list[CompileResult]:
     """Each spec's TPU compile (aot.compiled_memory's answer), in order, `workers` at once on Ray (0: one per
     CPU), on the cache at `cache` (a directory or gs://bucket/prefix; "": $CP_AOT_CACHE, else .cache/aot).
     A compile that broke is a CompileResult with status "failed"; nothing is raised for one point. `progress`:
-    auto | rich | plain, on `console` (a new one on stdout when None)."""
-    got = compile_all(specs, topology, workers=workers, cache_at=cache, progress=progress, console=console)
+    auto | rich | plain, on `console` (a new one on stdout when None); `draws_per_point`: aot.draws."""
+    got = compile_all(specs, topology, workers=workers, cache_at=cache, progress=progress, console=console,
+                      draws_per_point=draws_per_point)  # fmt: skip
     return [result for result, _ in got]

@@ -44,6 +44,7 @@ class CompileResult:
     compile_s: float = 0.0
     cap_mib: int | None = None  # a capped compile (aot.capped): the HBM libtpu was told the chip has
     program: str = ""  # program_version: the hash of the lowered step
+    draw_bytes: tuple[int, ...] = ()  # aot_draws > 1: every draw's judged bytes, in draw order (aot.draws)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -65,8 +66,9 @@ class CompileResult:
     def as_dict(self) -> dict[str, Any]:
         """The JSON object the cache holds: unset fields left out, as the dicts before this type had them."""
         out = {k: v for k, v in asdict(self).items() if v is not None and v != "" and v != ()}
-        if "largest_buffers" in out:
-            out["largest_buffers"] = list(out["largest_buffers"])
+        for key in ("largest_buffers", "draw_bytes"):
+            if key in out:
+                out[key] = list(out[key])
         return out
 
     @classmethod
@@ -74,8 +76,9 @@ class CompileResult:
         """From a cache entry; keys of no field (written by another version) are ignored."""
         known = {f.name for f in fields(cls)}
         kw = {k: v for k, v in d.items() if k in known}
-        if "largest_buffers" in kw:
-            kw["largest_buffers"] = tuple(kw["largest_buffers"])
+        for key in ("largest_buffers", "draw_bytes"):
+            if key in kw:
+                kw[key] = tuple(kw[key])
         return cls(**kw)
 
     def to_json(self) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from jobs.spec import TrialSpec
 from orchestrator.plan import memory
+from orchestrator.plan.aot import draws
 from orchestrator.plan.aot.result import CompileResult
 
 
@@ -15,7 +16,8 @@ def verdict(spec: TrialSpec, got: CompileResult) -> tuple[str, str]:
     allocator's slack too and can exceed the chip's HBM for a program the compiler fits into it (v5p_128 ring at
     14,680,064 tokens, remat full: 127.1 GiB summed, 93.6 GiB peak, compiled for a 95 GiB chip). Compiles cached
     before the peak was recorded fall back to the sum, and so do compiles with pinned-host temporaries, whose
-    reported peak is the host's (CompileResult.device_peak)."""
+    reported peak is the host's (CompileResult.device_peak). A point compiled in several draws (aot_draws) is
+    judged by its worst and says the draws' spread."""
     gib = memory.gib
     if got.status == "rejected":
         need, have = got.required_bytes, got.available_bytes
@@ -26,7 +28,8 @@ def verdict(spec: TrialSpec, got: CompileResult) -> tuple[str, str]:
                 f" (at its peak {gib(got.live_bytes)} live, {gib(got.fragmentation_bytes)} fragmentation)"
             )
         top = "; ".join(got.largest_buffers[:4])
-        return "infeasible", f"TPU compiler: {figures}" + (f" (largest: {top})" if top else "")
+        spread = f"; {note}" if (note := draws.spread_note(got)) else ""
+        return "infeasible", f"TPU compiler: {figures}" + (f" (largest: {top})" if top else "") + spread
     if got.status == "failed":
         return "invalid", f"TPU compile failed: {got.error}"
     limit = int(spec.cluster.hbm_bytes_per_device)
@@ -34,6 +37,7 @@ def verdict(spec: TrialSpec, got: CompileResult) -> tuple[str, str]:
     peak = own or got.peak_bytes
     what = "compiler's peak" if own else "compiled peak"
     summed = f" (memory_analysis sum {gib(got.peak_bytes)})" if own else ""
+    spread = f" ({note})" if (note := draws.spread_note(got)) else ""
     if limit and peak > limit:
-        return "infeasible", f"{what} {gib(peak)}/device > {gib(limit)} of HBM{summed}"
-    return "run", f"{what} {gib(peak)}/device{summed}"
+        return "infeasible", f"{what} {gib(peak)}/device > {gib(limit)} of HBM{summed}{spread}"
+    return "run", f"{what} {gib(peak)}/device{summed}{spread}"
