@@ -31,6 +31,8 @@ SWITCHES = {
     "retries.failure": "relaunches of a trial that raised; a separate budget: a lost host is not a bug",
     "gate.enabled": "after the sweep, compare each trial with its previous finished run (same trial id)",
     "gate.max_drop": "an MFU or tokens/s drop past this fraction tags the sweep regression=true: exit 3",
+    "gate.window": "the baseline: the median of this many earlier finished runs of each trial",
+    "gate.noise_k": "the band widens to this many times those runs' spread, (max-min)/(2 median)",
     "budget.chip_hours": "refuse (exit 2) a sweep the planner prices above this many chip-hours (0: none)",
 }
 EXAMPLES = (

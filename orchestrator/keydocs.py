@@ -187,11 +187,18 @@ DOCS: dict[str, str] = {
     "budget.chip_hours": "Largest predicted chip-hours for the sweep's runnable points (steps x predicted step "
     "time plus `cluster.compile_seconds`, times the trial's chips); above it the CLI exits 2 naming the most "
     "expensive points and what would fit (0: no budget).",
-    "gate": "The regression gate after a sweep: each finished trial against the previous finished run of its "
-    "trial id on the same cluster, from another sweep.",
+    "gate": "The regression gate after a sweep: each finished trial against the median of the last "
+    "`gate.window` finished runs of its trial id on the same cluster, one per earlier sweep (planned runs never "
+    "count).",
     "gate.enabled": "Run the regression gate when the sweep ends (not with `tracking=none`: no baseline).",
-    "gate.max_drop": "Largest allowed drop of `final_mfu` or `final_tokens_per_s`, a fraction of the baseline; "
-    "beyond it the parent run gets `regression=true` and the CLI exits 3.",
+    "gate.max_drop": "Narrowest band: the largest drop of `final_mfu` or `final_tokens_per_s`, a fraction of "
+    "the baseline median, allowed however quiet the baseline runs were (the whole band with one earlier run); "
+    "beyond the band the parent run gets `regression=true` and the CLI exits 3.",
+    "gate.window": "Baseline runs: the median of the last this many finished runs of the trial, one per earlier "
+    "sweep.",
+    "gate.noise_k": "Band width in noise: the band is max(`gate.max_drop`, this x the baseline runs' ± spread, "
+    "(max - min) / (2 median)); 1.5 passes a quiet rerun half as far again below the median as the runs "
+    "strayed, and still catches a 30 % drop while they stray under ±20 % (0: the band is `gate.max_drop`).",
     # --- sweep: conf/sweep/, added with +sweep=NAME ------------------------------------------------------------
     "sweep": "The grid: absent (a single trial) unless added with `+sweep=NAME`.",
     "sweep.name": "Sweep name: the parent run's `sweep_name` tag, and the start of a fresh sweep id.",

@@ -200,8 +200,14 @@ def _gate(options: Options, sweep_id: str, failed: bool) -> int:
     code = 0
     if options.gate.enabled:
         try:
+            g = options.gate
             code = regress.gate(
-                options.tracking.uri, options.tracking.experiment, sweep_id, options.gate.max_drop
+                options.tracking.uri,
+                options.tracking.experiment,
+                sweep_id,
+                max_drop=g.max_drop,
+                window=g.window,
+                noise_k=g.noise_k,
             )
         except Exception:
             log.exception("regression gate could not read the tracking store")

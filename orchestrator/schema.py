@@ -116,6 +116,8 @@ RULES: dict[str, Rule] = {
     "retries.preemption": NON_NEGATIVE,
     "retries.failure": NON_NEGATIVE,
     "gate.max_drop": Rule(ge=0, le=1),  # a fraction of the baseline; above 1 it could never trip
+    "gate.window": COUNT,  # baseline runs the median is taken over
+    "gate.noise_k": NON_NEGATIVE,  # 0: the band is max_drop whatever the noise
 }
 
 
@@ -161,8 +163,13 @@ class Retries:
 
 @dataclass(frozen=True)
 class Gate:
+    """The regression gate (orchestrator.regress): baseline, the median of the last `window` runs; band,
+    max(max_drop, noise_k x their ± spread)."""
+
     enabled: bool = True
     max_drop: float = 0.10
+    window: int = 5
+    noise_k: float = 1.5
 
 
 @dataclass(frozen=True)

@@ -59,9 +59,11 @@ def test_a_command_line_sweep_is_typed_too():
 
 def test_the_gate_is_on_as_the_schema_says(monkeypatch):
     asked = []
-    monkeypatch.setattr(run.regress, "gate", lambda uri, exp, sid, drop: asked.append((sid, drop)) or 3)
+    monkeypatch.setattr(run.regress, "gate", lambda uri, exp, sid, **kw: asked.append((sid, kw)) or 3)
     on = load_typed([]).options
-    assert run._gate(on, "s", failed=False) == 3 and asked == [("s", 0.10)]
+    assert run._gate(on, "s", failed=False) == 3
+    assert asked == [("s", {"max_drop": 0.10, "window": 5, "noise_k": 1.5})]
+    assert load_typed(["gate.window=3", "gate.noise_k=2"]).options.gate == schema.Gate(window=3, noise_k=2.0)
     assert run._gate(on, "s", failed=True) == 1
     off = load_typed(["gate.enabled=false"]).options
     assert run._gate(off, "t", failed=False) == 0 and len(asked) == 2

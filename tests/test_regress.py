@@ -13,16 +13,19 @@ EXP = "cp_scaling"
 POINTS = [("all_gather", 512, "t-ag-512"), ("ring", 512, "t-ring-512"), ("ring", 1024, "t-ring-1024")]
 
 
-def log_sweep(client: MlflowClient, sweep_id: str, scale: dict[str, float] | None = None, status="finished"):
-    """A parent run and finished child runs as the Tracker writes them; `scale` slows chosen trials down."""
+def log_sweep(
+    client: MlflowClient, sweep_id: str, scale: dict[str, float] | float = 1.0, status="finished", **tags: str
+):
+    """A parent run and finished child runs as the Tracker writes them; `scale` slows chosen trials down (a
+    float: all of them), `tags` go on each child (planned="true")."""
     exp = client.get_experiment_by_name(EXP)
     eid = exp.experiment_id if exp else client.create_experiment(EXP)
     parent = client.create_run(eid, tags={"kind": "sweep", "sweep_id": sweep_id}, run_name=sweep_id)
     for strategy, length, tid in POINTS:
-        s = (scale or {}).get(tid, 1.0)
-        tags = {"kind": "trial", "trial_id": tid, "sweep_id": sweep_id, "status": status,
-                "mlflow.parentRunId": parent.info.run_id}  # fmt: skip
-        run = client.create_run(eid, tags=tags)
+        s = scale if isinstance(scale, float) else scale.get(tid, 1.0)
+        child = {"kind": "trial", "trial_id": tid, "sweep_id": sweep_id, "status": status,
+                 "mlflow.parentRunId": parent.info.run_id, **tags}  # fmt: skip
+        run = client.create_run(eid, tags=child)
         rid = run.info.run_id
         for k, v in {"strategy": strategy, "context_length": length, "mesh": "context8"}.items():
             client.log_param(rid, k, v)
@@ -74,6 +77,20 @@ def test_new_trials_are_counted_under_the_table():
     assert "2 new trials not compared" in text and "L=1024" not in text and "L=2048" not in text
 
 
+def test_trials_with_other_baseline_runs_name_them_in_their_row():
+    one = regress.Change("t1", "ring L=512 context8", "s1", {"final_mfu": (0.2, 0.21)})
+    two = regress.Change(
+        "t2", "ring L=1024 context8", "s2", {"final_mfu": (0.2, 0.2)}, baseline_sweeps=("s2", "s1")
+    )
+    result = regress.GateResult("s3", 0.10, [one, two])
+    text = gate_text(result)
+    assert "1: s1" in text and "2: s2, s1" in text and "newest first" not in text
+    assert result.summary(detail=False).endswith(
+        "1 trial vs the 1 run (sweep s1, band max_drop); 1 trial vs the median of 2 runs (sweeps s2, s1); "
+        "band = max(10%, 1.5 × ± spread)"
+    )
+
+
 def test_unchanged_sweep_passes_and_is_tagged(client, store):
     log_sweep(client, "s1")
     parent = log_sweep(client, "s2", {"t-ring-512": 0.95})  # a 5% wobble is under the 10% threshold
@@ -96,17 +113,92 @@ def test_slowdown_trips_gate_and_tags_parent(client, store):
     assert regress.gate(store, EXP, "s2", max_drop=0.5, console=quiet()) == 0  # the threshold is configurable
 
 
-def test_baseline_is_the_latest_earlier_finished_run(client, store):
-    log_sweep(client, "s1", {"t-ring-512": 0.5})
-    log_sweep(client, "s2")
-    log_sweep(client, "s3", {"t-ring-512": 0.1}, status="failed")  # not finished: never a baseline
-    log_sweep(client, "s4", {"t-ring-512": 0.6})
+def test_baseline_is_the_median_of_the_window(client):
+    for i, s in enumerate([1.0, 0.9, 1.1, 0.95, 1.05, 0.5], 1):  # s1 falls out of the window of 5
+        log_sweep(client, f"s{i}", {"t-ring-512": s})
+    log_sweep(client, "s7", {"t-ring-512": 0.97})
     eid = client.get_experiment_by_name(EXP).experiment_id
-    res = regress.compare(client, eid, "s4", 0.10)
-    assert {c.baseline_sweep for c in res.changes} == {"s2"}
-    assert [c.trial_id for c in res.regressions] == ["t-ring-512"]
+    res = regress.compare(client, eid, "s7", 0.10, window=5)
+    ring = next(c for c in res.changes if c.trial_id == "t-ring-512")
+    assert ring.baseline_sweeps == ("s6", "s5", "s4", "s3", "s2") and ring.baseline_sweep == "s6"
+    assert ring.values["final_tokens_per_s"] == (pytest.approx(950.0), pytest.approx(970.0))  # median of 5
+    assert ring.values["final_mfu"][0] == pytest.approx(0.19)
+    assert ring.noise["final_tokens_per_s"] == pytest.approx((1100 - 500) / (2 * 950))  # s6's 0.5 is in it
+    assert res.regressions == []
+
+
+def test_window_takes_the_last_n_measured_runs_one_per_sweep(client):
+    log_sweep(client, "s1", 0.5)
+    log_sweep(client, "s2")
+    log_sweep(client, "s3", 0.1, status="failed")  # not finished: never a baseline
+    log_sweep(client, "s4")
+    log_sweep(client, "s4", 0.2)  # a retried sweep's second finished run: its newest speaks for it
+    log_sweep(client, "s4-plan", 0.1, planned="true")  # a prediction, never a measurement
+    log_sweep(client, "s5", 0.6)
+    eid = client.get_experiment_by_name(EXP).experiment_id
+    two = regress.compare(client, eid, "s5", 0.10, window=2)
+    assert {c.baseline_sweeps for c in two.changes} == {("s4", "s2")}
+    assert two.changes[0].values["final_mfu"][0] == pytest.approx((0.2 * 0.2 + 0.2) / 2)
+    assert {c.baseline_sweeps for c in regress.compare(client, eid, "s5", 0.10).changes} == {
+        ("s4", "s2", "s1")
+    }
     # an older sweep compares with what came before it, not after
-    assert regress.compare(client, eid, "s2", 0.10).regressions == []
+    assert {c.baseline_sweeps for c in regress.compare(client, eid, "s2", 0.10).changes} == {("s1",)}
+
+
+NOISY = [1.15, 0.85, 1.0, 1.075, 0.925]  # five quiet reruns spread ±15 % about their median
+
+
+def test_noise_widens_the_band_a_dip_inside_it_passes_a_real_drop_trips(client, store):
+    for i, s in enumerate(NOISY, 1):
+        log_sweep(client, f"s{i}", s)
+    parent = log_sweep(client, "s6", {"t-ring-512": 0.88, "t-ring-1024": 0.70})  # a 12 % dip, a 30 % drop
+    eid = client.get_experiment_by_name(EXP).experiment_id
+    res = regress.compare(client, eid, "s6", 0.10, window=5, noise_k=1.5)
+    dip, drop = (next(c for c in res.changes if c.trial_id == t) for t in ("t-ring-512", "t-ring-1024"))
+    assert dip.noise["final_tokens_per_s"] == pytest.approx(0.15)
+    assert dip.bands == {"final_mfu": pytest.approx(0.225), "final_tokens_per_s": pytest.approx(0.225)}
+    assert dip.delta("final_tokens_per_s") == pytest.approx(-0.12) and not dip.dropped
+    assert [c.trial_id for c in res.regressions] == ["t-ring-1024"]
+    assert set(drop.dropped) == set(regress.GATED) and drop.delta("final_mfu") == pytest.approx(-0.30)
+    # the old gate, max_drop alone, cries wolf at the dip
+    assert len(regress.compare(client, eid, "s6", 0.10, noise_k=0).regressions) == 2
+    # a quieter history keeps the band at max_drop: the same dip trips
+    assert regress.band([1.0, 1.02, 0.98], 0.10, 1.5) == (pytest.approx(0.02), 0.10)
+    assert regress.gate(store, EXP, "s6", console=quiet()) == regress.EXIT_REGRESSION
+    summary = client.get_run(parent).data.tags["regression_summary"]
+    assert summary.startswith("1 of 3 trials dropped beyond 22%: ring L=1024 context8: MFU -30% (band 22%)")
+    assert "each vs the median of 5 runs (sweeps s5, s4, s3, s2, s1)" in summary
+    assert "ring L=512 context8 1000 22.5%" in summary  # each trial's median and band
+
+
+def test_a_single_earlier_run_uses_max_drop_and_says_so(client, store):
+    log_sweep(client, "s1")
+    log_sweep(client, "s2", {"t-ring-512": 0.88})
+    res = regress.compare(client, client.get_experiment_by_name(EXP).experiment_id, "s2", 0.10)
+    [bad] = res.regressions
+    assert bad.trial_id == "t-ring-512" and bad.bands == {m: 0.10 for m in regress.GATED}
+    assert bad.baseline() == "1 run (sweep s1, band max_drop)"
+    text = gate_text(res)
+    assert "baseline runs, newest first: s1" in text and "10.0% (1 run)" in text
+    assert "each vs the 1 run (sweep s1, band max_drop)" in text
+
+
+def test_the_verdict_names_the_compared_sweeps(client, store):
+    for i, s in enumerate([1.0, 1.1, 0.9], 1):
+        log_sweep(client, f"s{i}", s)
+    parent = log_sweep(client, "s4")
+    console = Console(record=True, width=250, file=open("/dev/null", "w"))  # noqa: SIM115
+    assert regress.gate(store, EXP, "s4", console=console) == 0
+    text = console.export_text()
+    assert "baseline runs, newest first: s3, s2, s1" in text and text.count("15.0% (±10.0%)") == 3
+    assert "1000 → 1000 (+0.0%)" in text  # the median of 1000, 1100 and 900
+    tags = client.get_run(parent).data.tags
+    assert tags["regression"] == "false"
+    assert tags["regression_summary"].startswith(
+        "no drop beyond 15% in 3 compared trials; each vs the median of 3 runs (sweeps s3, s2, s1); "
+        "band = max(10%, 1.5 × ± spread)"
+    )
 
 
 def test_table_shows_changes(client, store):
@@ -124,6 +216,12 @@ def test_standalone_cli(client, store, capsys):
     assert regress.main(["s2", "--uri", store, "--no-tag"]) == 3
     assert "REGRESSED" in capsys.readouterr().out
     assert regress.main(["s2", "--uri", store, "--max-drop", "0.3"]) == 0
+    log_sweep(client, "s3", {"t-ring-512": 0.76})  # vs s1 (1.0) and s2 (0.8): median 0.9, ±11 %
+    assert regress.main(["s3", "--uri", store, "--no-tag"]) == 0  # a 15.6 % drop, band 1.5 × 11 % = 16.7 %
+    assert regress.main(["s3", "--uri", store, "--no-tag", "--noise-k", "1"]) == 3  # band 11 %
+    assert (
+        regress.main(["s3", "--uri", store, "--no-tag", "--noise-k", "1", "--window", "1"]) == 0
+    )  # vs s2: -5 %
 
 
 ONE_TRIAL = [
