@@ -5,7 +5,8 @@ the constants.
 orchestrator/plan/published.py (calibration rows, then held-out rows) with the constants the cluster configs
 carry; `--page` writes the same as docs/results/calibration.md (constants, both tables, caveats; see
 orchestrator.provenance); `--fit` refits the constants on the calibration rows only and prints them (to copy
-into conf/cluster/*.yaml by hand: the configs, not this script, are what the planner uses).
+into conf/cluster/*.yaml by hand: the configs, not this script, are what the planner uses); `--from-sweep ID`
+refits a cluster on a finished sweep's own trials and writes the config (orchestrator/plan/refit.py).
 """
 
 from __future__ import annotations
@@ -17,22 +18,11 @@ from dataclasses import dataclass, replace
 
 from jobs.spec import ClusterSpec, TrialSpec
 from orchestrator import provenance
+from orchestrator.plan import refit
+from orchestrator.plan.fitting import FITTED, SHARED, search
 from orchestrator.plan.published import ROWS, SOURCES, Published, _load
 from orchestrator.plan.steptime import step_time
 
-# What the fit may move per chip, with bounds. SHARED ones are fitted on v5p only, whose calibration runs
-# span two head_dims, full remat and all-gather / all-to-all layouts; tpu7x's (one layout, one policy) take
-# v5p's values: the softmax cost relative to the MXU, the replay cost, the links a collective drives.
-FITTED = {
-    "matmul_efficiency": (0.3, 1.0),
-    "attention_efficiency": (0.3, 1.0),
-    "attention_head_dim_half": (0.0, 512.0),
-    "attention_block_half": (0.0, 16384.0),
-    "step_overhead_s": (0.0, 2.0),
-    "attention_recompute": (1.0, 4.0),
-    "collective_links": (1.0, 6.0),
-}
-SHARED = ("attention_head_dim_half", "attention_recompute", "collective_links")
 TOLERANCE = 0.25  # held-out target: |predicted / published - 1| for every TPU row
 
 
@@ -69,25 +59,14 @@ def _loss(rows: list[Published], params: dict[str, float]) -> float:
 
 
 def fit(cluster: str, fixed: dict[str, float] | None = None, rounds: int = 12) -> dict[str, float]:
-    """Coordinate search on the calibration rows of one cluster (held-out rows never enter)."""
+    """Coordinate search on the calibration rows of one cluster (held-out rows never enter); a sweep's trials
+    are refitted with the same search by orchestrator/plan/refit.py."""
     rows = [r for r in ROWS if r.cluster == cluster and not r.held_out]
     fixed = fixed or {}
     base = rows[0].spec.cluster
     params = {k: float(getattr(base, k)) for k in FITTED if k not in fixed} | fixed
     free = [k for k in FITTED if k not in fixed]
-    for i in range(rounds):
-        step = 0.5 / (1 + i)  # relative move, shrinking
-        for k in free:
-            lo, hi = FITTED[k]
-            best = (_loss(rows, params), params[k])
-            span = max(abs(params[k]), (hi - lo) * 0.05)
-            for f in (-2, -1, -0.5, 0.5, 1, 2):
-                v = min(hi, max(lo, params[k] + f * step * span))
-                loss = _loss(rows, params | {k: v})
-                if loss < best[0]:
-                    best = (loss, v)
-            params[k] = best[1]
-    return params
+    return search(lambda p: _loss(rows, p), params, free, rounds)
 
 
 def markdown(checks: list[Check]) -> str:
@@ -215,7 +194,10 @@ def main(argv: list[str]) -> int:
         "--fit", action="store_true", help="refit the constants on the calibration rows and print them"
     )
     provenance.add_page_argument(ap, "calibration")
+    refit.add_arguments(ap)
     a = ap.parse_args(argv)
+    if a.from_sweep:
+        return refit.main(a, argv)
     if a.fit:
         v5p = fit("v5p_128")
         tpu7x = fit("tpu7x_128", fixed={k: v5p[k] for k in SHARED})
