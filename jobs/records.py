@@ -1,5 +1,5 @@
-"""The records a trial emits (start, step, summary) as frozen dataclasses, and the JSON-able dicts they cross a
-process boundary as (a Ray batch, a line of `python -m jobs.train`, a checkpoint's step history).
+"""The records a trial emits (start, step, summary, profile) as frozen dataclasses, and the JSON-able dicts
+they cross a process boundary as (a Ray batch, a line of `python -m jobs.train`, a checkpoint's step history).
 
 Reading is lenient both ways, so drivers and jobs of different revisions interoperate: a key this code does
 not know (a newer job's) is kept in `extra` and written back by `to_dict`, so nothing is lost on the way to the
@@ -9,7 +9,9 @@ for `parse` and skipped by `parse_known`.
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import gzip
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -23,6 +25,11 @@ def _optional() -> Any:
     return field(default=None, metadata={"omit_none": True})
 
 
+def _flag() -> Any:
+    """A bool left out of the dict form while False, so records (and checkpoints) without it read the same."""
+    return field(default=False, metadata={"omit_false": True})
+
+
 class _Record:
     kind: ClassVar[str]
     extra: dict[str, Any]
@@ -32,7 +39,10 @@ class _Record:
         out: dict[str, Any] = {"kind": self.kind}
         for f in dataclasses.fields(self):  # type: ignore[arg-type]
             value = getattr(self, f.name)
-            if f.name != "extra" and not (value is None and f.metadata.get("omit_none")):
+            omit = (value is None and f.metadata.get("omit_none")) or (
+                value is False and f.metadata.get("omit_false")
+            )
+            if f.name != "extra" and not omit:
                 out[f.name] = value
         return out | {k: v for k, v in self.extra.items() if k not in out}
 
@@ -91,10 +101,12 @@ class StepRecord(_Record):
     tflops_per_s_per_device: float = NAN
     mfu: float = NAN
     peak_bytes_in_use: int | None = None  # runtime peak; None on CPU (and on every process but 0)
+    bytes_in_use: int | None = _optional()  # after the step, most over the host's devices; None as above
     # mean loss per position bucket (jobs.spec.bucket_labels -> loss), buckets with a counted token only
     loss_by_position: dict[str, float] | None = _optional()
     # the recall task: the fraction of queries answered right (argmax) per bucket of distance to their key
     accuracy_by_distance: dict[str, float] | None = _optional()
+    profiled: bool = _flag()  # traced by run.profile_steps: its time carries the trace, not in the median
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -122,8 +134,38 @@ class SummaryRecord(_Record):
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-Record = StartRecord | StepRecord | SummaryRecord
-KINDS: dict[str, type[Record]] = {c.kind: c for c in (StartRecord, StepRecord, SummaryRecord)}
+@dataclass(frozen=True)
+class ProfileRecord(_Record):
+    """A jax.profiler trace of steps first_step..last_step on one process (run.profile_steps), and where their
+    time went (jobs/trace_breakdown.py). Never part of a checkpoint's history: a resumed trial re-traces."""
+
+    kind: ClassVar[str] = "profile"
+    first_step: int = 0
+    last_step: int = 0
+    process: int = 0
+    host: str = ""
+    # path inside the trace's session directory -> the file's bytes, gzipped, as base64 (the wire is JSON)
+    files: dict[str, str] = field(default_factory=dict)
+    devices: int = 0  # devices the trace has ops of
+    step_s: float = NAN  # traced wall time per step, first op to last
+    seconds: dict[str, float] = field(default_factory=dict)  # per category, per step; adds up to step_s
+    collective_exposed_s: float = NAN  # collective time with no compute beside it
+    collective_overlapped_s: float = NAN
+    limiter: str = ""
+    note: str = ""  # what could not be read or sent
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @staticmethod
+    def encode(data: bytes) -> str:
+        """A file's bytes as `files` carries them."""
+        return base64.b64encode(gzip.compress(data, compresslevel=6)).decode()
+
+    def file_bytes(self) -> dict[str, bytes]:
+        return {name: gzip.decompress(base64.b64decode(text)) for name, text in self.files.items()}
+
+
+Record = StartRecord | StepRecord | SummaryRecord | ProfileRecord
+KINDS: dict[str, type[Record]] = {c.kind: c for c in (StartRecord, StepRecord, SummaryRecord, ProfileRecord)}
 
 
 def parse(d: Mapping[str, Any]) -> Record:

@@ -210,12 +210,19 @@ class ClusterSpec:
         }
 
 
+PROFILE_HOSTS = ("first", "all")  # run.profile_hosts: process 0 traces, or every process does
+
+
 @dataclass(frozen=True)
 class RunSpec:
-    """Execution details of one trial: where to checkpoint, how often to report."""
+    """Execution details of one trial: where to checkpoint, how often to report, which steps to trace."""
 
     checkpoint_dir: str = ""
     checkpoint_every: int = 0
+    # jax.profiler traces of these steps (jobs/profiling.py); never step 0, the warm-up. Tracing changes no
+    # result, so like the rest of this block it stays out of the trial id.
+    profile_steps: tuple[int, ...] = ()
+    profile_hosts: str = "first"
 
 
 @dataclass(frozen=True)
@@ -272,7 +279,7 @@ class TrialSpec:
             context_length=int(d["context_length"]),
             train=TrainSpec(**train),
             cluster=ClusterSpec(**d.get("cluster", {})),
-            run=RunSpec(**d.get("run", {})),
+            run=RunSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.get("run", {}).items()}),
             # a list value (an axis over train.memory.save) as a tuple: specs are hashed (planner caches)
             axes=tuple((str(k), tuple(v) if isinstance(v, list) else v) for k, v in d.get("axes", ())),
         )

@@ -23,6 +23,8 @@ from jobs.data import Batches
 from jobs.faults import Faults
 from jobs.memstats import compiled_bytes
 from jobs.mesh import make_mesh
+from jobs.peak import device_memory, peak_tflops
+from jobs.profiling import Profiler
 from jobs.records import StartRecord, StepRecord, SummaryRecord, parse
 from jobs.spec import TrialSpec
 from jobs.step import abstract_args, batch_shardings, make_train_step
@@ -55,30 +57,6 @@ def configure_host(spec: TrialSpec) -> None:
             os.environ.setdefault(key, value)
 
 
-def measure_cpu_peak(dtype: str = "float32", n: int = 1024, reps: int = 5) -> float:
-    """TFLOP/s per local device from a matmul running on every local device at once (CPU has no spec sheet)."""
-    devs = jax.local_devices()
-    mesh = jax.sharding.Mesh(np.array(devs), ("d",))
-    sh = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("d"))
-    x = jax.device_put(np.ones((len(devs), n, n), dtype=dtype), sh)
-    f = jax.jit(lambda a: a @ a)
-    f(x).block_until_ready()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        f(x).block_until_ready()
-    dt = (time.perf_counter() - t0) / reps
-    return 2 * n**3 / dt / 1e12
-
-
-def peak_tflops(spec: TrialSpec) -> tuple[float, str]:
-    c = spec.cluster
-    if c.peak_tflops_per_device > 0:
-        return c.peak_tflops_per_device, c.accelerator
-    if c.platform == "cpu":
-        return measure_cpu_peak(spec.train.dtype), f"cpu_measured_{spec.train.dtype}"
-    return flops.PEAK_TFLOPS_PER_DEVICE.get(c.accelerator, 0.0) or float("nan"), c.accelerator
-
-
 def memory_record(compiled) -> Record:
     ma = compiled.memory_analysis()
     if ma is None:
@@ -91,12 +69,6 @@ def memory_record(compiled) -> Record:
     }
     out["compiled_bytes_per_device"] = compiled_bytes(ma)
     return out
-
-
-def runtime_peak_bytes() -> int | None:
-    stats = [d.memory_stats() for d in jax.local_devices()]
-    peaks = [s.get("peak_bytes_in_use") for s in stats if s]
-    return max(peaks) if peaks else None
 
 
 def slice_record(mesh: Mesh, dcn: str, slices: int) -> Record:
@@ -127,11 +99,16 @@ def check(spec: TrialSpec) -> None:
     problem = cp_rules.batch_problem(spec.train.batch, spec.mesh.data, spec.mesh.fsdp, spec.train.grad_accum)
     if problem:
         raise ValueError(problem)
+    if bad := [s for s in spec.run.profile_steps if not 0 < s < spec.train.steps]:
+        raise ValueError(
+            f"run.profile_steps {bad}: profile steps 1 to {spec.train.steps - 1} (step 0 warms up)"
+        )
 
 
 def train(spec: TrialSpec) -> Iterator[Record]:
-    """Run the trial; yield a `start` record, one `step` record per step, then a `summary`, each in its dict
-    form (jobs/records.py), which is what the Ray batch, the standalone output and the checkpoint carry.
+    """Run the trial; yield a `start` record, one `step` record per step (a `profile` after each traced window
+    of run.profile_steps), then a `summary`, each in its dict form (jobs/records.py), which is what the Ray
+    batch, the standalone output and the checkpoint carry.
     With run.checkpoint_dir set, resume from its latest checkpoint and save every run.checkpoint_every steps."""
     check(spec)
     lead = jax.process_index() == 0
@@ -186,6 +163,7 @@ def train(spec: TrialSpec) -> Iterator[Record]:
     bsh = batch_shardings(spec, mesh)
     tokens = spec.tokens_per_step
     faults = Faults(jax.process_index())
+    prof = Profiler(spec, compiled, on=lead or spec.run.profile_hosts == "all")
     last = time.perf_counter()
 
     def finish(step: int, m: dict) -> StepRecord:
@@ -195,6 +173,7 @@ def train(spec: TrialSpec) -> Iterator[Record]:
         now = time.perf_counter()
         dt, last = now - last, now
         tf = tflops_step / dt
+        in_use, peak_bytes = device_memory() if lead else (None, None)  # only process 0's records are sent
         history.append(
             StepRecord(
                 step=step,
@@ -205,9 +184,11 @@ def train(spec: TrialSpec) -> Iterator[Record]:
                 tokens_per_s=tokens / dt,
                 tflops_per_s_per_device=tf,
                 mfu=tf / peak if peak == peak and peak > 0 else float("nan"),
-                peak_bytes_in_use=runtime_peak_bytes() if lead else None,  # only process 0's records are sent
+                peak_bytes_in_use=peak_bytes,
+                bytes_in_use=in_use,
                 loss_by_position=by_position(m),
                 accuracy_by_distance=by_distance(m),
+                profiled=prof.covers(step),
             )
         )
         return history[-1]
@@ -226,6 +207,11 @@ def train(spec: TrialSpec) -> Iterator[Record]:
 
     prev = None  # (step, metrics) dispatched but not yet reported
     for step in range(first, spec.train.steps):
+        if prev is not None and prof.opens(step):  # a trace holds its own steps only: the one before is done
+            rec, prev = finish(*prev), None
+            if lead:
+                yield rec.to_dict()
+        prof.start(step)
         state, metrics = compiled(state, _put(batches(step), bsh))
         faults.slow_step()
         if prev is not None:
@@ -234,15 +220,22 @@ def train(spec: TrialSpec) -> Iterator[Record]:
                 yield rec.to_dict()
             faults.at(rec.step, "after_report")
         prev = (step, metrics)
+        if prof.closes(step):  # the window's last step done before the trace stops
+            rec, prev = finish(*prev), None
+            if lead:
+                yield rec.to_dict()
+            if (profile := prof.stop(step, state)) is not None:  # never in `history`: not checkpointed
+                yield profile.to_dict()
+            last = time.perf_counter()  # stopping and reading the trace is not the next step's time
         if ckpt and ckpt.due(step):
             # Report this step before saving, so the checkpoint holds every record up to the step it
             # covers: whatever the driver has not received yet, a resumed trial re-sends.
             faults.at(step, "before_save")
-            rec = finish(*prev)
+            rec = finish(*prev) if prev else None  # None: reported already, at a profile's end
             prev = None
             ckpt.save(step, state, [r.to_dict() for r in history], batches.state(step + 1))
             faults.at(step, "after_save")
-            if lead:
+            if lead and rec:
                 yield rec.to_dict()
             faults.at(step, "after_report")
             last = time.perf_counter()  # the save is not part of the next step's time
@@ -259,6 +252,7 @@ def train(spec: TrialSpec) -> Iterator[Record]:
         ran = [r for r in history if r.step >= first]  # this attempt's steps
         timed = ran or history
         timed = timed[1:] if len(timed) > 1 else timed
+        timed = [r for r in timed if not r.profiled] or timed  # a traced step's time includes the tracing
         med = float(np.median([r.step_time_s for r in timed]))
         yield SummaryRecord(
             steps=spec.train.steps,
@@ -271,7 +265,7 @@ def train(spec: TrialSpec) -> Iterator[Record]:
             tokens_per_s=tokens / med,
             tflops_per_s_per_device=tflops_step / med,
             mfu=tflops_step / med / peak if peak == peak and peak > 0 else float("nan"),
-            peak_bytes_in_use=runtime_peak_bytes(),
+            peak_bytes_in_use=device_memory()[1],
             **mem,
         ).to_dict()
 

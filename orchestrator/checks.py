@@ -239,9 +239,20 @@ def check_point(d: dict) -> list[Problem]:
     _walk(PointConfig, {k: d[k] for k in TRIAL_KEYS if k in d}, "", out)
     if not out:
         _auto_memory(d, out)
+        _profile_steps(d, out)
     if not out:
         _data_path(d, out)
     return out
+
+
+def _profile_steps(d: dict, out: list[Problem]) -> None:
+    """run.profile_steps within the trial: step 0's time is the warm-up (first allocations and transfers, not
+    the step), and a step past the last never runs."""
+    steps, n = list((d.get("run") or {}).get("profile_steps") or ()), int(d["train"]["steps"])
+    if bad := [s for s in steps if not 0 < s < n]:
+        wrong = "names step 0, the warm-up, not a step's time" if 0 in bad else "names a step past the last"
+        fix = f"e.g. run.profile_steps=[{min(2, n - 1)}]" if n > 1 else "raise train.steps to trace a step"
+        out.append(Problem("run.profile_steps", steps, wrong, f"steps 1 to train.steps - 1 = {n - 1}", fix))
 
 
 def _auto_memory(d: dict, out: list[Problem]) -> None:

@@ -26,9 +26,11 @@ def render() -> str:
             "| --- | --- |",
             "| `python -m jobs.train trial_spec.json` | one trial from its spec (a child run's `trial_spec.json`), "
             "no Ray and no MLflow; records as JSON lines |",
-            "| `python -m orchestrator.regress SWEEP_ID [--uri URI] [--max-drop 0.1] [--no-tag]` | the regression "
-            "gate on its own, for any sweep id (same exit codes) |",
+            "| `python -m orchestrator.regress SWEEP_ID [--uri URI] [--max-drop 0.1] [--window 5] [--noise-k 1.5] "
+            "[--no-tag]` | the regression gate on its own, for any sweep id (same exit codes) |",
             "| `python -m orchestrator.plan.calibration [--fit]` | the step-time model against published runs |",
+            "| `python -m orchestrator.plan.calibration --from-sweep SWEEP_ID [--uri URI] [--out PATH]` | refit a "
+            "cluster's step-time constants on a finished sweep's trials; writes a cluster config |",
             "| `python -m orchestrator.reference [--check]` | regenerate (or check) the config and CLI reference |",
             "",
             "Every key an override may set: [config keys](config.md); exit codes: [exit codes](exit-codes.md).",

@@ -13,6 +13,7 @@ from collections import deque
 
 from jobs.records import Record, StartRecord, StepRecord, SummaryRecord, parse_known
 from jobs.spec import TrialSpec
+from orchestrator import profiles
 from orchestrator import scheduler as sched
 from orchestrator.outcomes import Outcome, RetryBudgets
 from orchestrator.progress import Progress
@@ -84,7 +85,7 @@ class Executor:
                     continue
                 if ev.attempt != self.attempts.get(ev.trial_id):
                     if ev.kind == "records":  # a late batch of an ended attempt: still data (steps dedup)
-                        self.tracker.log_records(ev.trial_id, parse_known(ev.records), ev.attempt)
+                        self._log(ev.trial_id, parse_known(ev.records), ev.attempt)
                     continue
                 getattr(self, f"_on_{ev.kind}")(ev, self.by_id[ev.trial_id], self.history[ev.trial_id][-1])
         finally:
@@ -124,7 +125,7 @@ class Executor:
             att["first_step"] = time.time()  # when the driver had it
             if first.t_ms:  # when the job finished it: the stream's round trip is the difference
                 att["first_step_in_job"] = first.t_ms / 1000
-        self.tracker.log_records(ev.trial_id, records, ev.attempt)
+        self._log(ev.trial_id, records, ev.attempt)
         for r in records:
             if isinstance(r, StepRecord):
                 self.progress.update(ev.trial_id, state="running", step=r.step + 1, loss=r.loss,
@@ -133,6 +134,15 @@ class Executor:
                 self.summaries[ev.trial_id] = r
             elif isinstance(r, StartRecord):
                 self.progress.update(ev.trial_id, state="running", note=f"compiled in {r.compile_s:.1f} s")
+
+    def _log(self, tid: str, records: list[Record], attempt: int) -> None:
+        """Metric records to the tracker; a profile's files and breakdown to the run (see profiles.py)."""
+        records, traces = profiles.split(records)
+        self.tracker.log_records(tid, records, attempt)
+        for p in traces:
+            profiles.log_profile(self.tracker, tid, p)
+            where = f"steps {p.first_step}-{p.last_step}, process {p.process}"
+            self.progress.event(tid, f"profiled {where}: {p.limiter or p.note or 'no breakdown'}")
 
     def _on_outcome(self, ev: sched.Event, spec: TrialSpec, att: dict) -> None:
         tid, outcome = ev.trial_id, Outcome(ev.outcome)

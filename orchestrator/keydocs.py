@@ -165,11 +165,17 @@ DOCS: dict[str, str] = {
     "train.memory.host": "Train state kept in pinned host memory between steps (a TPU feature for now: on GPU "
     "it raised the compiled peak).",
     # --- run ---------------------------------------------------------------------------------------------------
-    "run": "Execution details of a trial (where it checkpoints, how often); not part of the trial id.",
+    "run": "Execution details of a trial (where it checkpoints, how often, which steps it traces); not part of "
+    "the trial id.",
     "run.checkpoint_dir": "Checkpoint root, local or `gs://`; a trial saves under `<root>/<sweep_id>/<trial_id>` "
     '("": `./.cache/checkpoints`).',
     "run.checkpoint_every": "Steps between orbax checkpoints (0: none); a retry or a rerun of the sweep resumes "
     "from the last one.",
+    "run.profile_steps": "Steps to trace with `jax.profiler`, e.g. `[2,3]` (consecutive steps share one trace; "
+    "never step 0, the warm-up); the trace files go to the trial's run under `profile/`, its breakdown to "
+    "`measured/*` metrics, and the traced steps stay out of the median step time ([]: off).",
+    "run.profile_hosts": "Which processes trace `run.profile_steps`: `first` (process 0) or `all` (each "
+    "process's files under its own `profile/` folder; the metrics are process 0's).",
     # --- tracking: conf/tracking/ ------------------------------------------------------------------------------
     "tracking": "The MLflow store the driver writes to (workers never talk to MLflow); `tracking=none` records "
     "nothing.",

@@ -11,7 +11,7 @@ from jobs.spec import TrialSpec
 # Which fields of each record become MLflow metrics (docs/reference/mlflow.md lists them; tests/test_records.py
 # checks every numeric field of a record is here). A key a newer job sends is kept in the trial log only.
 STEP_METRICS = ("loss", "grad_norm", "step_time_s", "tokens_per_s", "tflops_per_s_per_device", "mfu",
-                "peak_bytes_in_use")  # fmt: skip
+                "peak_bytes_in_use", "bytes_in_use")  # fmt: skip
 MEMORY_METRICS = ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "compiled_bytes_per_device")
 START_METRICS = ("devices", "processes", "compile_s", "restore_s", "peak_tflops_per_device",
                  "tflops_per_device_per_step", "resumed_from_step", *MEMORY_METRICS, "slices")  # fmt: skip

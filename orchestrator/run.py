@@ -8,7 +8,7 @@ import time
 
 from jobs.spec import TrialSpec
 from orchestrator import cluster as clusters
-from orchestrator import regress, report
+from orchestrator import profiles, regress, report
 from orchestrator.executor import execute
 from orchestrator.leases import SoleLeases
 from orchestrator.outcomes import RetryBudgets
@@ -96,6 +96,7 @@ def _describe(tracker, spec: TrialSpec, row, sweep_id: str) -> None:
     tracker.start_trial(spec, sweep_id, predicted_bytes=row.predicted_hbm_bytes_per_device)
     if row.predicted_step_s is not None:  # next to the measured final_step_time_median_s
         tracker.log_metrics(spec.trial_id, {"predicted_step_time_s": row.predicted_step_s})
+        profiles.log_predicted(tracker, spec)  # its terms, beside what a profile measures
 
 
 def _run_leased(options: Options, cluster, tracker, progress: Progress, sweep_id: str, runnable: list):

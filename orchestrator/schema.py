@@ -20,6 +20,7 @@ from jobs.spec import (
     LONG_DOCS,
     MESH_AXES,
     PACKS,
+    PROFILE_HOSTS,
     REMAT_NAMES,
     REMATS,
     ClusterSpec,
@@ -83,6 +84,8 @@ RULES: dict[str, Rule] = {
     "train.memory.offload": Rule(choices=REMAT_NAMES),
     "train.memory.host": Rule(choices=HOST_STATE),
     "run.checkpoint_every": NON_NEGATIVE,  # 0: no checkpoints
+    "run.profile_steps": NON_NEGATIVE,  # each entry; step 0 (and steps past train.steps): checks._profile_steps
+    "run.profile_hosts": Rule(choices=PROFILE_HOSTS),
     "cluster.name": Rule(nonempty=True),
     "cluster.kind": Rule(choices=CLUSTER_KINDS),
     "cluster.platform": Rule(choices=PLATFORMS),

@@ -12,6 +12,7 @@ from jobs.attention.layout import global_positions
 from jobs.attention.none import none_local
 from jobs.attention.reference import reference_attention
 from jobs.attention.sharding import Options, mesh_shape, qkv_spec
+from jobs.trace_breakdown import ATTENTION_SCOPE
 
 
 def _check_shapes(q, k, v) -> None:
@@ -66,11 +67,20 @@ def attention(
     )
     get_kernel(kernel)
     o = Options(causal, layout, kernel, block_q, block_kv)
+    # one named scope over forward, backward and remat recompute, so a profile can tell the attention
+    # kernels' ops from the layers' matmuls (jobs/trace_breakdown.py reads it from the HLO metadata)
+    with jax.named_scope(ATTENTION_SCOPE):
+        return _dispatch(q, k, v, strategy, mesh, o, segment_ids, positions)
+
+
+def _dispatch(q, k, v, strategy: str, mesh: Mesh | None, o: Options, segment_ids, positions) -> jax.Array:
+    """The strategy's attention of validated inputs."""
+    L = q.shape[1]
     if segment_ids is not None or positions is not None:
         return _packed(q, k, v, strategy, mesh, o, segment_ids, positions)
     if strategy == "reference":
-        pos = global_positions(L, layout, cp_rules.ring_size(strategy, shape))
-        return reference_attention(q, k, v, causal=causal, q_pos=pos, kv_pos=pos)
+        pos = global_positions(L, o.layout, cp_rules.ring_size(strategy, mesh_shape(mesh)))
+        return reference_attention(q, k, v, causal=o.causal, q_pos=pos, kv_pos=pos)
     if mesh is None:
         if strategy == "none":
             return none_local(mesh, L, o)(q, k, v)

@@ -25,7 +25,7 @@ ROOT = str(Path(__file__).resolve().parents[2])  # the repository, so the probe 
 @functools.cache
 def measured_cpu_tflops(devices_per_host: int, dtype: str) -> float:
     """TFLOP/s per simulated device, measured once per process with the job's own matmul probe
-    (jobs.train.measure_cpu_peak) in a child process with the job's device count: the driver stays free of
+    (jobs.peak.measure_cpu_peak) in a child process with the job's device count: the driver stays free of
     jax, and the number is the one the trial will divide by."""
     pinned = os.environ.get(CPU_PEAK_ENV)
     if pinned:
@@ -33,7 +33,7 @@ def measured_cpu_tflops(devices_per_host: int, dtype: str) -> float:
     env = {**os.environ, **ClusterSpec(devices_per_host=devices_per_host).host_env()}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH", "")) if p)
     code = (
-        "import statistics; from jobs.train import measure_cpu_peak; "
+        "import statistics; from jobs.peak import measure_cpu_peak; "
         f"print(statistics.median(measure_cpu_peak({dtype!r}) for _ in range({CPU_PROBES})))"
     )
     try:
