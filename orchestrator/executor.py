@@ -138,7 +138,9 @@ class Executor:
     def _log(self, tid: str, records: list[Record], attempt: int) -> None:
         """Metric records to the tracker; a profile's files and breakdown to the run (see profiles.py)."""
         records, traces = profiles.split(records)
-        self.tracker.log_records(tid, records, attempt)
+        # the breakdown without its files joins the trial's records: the log and the end-of-sweep plots read it
+        kept = [dataclasses.replace(p, files={}) for p in traces if p.process == 0 and p.seconds]
+        self.tracker.log_records(tid, records + kept, attempt)
         for p in traces:
             profiles.log_profile(self.tracker, tid, p)
             where = f"steps {p.first_step}-{p.last_step}, process {p.process}"

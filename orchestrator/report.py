@@ -14,7 +14,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from jobs.buckets import bucket_labels, position_buckets
-from jobs.records import Record, StartRecord, StepRecord, SummaryRecord, parse_known
+from jobs.records import ProfileRecord, Record, StartRecord, StepRecord, SummaryRecord, parse_known
 from jobs.spec import TrialSpec
 from orchestrator.records import memory_bytes
 from orchestrator.tracker import Tracker
@@ -39,6 +39,8 @@ class TrialResult:
     by_distance: dict[str, float] = field(
         default_factory=dict
     )  # recall: accuracy per distance bucket, the same
+    profile: ProfileRecord | None = None  # process 0's first traced window (run.profile_steps), no files
+    peak_at_run: float | None = None  # the matmul rate the trial measured (CPU), for the model's terms
 
     @property
     def measured_bytes(self) -> float | None:
@@ -75,6 +77,8 @@ def collect(
                 at_run,
                 _last_steps(recs),
                 _last_steps(recs, "accuracy_by_distance"),
+                next((r for r in recs if isinstance(r, ProfileRecord) and r.seconds), None),
+                start.peak_tflops_per_device,
             )  # fmt: skip
         )
     return out
@@ -246,7 +250,28 @@ def make_figures(trials: list[TrialResult]) -> dict[str, Figure]:
         figs["loss_by_position"] = fig
     if fig := position_figure(trials, "by_distance"):  # the recall task
         figs["accuracy_by_distance"] = fig
+    if fig := breakdown_figure(trials):
+        figs["measured_vs_predicted"] = fig
     return figs
+
+
+def breakdown_figure(trials: list[TrialResult]) -> Figure | None:
+    """Predicted vs measured step breakdown of every profiled trial (orchestrator/report_breakdown.py)."""
+    from orchestrator import report_breakdown as rb
+    from orchestrator.plan.steptime import step_time
+
+    rows = []
+    for name, ts in _series([t for t in trials if t.profile is not None]).items():
+        for t in ts:
+            own = (
+                t.spec.cluster.peak_tflops_per_device > 0
+                or not t.peak_at_run
+                or t.peak_at_run != t.peak_at_run
+            )
+            terms = step_time(t.spec) if own else step_time(t.spec, peak=float(t.peak_at_run))
+            label = f"{name} {t.spec.context_length:,}"
+            rows.append((label, rb.predicted_groups(terms), rb.measured_groups(t.profile)))  # type: ignore[arg-type]
+    return rb.figure(rows, _where(trials)) if rows else None
 
 
 def publish(

@@ -140,3 +140,30 @@ def test_recall_accuracy_by_distance_is_a_metric_and_a_parent_plot():
     assert "accuracy_by_distance" in figs and "loss_by_position" not in figs
     (ax,) = figs["accuracy_by_distance"].axes
     assert list(ax.lines[0].get_ydata()) == [0.4, 0.5]
+
+
+def test_profiled_trials_get_a_measured_vs_predicted_plot():
+    """A trial whose records hold a profile (run.profile_steps) gets two stacked bars on the parent's
+    plots/measured_vs_predicted.png: the model's terms at the trial's own peak, and the trace's seconds."""
+    from orchestrator.plan.steptime import step_time
+    from orchestrator.report_breakdown import GROUPS, predicted_groups
+
+    spec = make_spec("ring", 1024)
+    seconds = {
+        "matmul": 0.1,
+        "attention": 0.05,
+        "collective_permute": 0.2,
+        "other_compute": 0.02,
+        "idle": 0.03,
+    }
+    prof = {"kind": "profile", "first_step": 2, "last_step": 2, "step_s": 0.4, "seconds": seconds}
+    (t,) = collect([spec], lambda tid: [*fake_records(spec), prof])
+    assert t.profile is not None and t.profile.seconds == seconds
+    fig = make_figures([t])["measured_vs_predicted"]
+    bars = fig.axes[0].patches
+    assert len(bars) == 2 * len(GROUPS)  # predicted then measured, one segment per group
+    heights = [b.get_height() for b in bars]
+    want = predicted_groups(step_time(spec, peak=0.1))  # the start record's measured peak
+    assert heights[: len(GROUPS)] == pytest.approx(list(want.values()))
+    assert heights[len(GROUPS) :] == pytest.approx([0.1, 0.05, 0.2, 0.0, 0.05])
+    assert [tick.get_text() for tick in fig.axes[0].get_xticklabels()] == ["ring 1,024"]
