@@ -55,6 +55,7 @@ class Change:
     baseline_sweeps: tuple[str, ...] = ()  # one run per sweep, newest first
     noise: dict[str, float] = field(default_factory=dict)  # gated metric -> ± spread of its baseline runs
     bands: dict[str, float] = field(default_factory=dict)  # gated metric -> the drop it may take
+    unpegged: bool = False  # MFU not gated: the runs divided by peaks measured each time (CPU)
 
     def __post_init__(self) -> None:
         if not self.baseline_sweeps and self.baseline_sweep:
@@ -158,6 +159,12 @@ def history(client: MlflowClient, experiment_id: str, run, window: int) -> list:
     return out
 
 
+def same_peak(run, base: list) -> bool:
+    """Whether every run's MFU divides by one peak: on CPU the peak is a matmul probed at each trial's start, and
+    its noise (the host's load during one matmul) halved MFU with tokens/s unchanged. Shown, not gated."""
+    return len({r.data.metrics.get("peak_tflops_per_device") for r in [run, *base]}) == 1
+
+
 def compare(
     client: MlflowClient,
     experiment_id: str,
@@ -181,11 +188,12 @@ def compare(
             continue
         sweeps = tuple(b.data.tags.get("sweep_id", "?") for b in base)
         change = Change(run.data.tags["trial_id"], _label(run), sweeps[0], baseline_sweeps=sweeps)
+        change.unpegged = not same_peak(run, base)
         for m in SHOWN:
             runs = [b.data.metrics[m] for b in base if m in b.data.metrics]
             if m in run.data.metrics and runs:
                 change.values[m] = (statistics.median(runs), run.data.metrics[m])
-                if m in GATED:
+                if m in GATED and not (m == "final_mfu" and change.unpegged):
                     change.noise[m], change.bands[m] = band(runs, max_drop, noise_k)
         change.dropped = [m for m in GATED if m in change.bands and -change.delta(m) > change.bands[m]]
         result.changes.append(change)
@@ -238,6 +246,10 @@ def render(result: GateResult, console: Console | None = None) -> None:
         n = len(result.new)
         console.print(
             f"{n} new {'trial' if n == 1 else 'trials'} not compared: no earlier run, a baseline from now on"
+        )
+    if n := sum(c.unpegged for c in result.changes):
+        console.print(
+            f"MFU not gated for {n} trials: each run measured its own peak (CPU); tokens/s is gated"
         )
     console.print(result.summary(detail=False))
 

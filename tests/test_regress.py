@@ -14,8 +14,9 @@ POINTS = [("all_gather", 512, "t-ag-512"), ("ring", 512, "t-ring-512"), ("ring",
 
 
 def log_sweep(
-    client: MlflowClient, sweep_id: str, scale: dict[str, float] | float = 1.0, status="finished", **tags: str
-):
+    client: MlflowClient, sweep_id: str, scale: dict[str, float] | float = 1.0, status="finished",
+    peak: float | None = None, mfu: float = 1.0, **tags: str,
+):  # fmt: skip
     """A parent run and finished child runs as the Tracker writes them; `scale` slows chosen trials down (a
     float: all of them), `tags` go on each child (planned="true")."""
     exp = client.get_experiment_by_name(EXP)
@@ -29,7 +30,9 @@ def log_sweep(
         rid = run.info.run_id
         for k, v in {"strategy": strategy, "context_length": length, "mesh": "context8"}.items():
             client.log_param(rid, k, v)
-        client.log_metric(rid, "final_mfu", 0.2 * s)
+        client.log_metric(rid, "final_mfu", 0.2 * s * mfu)
+        if peak is not None:  # what the trial divided its MFU by
+            client.log_metric(rid, "peak_tflops_per_device", peak)
         client.log_metric(rid, "final_tokens_per_s", 1000.0 * length / 512 * s)
         client.log_metric(rid, "final_step_time_median_s", 0.5 / s)
         client.log_metric(rid, "memory_bytes_per_device", 2**28)
@@ -245,3 +248,25 @@ def test_cli_gate_exit_code(tmp_path):
     eid = client.get_experiment_by_name(EXP).experiment_id
     [parent] = client.search_runs([eid], "tags.sweep_id = 'slow' and tags.kind = 'sweep'")
     assert parent.data.tags["regression"] == "true"
+
+
+def test_mfu_over_a_peak_each_run_measured_is_shown_not_gated(client):
+    eid = lambda: client.get_experiment_by_name(EXP).experiment_id  # noqa: E731
+    log_sweep(client, "s1", peak=0.10)
+    log_sweep(client, "s2", peak=0.05, mfu=0.5)  # the CPU probe ran on a busy host: MFU halves, tokens/s not
+    res = regress.compare(client, eid(), "s2")
+    assert not res.regressions and all(c.unpegged for c in res.changes)
+    assert all(
+        "final_mfu" not in c.bands and c.delta("final_mfu") == pytest.approx(-0.5) for c in res.changes
+    )
+    assert "MFU not gated for 3 trials" in gate_text(res)
+    log_sweep(client, "s3", peak=0.05, scale=0.6)  # a real slowdown still trips on tokens/s
+    assert {tuple(c.dropped) for c in regress.compare(client, eid(), "s3", window=1).regressions} == {
+        ("final_tokens_per_s",)
+    }
+    log_sweep(client, "s4", peak=459.0)  # a chip's spec-sheet peak, the same every run: MFU is gated
+    log_sweep(client, "s5", peak=459.0, mfu=0.5)
+    res = regress.compare(client, eid(), "s5", window=1)
+    assert [c.dropped for c in res.regressions] == [["final_mfu"]] * 3 and not any(
+        c.unpegged for c in res.changes
+    )
