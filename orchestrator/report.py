@@ -157,8 +157,12 @@ def memory_figure(trials: list[TrialResult]) -> Figure:
     for i, (name, ts) in enumerate(_series(trials).items()):
         colour = f"C{i}"
         xs = [t.spec.context_length for t in ts]
-        meas = [(t.measured_bytes or float("nan")) / GIB for t in ts]
-        ax.plot(xs, meas, marker="o", color=colour, label=f"{name} measured")
+        # the compiler's figure always; the runtime's peak where the backend reports one (TPU, GPU)
+        comp = [(t.summary.compiled_bytes_per_device or float("nan")) / GIB for t in ts]
+        ax.plot(xs, comp, marker="o", color=colour, label=f"{name} compiled")
+        if any(t.summary.peak_bytes_in_use for t in ts):
+            run = [(t.summary.peak_bytes_in_use or float("nan")) / GIB for t in ts]
+            ax.plot(xs, run, marker="s", ls=":", color=colour, label=f"{name} measured (runtime peak)")
         pred = [(t.predicted_bytes if t.predicted_bytes is not None else float("nan")) / GIB for t in ts]
         if any(p == p for p in pred):
             ax.plot(xs, pred, ls="--", marker="x", color=colour, alpha=0.7, label=f"{name} predicted")

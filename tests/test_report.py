@@ -70,10 +70,11 @@ def test_make_figures_plots_what_the_driver_holds(trials):
 
     mem = figs["memory_vs_context"].axes[0]
     labels = [ln.get_label() for ln in mem.get_lines()]
-    assert "ring measured" in labels and "ring predicted" in labels
+    assert "ring compiled" in labels and "ring predicted" in labels
+    assert not any("runtime" in x for x in labels)  # CPU reports no runtime peak
     hbm = [ln for ln in mem.get_lines() if ln.get_label().startswith("HBM")]
     assert len(hbm) == 1 and list(hbm[0].get_ydata()) == [1.0, 1.0]  # the 1 GiB device line
-    measured = next(ln for ln in mem.get_lines() if ln.get_label() == "ring measured")
+    measured = next(ln for ln in mem.get_lines() if ln.get_label() == "ring compiled")
     assert list(measured.get_ydata()) == pytest.approx([512 * 2**16 / GIB, 1024 * 2**16 / GIB])
 
     st = figs["step_time_vs_context"].axes[0]
@@ -167,3 +168,17 @@ def test_profiled_trials_get_a_measured_vs_predicted_plot():
     assert heights[: len(GROUPS)] == pytest.approx(list(want.values()))
     assert heights[len(GROUPS) :] == pytest.approx([0.1, 0.05, 0.2, 0.0, 0.05])
     assert [tick.get_text() for tick in fig.axes[0].get_xticklabels()] == ["ring 1,024"]
+
+
+def test_a_runtime_peak_is_drawn_beside_the_compiled_and_planned_memory():
+    spec = make_spec("ring", 1024)
+    recs = fake_records(spec, mem=2**27)
+    recs[-1]["peak_bytes_in_use"] = 3 * 2**26  # a TPU or GPU backend reports its allocator's peak
+    (t,) = collect([spec], lambda tid: recs, {spec.trial_id: 2**28})
+    lines = {
+        ln.get_label(): list(ln.get_ydata())
+        for ln in make_figures([t])["memory_vs_context"].axes[0].get_lines()
+    }
+    assert lines["ring compiled"] == pytest.approx([0.125])
+    assert lines["ring measured (runtime peak)"] == pytest.approx([0.1875])
+    assert lines["ring predicted"] == pytest.approx([0.25])
