@@ -5,7 +5,7 @@ first gave one lowered step two peaks (`python -c` printing one field vs the who
 Run by hand (libtpu, no TPU; minutes per compile, every draw cached under .cache/aot, so a rerun prints at once):
 
     python benchmarks/aot_draws.py --draws 3 --workers 2
-    python benchmarks/aot_draws.py --points tpu7x_128:double_ring:14680064 --draws 3 --callers
+    python benchmarks/aot_draws.py --points tpu7x_128:double_ring:14680064 --draws 3 --callers --page
 
 Prints a markdown table: per point, the planner's figure, each draw's compiler's peak, the spread, and what
 `aot_draws=k` would judge the point by.
@@ -14,6 +14,7 @@ Prints a markdown table: per point, the planner's figure, each draw's compiler's
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import time
@@ -22,8 +23,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python benchmarks/...` finds the repo
 
 from benchmarks.aot import spec_for  # noqa: E402
+from jobs import storage  # noqa: E402
+from orchestrator import provenance  # noqa: E402
 from orchestrator.plan import aot, memory  # noqa: E402
-from orchestrator.plan.aot import draws  # noqa: E402
+from orchestrator.plan.aot import cache, draws  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 POINTS = ["tpu7x_128:double_ring:14680064", "tpu7x_128:ring:14680064", "v5p_128:usp:4194304",
@@ -39,12 +42,27 @@ _PRELUDE = (
 )
 
 
-def caller_peak(model: str, cluster: str, strategy: str, length: int, remat: str, line: str) -> int:
-    """The compiler's peak as one calling script sees it (its last line; uncached: a fresh `python -c`)."""
+def caller_peak(spec, model: str, cluster: str, strategy: str, length: int, remat: str, caller: int) -> int:
+    """The compiler's peak as calling script `caller` (of CALLERS) sees it: its last line, from a fresh
+    `python -c`, cached next to the point's draws as `.caller<n>.json`."""
+    path = str(cache.cache_path(spec)).removesuffix(".json") + f".caller{caller}.json"
+    if (text := storage.read_text(path)) is not None:
+        return int(json.loads(text)["compiler_peak_bytes"])
     code = _PRELUDE.format(root=str(ROOT), model=model, cluster=cluster, strategy=strategy, length=length,
-                           remat=remat) + line  # fmt: skip
+                           remat=remat) + list(CALLERS.values())[caller]  # fmt: skip
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
-    return int(done.stdout.strip().splitlines()[-1])
+    peak = int(done.stdout.strip().splitlines()[-1])
+    storage.write_text(path, json.dumps({"compiler_peak_bytes": peak, "caller": list(CALLERS)[caller]}))
+    return peak
+
+
+NOTE = """Each point is Llama 3.1 8B (`llama3_1_8b_long`, remat full) on the cluster's whole slice, compiled for its
+TPU topology by libtpu on this CPU host. *draw d* is the compiler's peak per device (GiB) of the d-th compile,
+each in a fresh Ray worker process made to differ from the others (orchestrator/plan/aot/draws.py: draw d > 1
+holds d x 13 MiB more Python objects before tracing and has its own PYTHONHASHSEED), as `aot_draws=3` compiles
+them. The caller columns compile the same point from two `python -c` scripts that differ only in what they
+print, the pair that first gave one lowered step two different peaks. *spread*: the largest figure over the
+smallest, minus 1. *planner*: the analytic figure (orchestrator/plan/memory.py)."""
 
 
 def gib(b: int | None) -> str:
@@ -59,31 +77,44 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--draws", type=int, default=3)
     ap.add_argument("--workers", type=int, default=1, help="compiles at once on the Ray pool")
     ap.add_argument("--callers", action="store_true", help="also compile from the two calling scripts")
+    ap.add_argument("--callers-for", nargs="*", default=[], help="points (as --points) to run the callers on")
+    provenance.add_page_argument(ap, "aot-draws")
     a = ap.parse_args(argv)
+    made = provenance.current("python benchmarks/aot_draws.py", argv)
+    callers_for = set(a.points if a.callers else a.callers_for)
     specs = []
     for p in a.points:
         cluster, strategy, length = p.split(":")
         specs.append(
             (cluster, strategy, int(length), spec_for(a.model, cluster, strategy, int(length), a.remat))
         )
+    import ray
+
+    # its own Ray: the pool would join any Ray running here (a sweep's), and that one may go away mid-compile
+    ray.init(address="local", num_cpus=a.workers, include_dashboard=False, log_to_driver=False)
     t0 = time.perf_counter()
     rows = aot.compare([s for *_, s in specs], workers=a.workers, progress="plain", draws=a.draws)
     heads = ["cluster", "strategy", "context", "planner GiB", *(f"draw {d}" for d in range(1, a.draws + 1))]
-    heads += [*(CALLERS if a.callers else []), "spread", "judged (worst)", "verdict"]
+    heads += [*(CALLERS if callers_for else []), "spread", "judged (worst)", "verdict"]
     out = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
-    for (cluster, strategy, length, spec), r in zip(specs, rows, strict=True):
-        each = list(r.result.draw_bytes) or [draws.judged_bytes(r.result)]
-        if a.callers:
-            each += [
-                caller_peak(a.model, cluster, strategy, length, a.remat, line) for line in CALLERS.values()
-            ]
+    for p, (cluster, strategy, length, spec), r in zip(a.points, specs, rows, strict=True):
+        each = list(r.result.draw_bytes) or [draws.judged_bytes(r.result)] * (r.status != "failed")
+        each += [None] * (a.draws - len(each))  # a failed point: no figure per draw
+        if callers_for:
+            run = p in callers_for
+            each += [caller_peak(spec, a.model, cluster, strategy, length, a.remat, c) if run else None
+                     for c in range(len(CALLERS))]  # fmt: skip
         figures = [b for b in each if b]
         spread = f"{max(figures) / min(figures) - 1:.1%}" if figures else "-"
         cells = [cluster, strategy, f"{length:,}", gib(memory.total(spec)), *(gib(b) for b in each), spread,
-                 gib(draws.judged_bytes(r.result)), r.verdict]  # fmt: skip
+                 gib(draws.judged_bytes(r.result)), r.verdict if r.status != "failed" else r.reason[:80]]  # fmt: skip
         out.append("| " + " | ".join(cells) + " |")
-    print("\n".join(out))
-    print(f"\n{len(specs)} points x {a.draws} draws in {time.perf_counter() - t0:.0f} s")
+    took = f"{len(specs)} points x {a.draws} draws in {time.perf_counter() - t0:.0f} s (cache hits included)"
+    if a.page:
+        path = provenance.write_page(a.page, "Compile draws", made, NOTE, "\n".join(out) + f"\n\n{took}.")
+        print(f"wrote {path}")
+    else:
+        print("\n".join(out) + f"\n\n{took}")
     return 0
 
 

@@ -168,6 +168,10 @@ def test_a_profiled_cli_trial_puts_its_trace_and_breakdown_on_its_run(tmp_path):
     assert set(profiles.PREDICTED.values()) <= set(metrics)
     assert tags["measured_limiter"].endswith("of the step") and "of the step" in tags["predicted_limiter"]
     log = client.download_artifacts(rid, "trial_log.txt", str(tmp_path))
-    assert '"kind": "profile"' not in open(log).read()  # the files went to artifacts, not into the log
+    # the breakdown joins the trial's records (the end-of-sweep plot reads it); its files went to artifacts only
+    (prof,) = [json.loads(ln) for ln in open(log) if ln.startswith('{"kind": "profile"')]
+    assert prof["files"] == {} and prof["seconds"]["all_gather"] == pytest.approx(
+        metrics["measured/all_gather_s"]
+    )
     losses = client.get_metric_history(rid, "loss")
     assert len(losses) == 4 and "final_step_time_median_s" in metrics
