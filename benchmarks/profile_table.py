@@ -26,7 +26,7 @@ from mlflow import MlflowClient  # noqa: E402
 from jobs.spec import TrialSpec  # noqa: E402
 from orchestrator import provenance  # noqa: E402
 from orchestrator import report_breakdown as rb  # noqa: E402
-from orchestrator.plan.steptime import step_time  # noqa: E402
+from orchestrator.plan.steptime import run_peak, step_time  # noqa: E402
 
 NOTE = """Each row is one trial of a profiled sweep on this machine (`python -m orchestrator +sweep=cp_scaling
 'sweep.axes.context_length=[1024,2048,4096]' train.steps=8 'run.profile_steps=[4]' sweep.id=prof-1`, the tiny
@@ -57,8 +57,7 @@ def rows(client: MlflowClient, sweep_id: str, experiment: str) -> list[dict]:
                 Path(client.download_artifacts(r.info.run_id, "trial_spec.json", tmp)).read_text()
             )
             peak = m.get("peak_tflops_per_device")
-            own = spec.cluster.peak_tflops_per_device > 0 or not peak
-            st = step_time(spec) if own else step_time(spec, peak=float(peak))
+            st = step_time(spec, peak=run_peak(spec, peak))
             meas = {g: sum(m.get(f"measured/{c}_s", 0.0) for c in cats) for g, (_, cats) in rb.GROUPS.items()}
             hist = sorted((x.step, x.value) for x in client.get_metric_history(r.info.run_id, "step_time_s"))
             traced = _traced_step(client, r)

@@ -96,12 +96,10 @@ def _last_steps(recs: list[Record], key: str = "loss_by_position", last: int = 3
 
 
 def _at_run_peak(spec: TrialSpec, start: StartRecord) -> float | None:
-    peak = start.peak_tflops_per_device
-    if spec.cluster.peak_tflops_per_device > 0 or not peak or peak != peak:
-        return None  # a spec-sheet peak: the plan already used it
-    from orchestrator.plan.steptime import step_time
+    from orchestrator.plan.steptime import run_peak, step_time
 
-    return step_time(spec, peak=float(peak)).step_s
+    peak = run_peak(spec, start.peak_tflops_per_device)
+    return step_time(spec, peak=peak).step_s if peak else None  # None: the plan already used this peak
 
 
 def _series(trials: list[TrialResult]) -> dict[str, list[TrialResult]]:
@@ -262,17 +260,12 @@ def make_figures(trials: list[TrialResult]) -> dict[str, Figure]:
 def breakdown_figure(trials: list[TrialResult]) -> Figure | None:
     """Predicted vs measured step breakdown of every profiled trial (orchestrator/report_breakdown.py)."""
     from orchestrator import report_breakdown as rb
-    from orchestrator.plan.steptime import step_time
+    from orchestrator.plan.steptime import run_peak, step_time
 
     rows = []
     for name, ts in _series([t for t in trials if t.profile is not None]).items():
         for t in ts:
-            own = (
-                t.spec.cluster.peak_tflops_per_device > 0
-                or not t.peak_at_run
-                or t.peak_at_run != t.peak_at_run
-            )
-            terms = step_time(t.spec) if own else step_time(t.spec, peak=float(t.peak_at_run))
+            terms = step_time(t.spec, peak=run_peak(t.spec, t.peak_at_run))  # priced as the trial ran
             label = f"{name} {t.spec.context_length:,}"
             rows.append((label, rb.predicted_groups(terms), rb.measured_groups(t.profile)))  # type: ignore[arg-type]
     return rb.figure(rows, _where(trials)) if rows else None

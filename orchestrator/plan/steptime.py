@@ -85,6 +85,15 @@ def step_time(
     )  # fmt: skip
 
 
+def run_peak(spec: TrialSpec, measured: float | None) -> float | None:
+    """The rate a finished trial divided its MFU by, where the plan's differs: a CPU trial's own matmul probe.
+    None where the cluster has a spec-sheet peak (the plan used it already) or nothing was measured; pass it as
+    step_time's `peak` to price the trial as it ran."""
+    if spec.cluster.peak_tflops_per_device > 0 or not measured or measured != measured:
+        return None
+    return float(measured)
+
+
 def _limiter(terms: dict[str, float], step: float, eff: float, head_dim: int, hop: int) -> str:
     name, secs = max(terms.items(), key=lambda kv: kv[1])
     share = f"{name} {secs / step:.0%} of the step" if step > 0 else name
