@@ -134,8 +134,12 @@ def _artifact(client: MlflowClient, run, path: str, tmp_path) -> str:
     return open(client.download_artifacts(run.info.run_id, path, str(tmp_path))).read()
 
 
+def _steps(client: MlflowClient, run) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss"))
+
+
 def _losses(client: MlflowClient, run) -> list[float]:
-    return [m.value for m in sorted(client.get_metric_history(run.info.run_id, "loss"), key=lambda m: m.step)]
+    return [v for _, v in _steps(client, run)]
 
 
 @pytest.mark.slow
@@ -189,20 +193,29 @@ STALE_ENV = {"MEGASCALE_COORDINATOR_ADDRESS": "10.9.9.9:8081", "MEGASCALE_NUM_SL
 
 
 @pytest.mark.slow
-def test_fake_tpu_trial_spans_two_slices_with_megascale_env(tmp_path):
+def test_fake_tpu_trial_spans_two_slices_and_its_retry_starts_clean(tmp_path):
     """local_fake_tpu (2 fake v5p-16 slices x 2 hosts) with slices_per_trial=2: Ray reserves both slices for
     one trial; the four hosts are numbered slice-major by TPU_WORKER_ID and each got the MEGASCALE_* env.
-    The nodes inherit stale per-attempt variables: the hosts see only their own attempt's MEGASCALE_*."""
-    args = [*TRIAL, "train.steps=2", "cluster=local_fake_tpu", "cluster.slices_per_trial=2", "mesh.dcn=context",
-            "+sweep.id=fake-two-slices"]  # fmt: skip
-    res = run_cli(args, cwd=tmp_path, env=STALE_ENV)
+    The nodes inherit stale per-attempt variables (Ray #62893), and host 3 is SIGKILLed after step 1: the retry
+    gang-starts all four again, and every attempt's hosts see only that attempt's MEGASCALE_* and coordinator."""
+    (tmp_path / "faults").mkdir()
+    faults = {
+        "CP_ORCH_INJECT_FAULTS": "kill:3:1:after_report",
+        "CP_ORCH_INJECT_DIR": str(tmp_path / "faults"),
+    }
+    args = [*TRIAL, "cluster=local_fake_tpu", "cluster.slices_per_trial=2", "mesh.dcn=context",
+            "retries.preemption=6", "+sweep.id=fake-two-slices"]  # fmt: skip
+    res = run_cli(args, cwd=tmp_path, env=STALE_ENV | faults)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "preempted: retrying" in res.stdout and (tmp_path / "faults" / "kill-3-1-after_report").exists()
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     run = _trial(client, "fake-two-slices")
     assert run.data.tags["status"] == "finished" and run.data.params["mesh"] == "context16/dcn:context"
     assert run.data.tags["slices"] == "fake-slice-0,fake-slice-1"
     attempts = json.loads(_artifact(client, run, "attempts.json", tmp_path))
-    assert attempts[-1]["outcome"] == "finished"  # one attempt; more if gloo timed out a CPU-starved host
+    # the kill, then the finish; more preemptions only if gloo timed out a CPU-starved host
+    assert attempts[0]["outcome"] == "preempted" and attempts[-1]["outcome"] == "finished"
+    assert all(a["outcome"] == "preempted" for a in attempts[:-1])
     for att in attempts:
         hosts = sorted(att["hosts"], key=lambda h: h["process_id"])
         assert [h["process_id"] for h in hosts] == [0, 1, 2, 3] and len({h["node_id"] for h in hosts}) == 4
@@ -210,14 +223,17 @@ def test_fake_tpu_trial_spans_two_slices_with_megascale_env(tmp_path):
         assert hosts[0]["slice"] == hosts[1]["slice"] != hosts[2]["slice"] == hosts[3]["slice"]
         assert [h["worker_id"] for h in hosts] == ["0", "1", "0", "1"]
         assert [h["slice_id"] for h in hosts] == [0, 0, 1, 1]
-        coordinator = f"{hosts[0]['node_ip']}:8081"  # slice 0's worker 0
+        coordinator = f"{hosts[0]['node_ip']}:8081"  # slice 0's worker 0 in THIS attempt
         for h in hosts:
             assert h["megascale"] == {"MEGASCALE_COORDINATOR_ADDRESS": coordinator, "MEGASCALE_PORT": "8081",
                                       "MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": str(h["slice_id"])}  # fmt: skip
             # inherited and not the attempt's own: removed before jax started (the rest were overridden)
             assert h["scrubbed"] == ["JAX_COORDINATOR_ADDRESS", "MEGASCALE_TRANSPORT_TYPE"], h
-    coordinators = [a["coordinator"] for a in attempts]  # jax.distributed's, probed per attempt
+    # jax.distributed's coordinator is probed per attempt: the retry never dials the killed attempt's port
+    coordinators = [a["coordinator"] for a in attempts]
     assert all(c.rpartition(":")[2].isdigit() for c in coordinators), coordinators
+    assert len(set(coordinators)) == len(coordinators), coordinators
+    assert [s for s, _ in _steps(client, run)] == [0, 1, 2]  # every step once across the attempts
     log = _artifact(client, run, "trial_log.txt", tmp_path)
     start = next(json.loads(ln) for ln in log.splitlines() if ln.startswith('{"kind": "start"'))
     assert start["dcn_processes"] == [[p] for p in range(4) for _ in range(4)]  # 4 devices per host
