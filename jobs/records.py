@@ -84,6 +84,8 @@ class StartRecord(_Record):
     # multislice trials only: slices spanned, and per position along the dcn axis the processes holding it
     slices: int | None = _optional()
     dcn_processes: list[list[int]] | None = _optional()
+    # why the chosen attention kernel ran the xla one instead, per reason (jobs/attention/flash_kernel.py)
+    kernel_fallbacks: list[str] | None = _optional()
     extra: dict[str, Any] = field(default_factory=dict)
 
 

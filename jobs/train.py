@@ -18,6 +18,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jobs import cp_rules, flops
+from jobs.attention import flash_kernel
 from jobs.buckets import bucket_labels
 from jobs.data import Batches
 from jobs.faults import Faults
@@ -120,6 +121,7 @@ def train(spec: TrialSpec) -> Iterator[Record]:
     batches = Batches(spec)  # fails early on a missing data file
     init_fn, step_fn = make_train_step(spec, mesh)
     t0 = time.perf_counter()
+    flash_kernel.FALLBACKS.clear()  # what this trace adds is this trial's (a cache hit still traces)
     compiled = step_fn.lower(*abstract_args(spec, mesh)).compile()
     compile_s = time.perf_counter() - t0
     peak, peak_source = peak_tflops(spec)
@@ -156,6 +158,7 @@ def train(spec: TrialSpec) -> Iterator[Record]:
             resumed_from_step=first,
             **mem,
             **slice_record(mesh, spec.mesh.dcn, slices),
+            kernel_fallbacks=list(flash_kernel.FALLBACKS) or None,
         ).to_dict()
         # The checkpoint's records: the driver may never have received them (it drops steps it holds).
         yield from (r.to_dict() for r in history)

@@ -79,6 +79,17 @@ def summary_covers(r: SummaryRecord, attempt: int) -> str:
     return text + (f" (resumed at step {r.attempt_from_step})" if r.attempt_from_step else "")
 
 
+def record_tags(records: list[Record], attempt: int) -> dict[str, str]:
+    """Tags a batch of records sets on its trial: which steps the summary covers, and why the attention
+    kernel ran the xla one instead (a GPU's cuDNN refusing a shape), per attempt's start record."""
+    tags = {}
+    if covers := [c for r in records if isinstance(r, SummaryRecord) and (c := summary_covers(r, attempt))]:
+        tags["summary_covers"] = covers[-1]
+    if falls := [f for r in records if isinstance(r, StartRecord) for f in (r.kernel_fallbacks or [])]:
+        tags["kernel_fallback"] = "; ".join(dict.fromkeys(falls))
+    return tags
+
+
 @dataclass
 class TrialLog:
     """What the driver saw of one trial: records per attempt and status lines (the trial log artifact)."""

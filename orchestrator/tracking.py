@@ -20,10 +20,10 @@ import uuid
 from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 
-from jobs.records import Record, StepRecord, SummaryRecord
+from jobs.records import Record, StepRecord
 from jobs.spec import TrialSpec
 from orchestrator.leases import Leases
-from orchestrator.records import TrialLog, record_points, summary_covers, trial_params
+from orchestrator.records import TrialLog, record_points, record_tags, trial_params
 from orchestrator.runs import find_or_create
 from orchestrator.writequeue import Op, WriteQueue
 
@@ -255,9 +255,8 @@ class MlflowTracker:
         points = [p for r in fresh for p in record_points(r, now, attempt)]
         if points:
             self.queue.put({"kind": "metrics", "key": key, "metrics": points})
-        covers = [summary_covers(r, attempt) for r in fresh if isinstance(r, SummaryRecord)]
-        if any(covers):
-            self.set_tags(key, {"summary_covers": covers[-1]})
+        if tags := record_tags(fresh, attempt):
+            self.set_tags(key, tags)
 
     def log_metrics(self, key: str, values: dict[str, float], step: int = 0) -> None:
         now = int(time.time() * 1000)

@@ -2,6 +2,7 @@
 fwd + dQ/dK/dV parity under ring and ulysses on a GPU (skipped when none is present)."""
 
 import inspect
+import logging
 
 import jax
 import jax.extend.core
@@ -28,14 +29,50 @@ def test_private_api_shape():
     assert isinstance(fa._dot_product_attention_bwd_p_wrapper, jax.extend.core.Primitive)
 
 
-def test_falls_back_to_xla_where_cudnn_cannot_run():
-    """fp32 (no cuDNN flash path) is the xla kernel, exactly."""
+def test_falls_back_to_xla_where_cudnn_cannot_run(caplog):
+    """fp32 (no cuDNN flash path) is the xla kernel, exactly; the reason is logged once and kept."""
     q, k, v, _ = make_inputs(1, 64, 4, 2, 16)
     pos = jnp.arange(64)
-    got = flash_kernel.flash_fwd(q, k, v, pos, pos, causal=True, block_q=16, block_kv=16)
+    flash_kernel.FALLBACKS.clear()
+    with caplog.at_level(logging.WARNING, logger=flash_kernel.__name__):
+        got = flash_kernel.flash_fwd(q, k, v, pos, pos, causal=True, block_q=16, block_kv=16)
+        flash_kernel.flash_fwd(q, k, v, pos, pos, causal=True, block_q=16, block_kv=16)
     want = flash_kernel.xla_fwd(q, k, v, pos, pos, causal=True, block_q=16, block_kv=16)
     for a, b in zip(got, want, strict=True):
         assert float(jnp.max(jnp.abs(a - b))) == 0.0
+    why = "float32 inputs (cuDNN flash is bf16/fp16 only)"
+    assert list(flash_kernel.FALLBACKS) == [why]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"flash attention kernel: {why}; running the xla kernel"
+    ]
+
+
+def test_every_refusal_has_its_reason():
+    """What cuDNN cannot run, each in words: the reason the start record and the trial's tag carry."""
+    bf = [x.astype(jnp.bfloat16) for x in make_inputs(1, 64, 4, 2, 16)[:3]]
+    q, k, v = bf
+    assert "offset" in flash_kernel.refusal(q, k[:, :32], v[:, :32], causal=True)
+    assert "packed documents" in flash_kernel.refusal(q, k, v, causal=False, segmented=True)
+    if not HAS_GPU:  # here cuDNN's own check refuses: no cuDNN on a CPU host
+        assert flash_kernel.refusal(q, k, v, causal=True).startswith("cuDNN refuses it: ")
+    wide = jnp.zeros((1, 64, 4, 512), jnp.bfloat16)  # head_dim 512: over any GPU's cuDNN limit
+    assert flash_kernel.refusal(wide, wide, wide, causal=True).startswith("cuDNN refuses it: ")
+
+
+def test_a_trial_reports_its_kernel_fallback():
+    """kernel=flash off a GPU: the trial runs (the xla kernel) and its start record says why."""
+    from jobs.train import train
+    from orchestrator.config import load
+    from orchestrator.grid import expand
+
+    args = ["model=tiny", "strategy=ring", "strategy.kernel=flash", "context_length=256", "train.steps=1",
+            "train.dtype=bfloat16", "cluster=local"]  # fmt: skip
+    (spec,) = expand(load(args))
+    start = next(r for r in train(spec) if r["kind"] == "start")
+    if HAS_GPU:
+        assert start.get("kernel_fallbacks") is None  # bf16, even blocks: cuDNN takes every hop
+    else:
+        assert start["kernel_fallbacks"] and start["kernel_fallbacks"][0].startswith("cuDNN refuses it: ")
 
 
 @pytest.mark.skipif(not HAS_GPU, reason="needs a GPU (cuDNN)")

@@ -135,3 +135,14 @@ def test_the_executor_types_a_batch_at_the_seam():
 
 def test_retry_budgets_have_one_name():
     assert not hasattr(executor, "Budgets")
+
+
+def test_record_tags_say_what_the_summary_covers_and_why_a_kernel_fell_back():
+    from orchestrator.records import record_tags
+
+    why = "float32 inputs (cuDNN flash is bf16/fp16 only)"
+    start = parse({**START, "kernel_fallbacks": [why]})
+    assert StartRecord.from_json(start.to_json()).kernel_fallbacks == [why]
+    tags = record_tags([start, parse(STEP), parse(SUMMARY)], attempt=2)
+    assert tags == {"summary_covers": "steps 1-3 of attempt 2", "kernel_fallback": why}
+    assert record_tags([parse(START), parse(STEP)], attempt=1) == {}  # nothing fell back, no summary yet

@@ -27,7 +27,17 @@ MLFLOW_PAGE = ROOT / "docs" / "reference" / "mlflow.md"
 SOURCES = [p for p in (ROOT / "orchestrator").rglob("*.py") if p.name not in ("keydocs.py", "reference.py")]
 SOURCES.append(ROOT / "jobs" / "train.py")  # the start, step and summary records
 # Record keys that never become MLflow metrics (not numbers, or the step itself).
-NOT_METRICS = {"kind", "trial_id", "platform", "peak_source", "dcn_processes", "steps", "step", "t_ms"}
+NOT_METRICS = {
+    "kind",
+    "trial_id",
+    "platform",
+    "peak_source",
+    "dcn_processes",
+    "kernel_fallbacks",
+    "steps",
+    "step",
+    "t_ms",
+}
 
 
 # --- config reference ---------------------------------------------------------------------------------------

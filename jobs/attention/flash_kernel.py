@@ -11,10 +11,14 @@ kv_offsets, page_table_k, page_table_v, stats, out, dout), so a hop's backward g
 
 cuDNN has no fp32 flash path and no offset-causal mask: fp32 inputs and a device's query block against the
 whole sequence (all_gather) run the xla kernel, which is exact for any positions. So do packed documents
-(segment ids): cuDNN's ragged q_seqlen/offsets path is not wired here yet.
+(segment ids): cuDNN's ragged q_seqlen/offsets path is not wired here yet. So does any shape cuDNN's own check
+refuses (head_dim over 256 on Hopper, 128 before it; no cuDNN found). Every such fallback is decided while
+tracing, logged once per reason, and kept in FALLBACKS, which the trial's start record reports.
 """
 
 from __future__ import annotations
+
+import logging
 
 import jax
 import jax.numpy as jnp
@@ -29,12 +33,36 @@ except ImportError:  # pragma: no cover
     _fa = None
 
 
-def _supported(q: jax.Array, k: jax.Array, causal: bool) -> bool:
-    return (
-        _fa is not None
-        and q.dtype in (jnp.bfloat16, jnp.float16)
-        and (not causal or q.shape[1] == k.shape[1])
-    )
+log = logging.getLogger(__name__)
+# Why the flash kernel ran the xla kernel instead, in the order first seen: jobs/train.py clears it before a
+# compile and reports what that compile's tracing added (the start record's kernel_fallbacks).
+FALLBACKS: dict[str, None] = {}
+
+
+def refusal(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool, segmented: bool = False) -> str:
+    """Why cuDNN flash cannot run this call ("" when it can); fwd and bwd ask alike, so they always agree."""
+    if _fa is None:
+        return "jax's cuDNN attention module is missing"
+    if q.dtype not in (jnp.bfloat16, jnp.float16):
+        return f"{q.dtype} inputs (cuDNN flash is bf16/fp16 only)"
+    if causal and q.shape[1] != k.shape[1]:
+        return "a causal block with its own offset (cuDNN's causal mask is by index)"
+    if segmented:
+        return "packed documents (segment ids are not wired to cuDNN)"
+    try:  # cuDNN's own shape rules (head_dim, architecture, version), as its entry point would apply them
+        layout = _fa.AttentionLayout.BTNH.value
+        _fa.check_is_flash_attention(q, k, v, layout, _fa.check_cudnn_version(), False, True)
+    except (NotImplementedError, RuntimeError) as e:
+        return f"cuDNN refuses it: {e}"
+    return ""
+
+
+def _falls_back(q, k, v, causal: bool, q_seg) -> bool:
+    why = refusal(q, k, v, causal, q_seg is not None)
+    if why and why not in FALLBACKS:
+        FALLBACKS[why] = None
+        log.warning("flash attention kernel: %s; running the xla kernel", why)
+    return bool(why)
 
 
 def _mask(causal: bool):
@@ -58,7 +86,7 @@ def flash_fwd(
     q_seg=None, kv_seg=None,
 ):  # fmt: skip
     """(out fp32 [B, Lq, H, D], lse fp32 [B, Lq, H])."""
-    if q_seg is not None or not _supported(q, k, causal):
+    if _falls_back(q, k, v, causal, q_seg):
         segs = {} if q_seg is None else {"q_seg": q_seg, "kv_seg": kv_seg}
         return xla_fwd(q, k, v, q_pos, kv_pos, causal=causal, block_q=block_q, block_kv=block_kv, **segs)
     perm, inv = _perm(k, causal, order)
@@ -75,7 +103,7 @@ def flash_bwd(
     q_seg=None, kv_seg=None,
 ):  # fmt: skip
     """dq, dk, dv (fp32) from the given (global) out and lse."""
-    if q_seg is not None or not _supported(q, k, causal):
+    if _falls_back(q, k, v, causal, q_seg):
         segs = {} if q_seg is None else {"q_seg": q_seg, "kv_seg": kv_seg}
         kw = dict(causal=causal, block_q=block_q, block_kv=block_kv, **segs)
         return xla_bwd(q, k, v, o, lse, do, q_pos, kv_pos, **kw)
