@@ -42,8 +42,9 @@ def _ici_devices(sizes: list[int], devices: list) -> np.ndarray:
 
 
 def _knows_slice(device) -> bool:
-    # CPU devices of a multi-process runtime carry slice_index too, always 0: only a TPU's is the slice
-    return device.platform != "cpu" and hasattr(device, "slice_index")
+    # CPU devices of a multi-process runtime carry slice_index too (always 0), and a GPU's need not be its
+    # node: only a TPU's is the slice; the others go by process (one GPU node per slice, processes in order)
+    return device.platform == "tpu" and hasattr(device, "slice_index")
 
 
 def device_slice(device, slices: int) -> int:

@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -162,7 +163,7 @@ class ClusterSpec:
     """Where a trial runs; execution only, never part of the trial id."""
 
     name: str = "local"
-    kind: str = "local"  # local | local_multihost | fake_tpu | tpu | address
+    kind: str = "local"  # local | local_multihost | fake_tpu | tpu | fake_gpu | gpu | address
     platform: str = "cpu"  # cpu | gpu | tpu
     accelerator: str = "cpu"
     hosts: int = 1
@@ -177,6 +178,8 @@ class ClusterSpec:
     max_step_seconds: float = 0.0  # planner: predicted-slower points are infeasible here (0: no budget)
     concurrency: int = 0  # trials at once (0: one per slice)
     address: str = ""  # Ray address: "" starts a local Ray, "auto" or ray://... connects
+    # Every host process's extra environment (NCCL_*, XLA_FLAGS): YAML's mapping, as sorted pairs (hashable)
+    env: tuple[tuple[str, str], ...] = ()
     # Cost before launch (orchestrator/plan/cost.py): chips are held through the compile and every step.
     compile_seconds: float = 0.0  # planner: an attempt's compile, chips held (0: not counted)
     price_per_chip_hour: float = 0.0  # what a chip-hour costs you, any currency (0: chip-hours only)
@@ -190,6 +193,13 @@ class ClusterSpec:
     step_overhead_s: float = 0.0  # fixed cost per step (dispatch, optimizer update, host loop)
     host_bytes_per_s: float = 0.0  # host offload bandwidth per device (0: transfers not modelled)
 
+    def __post_init__(self) -> None:
+        pairs = self.env.items() if isinstance(self.env, Mapping) else self.env
+        env = tuple(sorted(((k, v) for k, v in pairs), key=lambda kv: str(kv[0])))
+        if bad := [k for k, v in env if not (isinstance(k, str) and isinstance(v, str))]:
+            raise ValueError(f"cluster.env values must be strings; quote {', '.join(map(str, bad))}")
+        object.__setattr__(self, "env", env)
+
     @property
     def devices(self) -> int:
         """JAX devices of one trial (all its slices)."""
@@ -201,13 +211,14 @@ class ClusterSpec:
         return self.hosts * self.slices_per_trial
 
     def host_env(self) -> dict[str, str]:
-        """Environment a host's JAX process needs before its backend starts (CPU: simulated devices)."""
-        if self.platform != "cpu":
-            return {}
-        return {
-            "JAX_PLATFORMS": "cpu",
-            "XLA_FLAGS": f"--xla_force_host_platform_device_count={self.devices_per_host}",
-        }
+        """Environment a host's JAX process needs before its backend starts: the platform's own (CPU: simulated
+        devices) and `env`; a user's XLA_FLAGS come after the platform's, so both hold."""
+        flags = f"--xla_force_host_platform_device_count={self.devices_per_host}"
+        own = {"JAX_PLATFORMS": "cpu", "XLA_FLAGS": flags} if self.platform == "cpu" else {}
+        user = dict(self.env)
+        if "XLA_FLAGS" in own and "XLA_FLAGS" in user:
+            user["XLA_FLAGS"] = f"{flags} {user['XLA_FLAGS']}"
+        return own | user
 
 
 PROFILE_HOSTS = ("first", "all")  # run.profile_hosts: process 0 traces, or every process does

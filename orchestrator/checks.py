@@ -94,9 +94,17 @@ def _list(key: str, v: Any, item: type, rule: Rule) -> Problem | None:
     allowed = list_allowed(item, rule)
     ok = isinstance(v, list | tuple) and all(_value(key, n, item, MISSING) is None for n in v)
     if not ok or len(set(v)) < len(v) and item is not float:
-        return Problem(key, v, f"is not {allowed}", allowed,
-                       f"e.g. {key}={_ITEMS[item][1]}")  # fmt: skip
+        return Problem(key, v, f"is not {allowed}", allowed, f"e.g. {key}={_ITEMS[item][1]}")
     return None
+
+
+def _mapping(key: str, v: Any, allowed: str = "a mapping of names to strings") -> Problem | None:
+    """A mapping of names to strings (cluster.env): an environment holds strings, and YAML's 1 is not."""
+    if not isinstance(v, dict):
+        return Problem(key, v, "is not a mapping", allowed, f"e.g. +{key}.NAME=value")
+    bad = next(((n, x) for n, x in v.items() if not (isinstance(n, str) and isinstance(x, str))), None)
+    return bad and Problem(f"{key}.{bad[0]}", bad[1], "is not a string", allowed,
+                           f"quote it: {key}.{bad[0]}='\"{bad[1]}\"' on the command line, \"{bad[1]}\" in YAML")  # fmt: skip
 
 
 def _value(key: str, v: Any, hint: Any, default: Any) -> Problem | None:
@@ -108,6 +116,8 @@ def _value(key: str, v: Any, hint: Any, default: Any) -> Problem | None:
         return _names(key, v, rule)
     if typing.get_origin(hint) is tuple and typing.get_args(hint)[0] in _ITEMS:
         return _list(key, v, typing.get_args(hint)[0], rule)
+    if typing.get_origin(hint) is dict:
+        return _mapping(key, v)
     if hint not in (bool, int, float, str):
         return None  # containers (sweep axes, zip, set): grid.points checks their shape
     allowed = _allowed(hint, rule)

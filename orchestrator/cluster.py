@@ -1,4 +1,5 @@
-"""Where trials run: a local Ray, a local Ray whose nodes pose as TPU slices, or an existing cluster."""
+"""Where trials run: a local Ray, a local Ray whose nodes pose as TPU slices or GPU nodes, or an existing
+cluster (TPU slices, GPU nodes)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,12 @@ from jobs.spec import ClusterSpec
 log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parent.parent
 TPU_KINDS = ("tpu", "fake_tpu")
+GPU_KINDS = ("gpu", "fake_gpu")  # a GPU node is a one-host slice: NVLink inside it, the network between nodes
+FAKE_KINDS = ("fake_tpu", "fake_gpu")  # this driver starts the cluster itself
 SLICE_LABEL = "ray.io/tpu-slice-name"
 WORKER_LABEL = "ray.io/tpu-worker-id"
 
-_fake = None  # the fake-TPU ray.cluster_utils.Cluster this driver started, if any
+_fake = None  # the fake-TPU or fake-GPU ray.cluster_utils.Cluster this driver started, if any
 
 
 def fake_slice_env(cluster: ClusterSpec, slice_index: int, worker: int) -> dict[str, str]:
@@ -59,6 +62,18 @@ def start_fake_tpu(cluster: ClusterSpec):
     return c
 
 
+def start_fake_gpu(cluster: ClusterSpec):
+    """A local multi-node Ray cluster: `slices` nodes, each advertising `devices_per_host` GPUs, so the real
+    GPU placement path (one STRICT_SPREAD bundle per node) runs on CPU; the hosts simulate the devices."""
+    from ray.cluster_utils import Cluster
+
+    with _no_address_file():
+        c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    for _ in range(cluster.slices):
+        c.add_node(num_cpus=1, num_gpus=cluster.devices_per_host)
+    return c
+
+
 @contextmanager
 def _no_address_file() -> Iterator[None]:
     """ray.cluster_utils.Cluster writes /tmp/ray/ray_current_cluster, which would make every plain ray.init()
@@ -89,15 +104,16 @@ def _chips_per_host(cluster: ClusterSpec) -> int:
 
 
 def connect(cluster: ClusterSpec) -> None:
-    """Start (local, local_multihost, fake_tpu) or join (tpu, address) the Ray cluster for `cluster`."""
+    """Start (local, local_multihost, fake_tpu, fake_gpu) or join (tpu, gpu, address) the Ray cluster for
+    `cluster`."""
     global _fake
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     # Workers import jobs/ and orchestrator/ (host_task lives there); a local Ray inherits PYTHONPATH.
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    if cluster.kind == "fake_tpu" and not cluster.address:
-        _fake = start_fake_tpu(cluster)
+    if cluster.kind in FAKE_KINDS and not cluster.address:
+        _fake = (start_fake_tpu if cluster.kind == "fake_tpu" else start_fake_gpu)(cluster)
         atexit.register(shutdown)  # the driver must leave the cluster before its head node can go
         ray.init(address=_fake.address, log_to_driver=False)
     elif cluster.address:
@@ -137,10 +153,19 @@ def slice_names() -> list[str]:
     return sorted(names)
 
 
+def gpu_nodes(gpus: int = 1) -> int:
+    """Alive nodes of the cluster with at least `gpus` GPUs (a trial's host takes a whole node's)."""
+    return sum(1 for n in ray.nodes() if n.get("Alive") and (n.get("Resources") or {}).get("GPU", 0) >= gpus)
+
+
 def concurrency(cluster: ClusterSpec) -> int:
-    """Trials at once: the configured number, else one per slices_per_trial slices (counted on the cluster
-    for TPUs)."""
+    """Trials at once: the configured number, else one per slices_per_trial slices (TPU) or nodes (GPU),
+    counted on the cluster once Ray is up."""
     if cluster.concurrency:
         return cluster.concurrency
-    slices = len(slice_names()) if cluster.kind in TPU_KINDS and ray.is_initialized() else cluster.slices
+    slices = cluster.slices
+    if cluster.kind in TPU_KINDS and ray.is_initialized():
+        slices = len(slice_names())
+    elif cluster.kind in GPU_KINDS and ray.is_initialized():
+        slices = gpu_nodes(cluster.devices_per_host)
     return max(slices // cluster.slices_per_trial, 1)

@@ -84,14 +84,18 @@ DOCS: dict[str, str] = {
     "same cluster only.",
     "cluster.kind": "How Ray is reached: `local` (a Ray started here), `local_multihost` (several JAX processes "
     "here, joined by jax.distributed), `fake_tpu` (local nodes posing as TPU hosts), `tpu` (real slices "
-    "reserved with ray.util.tpu), `address` (an existing Ray cluster at `cluster.address`).",
+    "reserved with ray.util.tpu), `gpu` (an existing Ray cluster of GPU nodes at `cluster.address`; a node is a "
+    "one-host slice, `hosts: 1`, its GPUs `devices_per_host`, so `slices_per_trial` nodes make a trial and "
+    "`mesh.dcn` names the axis across them; each trial reserves its nodes whole in one STRICT_SPREAD placement "
+    "group), `fake_gpu` (local nodes advertising `devices_per_host` GPUs, simulated CPU devices underneath), "
+    "`address` (an existing Ray cluster at `cluster.address`).",
     "cluster.platform": "JAX backend of the hosts; `cpu` simulates `devices_per_host` devices per process.",
     "cluster.accelerator": "Chip name (`v5p`, `tpu7x`, `cpu`): the spec-sheet peak when "
     "`peak_tflops_per_device` is 0, and the TPU generation of slice reservations and AOT compiles.",
-    "cluster.hosts": "Hosts per slice, one JAX process each.",
+    "cluster.hosts": "Hosts per slice, one JAX process each (1 on GPU: a node is a slice).",
     "cluster.devices_per_host": "JAX devices per host (a v5p chip is one device, a tpu7x chip two).",
     "cluster.slices": "Slices in the cluster: trials at once are slices // slices_per_trial (on TPU, counted "
-    "from the slices Ray sees); a fake_tpu cluster starts this many.",
+    "from the slices Ray sees, on GPU the nodes); a fake_tpu or fake_gpu cluster starts this many.",
     "cluster.slices_per_trial": "Slices one trial spans (multislice over DCN; `mesh.dcn` names the axis "
     "across them).",
     "cluster.topology": 'TPU slice topology, e.g. `4x4x4`, for slice reservations and AOT compiles ("": not a TPU).',
@@ -109,9 +113,13 @@ DOCS: dict[str, str] = {
     "cluster.price_per_chip_hour": "What one chip-hour costs you (any currency; no default: prices differ by "
     "contract and region). With it the plan shows each point's cost next to its chip-hours (0: chip-hours "
     "only).",
-    "cluster.concurrency": "Trials at once (0: one per `slices_per_trial` slices; on TPU the slices Ray sees).",
-    "cluster.address": 'Ray address: "" starts a local Ray (or the fake TPU cluster), `auto` joins the cluster '
-    "this machine belongs to, `ray://host:port` connects.",
+    "cluster.concurrency": "Trials at once (0: one per `slices_per_trial` slices; on TPU the slices Ray sees, "
+    "on GPU its nodes).",
+    "cluster.address": 'Ray address: "" starts a local Ray (or the fake TPU or GPU cluster), `auto` joins the '
+    "cluster this machine belongs to, `ray://host:port` connects.",
+    "cluster.env": "Extra environment of every host process, name -> string (quote numbers), set per attempt "
+    "before JAX starts, e.g. `NCCL_SOCKET_IFNAME`, `NCCL_IB_HCA`, or `XLA_FLAGS` (appended to the platform's "
+    "own flags, never replacing them).",
     "cluster.matmul_efficiency": "Step-time model: fraction of peak the layer matmuls reach.",
     "cluster.attention_efficiency": "Step-time model: the attention kernel's fraction of peak at large "
     "head_dim and blocks.",

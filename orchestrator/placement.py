@@ -1,5 +1,6 @@
-"""Reserving a trial's hosts on Ray, all or nothing: whole TPU slices (one or several, for a multislice trial)
-or one placement group of local processes; then the hosts' process ids, coordinator and environment.
+"""Reserving a trial's hosts on Ray, all or nothing: whole TPU slices (one or several, for a multislice
+trial), whole GPU nodes (one bundle per node), or one placement group of local processes; then the hosts'
+process ids, coordinator and environment.
 
 Every placement group created here is recorded, so tests (and Ctrl-C) can prove none outlives its trial.
 """
@@ -37,8 +38,15 @@ def live_placement_groups() -> int:
 
 # Set per attempt, never inherited: a node's environment can hold them from an earlier job or a `ray start` under
 # an old multislice config, and a stale MEGASCALE_* makes the TPU runtime wait for slices that are gone (Ray
-# #62893). JAX_COORDINATOR_* and friends would steer jax.distributed's auto-detection likewise.
-ATTEMPT_ENV_PREFIXES = ("MEGASCALE_", "JAX_COORDINATOR_", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
+# #62893). JAX_COORDINATOR_* and friends would steer jax.distributed's auto-detection likewise, and a stale
+# JAX_LOCAL_DEVICE_IDS would hide a GPU node's other devices.
+ATTEMPT_ENV_PREFIXES = (
+    "MEGASCALE_",
+    "JAX_COORDINATOR_",
+    "JAX_NUM_PROCESSES",
+    "JAX_PROCESS_ID",
+    "JAX_LOCAL_DEVICE_IDS",
+)
 
 
 def clean_env(own: dict[str, str]) -> list[str]:
@@ -66,6 +74,7 @@ def host_info(process_id: int, slice_id: int = 0, scrubbed: list[str] | None = N
         "worker_id": labels.get(clusters.WORKER_LABEL) or os.environ.get("TPU_WORKER_ID", ""),
         # what the TPU runtime will read to join the slices over DCN (empty on one slice)
         "megascale": {k: v for k, v in os.environ.items() if k.startswith("MEGASCALE_")},
+        "gpus": ray.get_runtime_context().get_accelerator_ids().get("GPU", []),  # the GPUs Ray gave this task
         "scrubbed": scrubbed or [],  # inherited per-attempt variables removed before jax started
     }
 
@@ -78,7 +87,7 @@ def _probe() -> dict[str, str]:
         port = s.getsockname()[1]
     info = host_info(-1)
     return {"address": f"{info['node_ip']}:{port}", "ip": info["node_ip"], "worker_id": info["worker_id"],
-            "slice": info["slice"]}  # fmt: skip
+            "slice": info["slice"], "node_id": info["node_id"]}  # fmt: skip
 
 
 @dataclass
@@ -103,6 +112,19 @@ def megascale_env(coordinator_ip: str, slices: int, slice_id: int) -> dict[str, 
     }
 
 
+def gpu_env(devices: int) -> dict[str, str]:
+    """A GPU host's attempt variables: its local devices (all Ray gave the task, renumbered from 0 under
+    CUDA_VISIBLE_DEVICES). With them jax.distributed has all four parameters and skips cluster auto-detection,
+    whose SLURM or Open MPI variables on a node would give each process only the GPU of its local rank."""
+    return {"JAX_LOCAL_DEVICE_IDS": ",".join(map(str, range(devices)))}
+
+
+def gpu_bundles(cluster: ClusterSpec) -> tuple[list[dict[str, float]], str]:
+    """A GPU trial's placement group: one bundle per node holding all its GPUs, each on its own node
+    (STRICT_SPREAD), which Ray grants whole or not at all."""
+    return [{"GPU": cluster.devices_per_host, "CPU": 1}] * cluster.hosts_per_trial, "STRICT_SPREAD"
+
+
 def host_order(probes: list[dict[str, str]], hosts: int) -> list[int]:
     """Bundle index of each process id: slices in bundle order (the order they were reserved), and within a
     slice by TPU_WORKER_ID where the nodes have one (libtpu's own numbering), else in bundle order."""
@@ -123,7 +145,7 @@ class Reservation:
         self.cluster, self.check = cluster, check
         self.lock = threading.Lock()
         self.spg = None  # SlicePlacementGroup over slices_per_trial slices (TPU kinds)
-        self.pg = None  # plain placement group (local_multihost)
+        self.pg = None  # plain placement group (local_multihost, GPU nodes)
 
     def place(self) -> Placed:
         """Reserve the trial's hosts whole, then order them and give each its environment."""
@@ -133,8 +155,11 @@ class Reservation:
         if c.kind in clusters.TPU_KINDS:
             pg, res = self._reserve_tpu_slices()
             options = {"num_cpus": res.pop("CPU", 1), "resources": res}
+        elif c.kind in clusters.GPU_KINDS:
+            pg = self._reserve_gpu_nodes()
+            options = {"num_gpus": c.devices_per_host}
         elif n > 1:
-            pg = self._reserve_local(n)
+            pg = self._reserve([{"CPU": 1}] * n, "PACK")
         else:
             return Placed([None], envs=[{}], record={"slice": "", "n_hosts": 1})
         bundles = [PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i) for i in range(n)]
@@ -145,19 +170,35 @@ class Reservation:
         if c.kind in clusters.TPU_KINDS and c.slices_per_trial > 1:
             envs = [megascale_env(first["ip"], c.slices_per_trial, pid // c.hosts) for pid in range(n)]
         names = list(dict.fromkeys(probes[i]["slice"] for i in order if probes[i]["slice"]))
+        if c.kind in clusters.GPU_KINDS:  # a GPU node is one of its trial's slices: named by the node
+            envs = [gpu_env(c.devices_per_host) for _ in order]
+            names = [f"node-{probes[i]['node_id'][:8]}" for i in order]
         # probed afresh for every attempt: a retry never dials the coordinator port of the attempt it replaces
         record = {"slice": "+".join(names), "n_hosts": n, "n_slices": c.slices_per_trial,
                   "coordinator": first["address"]}  # fmt: skip
         return Placed([bundles[i] for i in order], first["address"], envs, options, record)
 
-    def _reserve_local(self, n: int):
+    def _reserve(self, bundles: list[dict[str, float]], strategy: str):
+        """One placement group, granted whole or not at all: queue (checking for cancel) until it is."""
         with self.lock:
             self.check()
-            self.pg = pg = placement_group([{"CPU": 1}] * n, strategy="PACK")
+            self.pg = pg = placement_group(bundles, strategy=strategy)
             _reserved.add(pg.id)
         while not ray.wait([pg.ready()], timeout=1.0)[0]:
             self.check()
         return pg
+
+    def _reserve_gpu_nodes(self):
+        """hosts_per_trial whole GPU nodes (gpu_bundles), queueing while other trials hold them."""
+        c = self.cluster
+        # more nodes than the cluster has: the group would stay pending forever
+        if c.hosts_per_trial > (have := clusters.gpu_nodes(c.devices_per_host)):
+            raise ValueError(
+                f"a trial needs {c.hosts_per_trial} GPU nodes of {c.devices_per_host} GPUs "
+                f"(slices_per_trial={c.slices_per_trial}) but the cluster has {have}; "
+                f"lower cluster.slices_per_trial or add nodes"
+            )
+        return self._reserve(*gpu_bundles(c))
 
     def _reserve_tpu_slices(self):
         """slices_per_trial whole slices in one placement group: Ray reserves each slice's head (one slice at

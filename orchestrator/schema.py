@@ -32,7 +32,7 @@ from jobs.spec import (
 
 DATA_KINDS = ("recall", "tokens", "documents")
 TOKEN_DTYPES = ("uint16", "uint32")  # jobs/data.py memory-maps a flat file of these
-CLUSTER_KINDS = ("local", "local_multihost", "fake_tpu", "tpu", "address")
+CLUSTER_KINDS = ("local", "local_multihost", "fake_tpu", "tpu", "address", "fake_gpu", "gpu")
 PLATFORMS = ("cpu", "gpu", "tpu")
 OUTPUTS = ("table", "json")
 PROGRESS = ("auto", "rich", "plain")
@@ -137,13 +137,21 @@ class MeshConfig:
 
 
 @dataclass(frozen=True)
+class ClusterConfig(ClusterSpec):
+    """conf/cluster/: ClusterSpec's keys, with `env` as YAML writes it, a mapping of names to strings (the
+    frozen spec keeps it as sorted pairs, to stay hashable)."""
+
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class PointConfig:
     """One grid point before it becomes a TrialSpec: the only keys a sweep may set."""
 
     model: ModelSpec
     strategy: StrategySpec
     mesh: MeshConfig
-    cluster: ClusterSpec
+    cluster: ClusterConfig
     context_length: int
     train: TrainSpec
     run: RunSpec

@@ -1,0 +1,177 @@
+"""GPU nodes through Ray: a node is a one-host slice, a trial reserves its nodes whole (one STRICT_SPREAD
+placement group, a bundle of every GPU of a node per host), and cluster.env reaches every host. On CPU through
+`local_fake_gpu`: 2 local Ray nodes advertising 4 GPUs each, 4 simulated CPU devices per host process."""
+
+import dataclasses
+import json
+from types import SimpleNamespace
+
+import pytest
+import yaml
+from conftest import ROOT, run_cli
+from mlflow import MlflowClient
+
+from jobs.mesh import _knows_slice
+from jobs.spec import ClusterSpec, TrialSpec
+from jobs.train import train
+from orchestrator import cluster as clusters
+from orchestrator.config import ConfigError, load
+from orchestrator.grid import expand
+from orchestrator.placement import gpu_bundles
+
+FAKE_GPU = ClusterSpec(**yaml.safe_load((ROOT / "conf" / "cluster" / "local_fake_gpu.yaml").read_text()))
+LATENCY_HIDING = "--xla_gpu_enable_latency_hiding_scheduler=true"
+
+# --- fast: the model of a GPU cluster, the placement group, cluster.env ------------------------------------
+
+
+def test_a_gpu_node_is_a_one_host_slice_and_a_trial_reserves_whole_nodes():
+    c = FAKE_GPU
+    assert (c.kind, c.platform, c.hosts, c.devices_per_host, c.slices, c.slices_per_trial) == (
+        "fake_gpu", "cpu", 1, 4, 2, 1)  # fmt: skip
+    assert (c.hosts_per_trial, c.devices, clusters.concurrency(c)) == (1, 4, 2)  # Ray not up: slices // 1
+    two = dataclasses.replace(c, slices_per_trial=2)
+    assert (two.hosts_per_trial, two.devices, clusters.concurrency(two)) == (2, 8, 1)
+    assert gpu_bundles(two) == ([{"GPU": 4, "CPU": 1}] * 2, "STRICT_SPREAD")
+    h200s = ClusterSpec(kind="gpu", platform="gpu", hosts=1, devices_per_host=8, slices=4, slices_per_trial=3)
+    assert gpu_bundles(h200s) == ([{"GPU": 8, "CPU": 1}] * 3, "STRICT_SPREAD")
+
+
+def test_cluster_env_round_trips_through_the_spec_and_reaches_the_hosts():
+    env = ["+cluster.env.NCCL_SOCKET_IFNAME=eth0", f"+cluster.env.XLA_FLAGS='{LATENCY_HIDING}'"]
+    (spec,) = expand(load(["cluster=local_fake_gpu", *env]))
+    assert spec.cluster.env == (("NCCL_SOCKET_IFNAME", "eth0"), ("XLA_FLAGS", LATENCY_HIDING))
+    back = TrialSpec.from_json(spec.to_json())  # JSON holds lists: the spec gets its hashable pairs back
+    assert back == spec and hash(back) == hash(spec) and back.cluster.env == spec.cluster.env
+    (plain,) = expand(load(["cluster=local_fake_gpu"]))
+    assert plain.cluster.env == () and plain.trial_id == spec.trial_id  # execution only: not in the id
+    # CPU underneath keeps its simulated devices; the user's XLA flags come after them
+    assert spec.cluster.host_env() == {"JAX_PLATFORMS": "cpu", "NCCL_SOCKET_IFNAME": "eth0",
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count=4 {LATENCY_HIDING}"}  # fmt: skip
+    assert clusters.worker_env(spec.cluster)["NCCL_SOCKET_IFNAME"] == "eth0"  # each host task's runtime_env
+    gpu = dataclasses.replace(spec.cluster, platform="gpu")
+    assert gpu.host_env() == {"NCCL_SOCKET_IFNAME": "eth0", "XLA_FLAGS": LATENCY_HIDING}
+
+
+def test_a_non_string_env_value_is_one_line():
+    with pytest.raises(ConfigError) as e:
+        expand(load(["cluster=local_fake_gpu", "+cluster.env.NCCL_IB_DISABLE=1"]))
+    msg = str(e.value)
+    assert "cluster.env.NCCL_IB_DISABLE=1 is not a string" in msg and "\n" not in msg, msg
+    assert "allowed: a mapping of names to strings" in msg
+
+
+def test_only_a_tpu_device_knows_its_slice():
+    # no GPU here: stand-ins with the attributes jax's devices carry (a GPU's slice_index need not be its node)
+    tpu, gpu = SimpleNamespace(platform="tpu", slice_index=1), SimpleNamespace(platform="gpu", slice_index=0)
+    assert _knows_slice(tpu) and not _knows_slice(gpu)
+    assert not _knows_slice(SimpleNamespace(platform="cpu", slice_index=0))
+
+
+# --- a real Ray cluster of fake GPU nodes -----------------------------------------------------------------
+
+
+@pytest.mark.slow
+# Ray starts the fake nodes with fork+exec from this process, where jax is loaded: the exec follows at once
+@pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning")
+def test_gpu_nodes_are_reserved_whole_on_distinct_nodes_or_not_at_all():
+    import ray
+
+    from orchestrator.placement import Reservation, live_placement_groups
+    from orchestrator.scheduler import Cancelled
+
+    two = dataclasses.replace(FAKE_GPU, slices_per_trial=2)
+    assert not ray.is_initialized()  # a Ray of another test would be joined instead of the fake nodes
+    clusters.connect(two)
+    try:
+        assert clusters.gpu_nodes(4) == 2 and clusters.gpu_nodes(5) == 0
+        assert clusters.concurrency(two) == 1 and clusters.concurrency(FAKE_GPU) == 2
+        with pytest.raises(ValueError, match="needs 3 GPU nodes of 4 GPUs .* but the cluster has 2; lower"):
+            Reservation(dataclasses.replace(two, slices_per_trial=3), lambda: None).place()
+        both = Reservation(two, lambda: None)
+        placed = both.place()
+        (pg,) = [v for v in ray.util.placement_group_table().values() if v["state"] == "CREATED"]
+        assert pg["strategy"] == "STRICT_SPREAD"
+        assert list(pg["bundles"].values()) == [{"GPU": 4.0, "CPU": 1.0}] * 2
+        assert len(set(pg["bundles_to_node_id"].values())) == 2  # one node each
+        assert placed.options == {"num_gpus": 4} and len(placed.strategies) == 2
+        assert placed.envs == [{"JAX_LOCAL_DEVICE_IDS": "0,1,2,3"}] * 2
+        assert len(placed.record["slice"].split("+")) == 2 and placed.record["n_slices"] == 2
+        tries = []
+
+        def give_up_after_three() -> None:  # called before and while the group waits: the queue's own events
+            tries.append(1)
+            if len(tries) > 3:
+                raise Cancelled
+
+        waiter = Reservation(FAKE_GPU, give_up_after_three)
+        with pytest.raises(Cancelled):  # both nodes held: a one-node trial queues, granted nothing
+            waiter.place()
+        assert len(tries) == 4 and waiter.pg is not None and not ray.wait([waiter.pg.ready()], timeout=0)[0]
+        waiter.release()  # what the attempt does on every exit path
+        assert live_placement_groups() == 1
+        both.release()
+        assert live_placement_groups() == 0
+    finally:
+        clusters.shutdown()
+        assert not ray.is_initialized()
+
+
+# --- the trial over two fake GPU nodes, through the CLI ----------------------------------------------------
+
+TRIAL = ["strategy=ring", "context_length=512", "train.steps=3", "train.dtype=float32", "progress=plain",
+         "gate.enabled=false"]  # fmt: skip
+# what a node can inherit from an earlier job: an attempt must not see it
+STALE_ENV = {"JAX_COORDINATOR_ADDRESS": "10.9.9.9:1234", "JAX_LOCAL_DEVICE_IDS": "0"}
+
+
+def _artifact(client: MlflowClient, run, path: str, tmp_path) -> str:
+    return open(client.download_artifacts(run.info.run_id, path, str(tmp_path))).read()
+
+
+@pytest.mark.slow
+def test_two_node_gpu_trial_trains_like_one_process_across_a_lost_node(tmp_path):
+    """local_fake_gpu with slices_per_trial=2: one trial over both fake nodes (2 processes x 4 devices), ring
+    over context 8 with the context axis across the nodes. Process 1 (the second node's host) is SIGKILLed
+    after step 1: preempted, re-queued, both nodes reserved again, and the loss curve is the 8-device single
+    process run's in fp32, every step once."""
+    (tmp_path / "faults").mkdir()
+    faults = {
+        "CP_ORCH_INJECT_FAULTS": "kill:1:1:after_report",
+        "CP_ORCH_INJECT_DIR": str(tmp_path / "faults"),
+    }
+    args = [*TRIAL, "cluster=local_fake_gpu", "cluster.slices_per_trial=2", "mesh.dcn=context",
+            "retries.preemption=6", "+sweep.id=fake-gpu"]  # fmt: skip
+    res = run_cli(args, cwd=tmp_path, env=STALE_ENV | faults)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "preempted: retrying" in res.stdout and (tmp_path / "faults" / "kill-1-1-after_report").exists()
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("cp_scaling")
+    (run,) = client.search_runs([exp.experiment_id], "tags.sweep_id = 'fake-gpu' and tags.kind = 'trial'")
+    assert run.data.tags["status"] == "finished" and run.data.params["mesh"] == "context8/dcn:context"
+    attempts = json.loads(_artifact(client, run, "attempts.json", tmp_path))
+    # the kill, then the finish; more preemptions only if gloo timed out a CPU-starved host
+    assert attempts[0]["outcome"] == "preempted" and attempts[-1]["outcome"] == "finished"
+    assert all(a["outcome"] == "preempted" for a in attempts[:-1])
+    for att in attempts:
+        hosts = sorted(att["hosts"], key=lambda h: h["process_id"])
+        assert (att["n_hosts"], att["n_slices"]) == (2, 2)
+        assert [(h["process_id"], h["slice_id"]) for h in hosts] == [(0, 0), (1, 1)]  # a node per slice
+        assert len({h["node_id"] for h in hosts}) == 2  # both fake nodes, every attempt
+        assert att["slice"] == "+".join(f"node-{h['node_id'][:8]}" for h in hosts)
+        assert all(len(h["gpus"]) == 4 for h in hosts), hosts  # each host task holds its node's GPU bundle
+        assert all(h["scrubbed"] == ["JAX_COORDINATOR_ADDRESS"] for h in hosts), hosts  # inherited: removed
+    coordinators = [a["coordinator"] for a in attempts]  # probed per attempt on process 0's node
+    assert len(set(coordinators)) == len(coordinators), coordinators
+    steps = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss"))
+    assert [s for s, _ in steps] == [0, 1, 2]  # every step once across the attempts
+    log = _artifact(client, run, "trial_log.txt", tmp_path)
+    start = next(json.loads(ln) for ln in log.splitlines() if ln.startswith('{"kind": "start"'))
+    assert start["processes"] == 2 and start["slices"] == 2
+    assert start["dcn_processes"] == [[0]] * 4 + [[1]] * 4  # context 0..3 on node 0's host, 4..7 on node 1's
+    # the reference: the same trial without the dcn axis on this process's 8 devices, no Ray
+    (spec,) = expand(load([*TRIAL, "cluster=local"]))
+    assert spec.mesh.label() == "context8"
+    want = [r["loss"] for r in train(spec) if r["kind"] == "step"]
+    got = [v for _, v in steps]  # fp32; gloo may sum across processes in another order than in-process
+    assert len(want) == 3 and got == pytest.approx(want, rel=1e-5, abs=1e-5), (want, got)
