@@ -14,6 +14,7 @@ PEAK_TFLOPS_PER_DEVICE: dict[str, float] = {
     "tpu7x": 1153.5,
     "h100": 989.0,
     "h200": 989.0,
+    "b200": 2250.0,  # dense bf16 (conf/cluster/dgx_b200.yaml names the source)
 }
 
 

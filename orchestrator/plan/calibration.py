@@ -179,7 +179,7 @@ every held-out row to {TOLERANCE:.0%}).
   than the single forward a first-principles count gives, and not explained by the model.
 - Ironwood (tpu7x) has no calibration run at head_dim 128, under full remat, or with all-gather / all-to-all CP,
   so those three constants are v5p's.
-- No GPU chip is calibrated.
+- GPU chips are calibrated on published GPU runs on [their own page](calibration-gpu.md).
 - `jobs/flops.py` reproduces every TFLOP/s a source gives to within 0.6 % and every source is from 2026, so no
   row needs the pre-mid-2025 full-attention FLOP correction.
 
