@@ -1,0 +1,173 @@
+"""Sections 1-3 of the GPU check, in one child process: env (versions, cuDNN, the private API the flash kernel
+binds), flash parity (benchmarks/gpu_check_parity.py) and kernel speed.
+
+`python benchmarks/gpu_check_kernels.py --out FILE --t0 EPOCH --budget-s S [--dry-run]` adds its sections to
+FILE (benchmarks/gpu_check.py starts it; the time budget counts from the parent's start, EPOCH).
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+from benchmarks.gpu_check_common import BLOCK, DRY, GPU, Recorder, Sizes  # noqa: E402
+from jobs import flops  # noqa: E402
+from jobs.attention import flash_kernel  # noqa: E402
+from jobs.attention.kernel import get_kernel  # noqa: E402
+
+PEAK = flops.PEAK_TFLOPS_PER_DEVICE["h200"]  # dense bf16, the MFU denominator of every figure here
+BWD_OVER_FWD = 2.5  # causal backward FLOPs per forward FLOP (the brief's count; cuDNN's bwd reads the stats)
+WARMUP, TIMED = 2, 5
+
+
+def api_checks(fa) -> dict[str, Any]:
+    """tests/test_kernels_flash.py::test_private_api_shape's assertions, each recorded instead of raised."""
+    import jax.extend.core
+
+    rule_head = ["scale", "seed", "dropout_rate", "variadic_args", "mask_type", "layout",
+                 "sliding_window_length", "is_training"]  # fmt: skip
+    checks = {
+        "module present": lambda: fa is not None,
+        "dot_product_attention(scale, mask_type, qkv_layout, return_residual)": lambda: (
+            {"scale", "mask_type", "qkv_layout", "return_residual"}
+            <= set(inspect.signature(fa.dot_product_attention).parameters)
+        ),  # fmt: skip
+        "MaskType CAUSAL, NO_MASK": lambda: {"CAUSAL", "NO_MASK"} <= set(fa.MaskType.__members__),
+        "AttentionLayout.BTNH == 0": lambda: fa.AttentionLayout.BTNH.value == 0,
+        "_dot_product_attention_bwd_rule's first 8 parameters": lambda: (
+            list(inspect.signature(fa._dot_product_attention_bwd_rule).parameters)[:8] == rule_head
+        ),  # fmt: skip
+        "_dot_product_attention_bwd_p_wrapper is a Primitive": lambda: isinstance(
+            fa._dot_product_attention_bwd_p_wrapper, jax.extend.core.Primitive
+        ),
+    }
+    failed = {}
+    for name, check in checks.items():
+        try:
+            if not check():
+                failed[name] = "false"
+        except Exception as e:  # noqa: BLE001 - a moved name is an AttributeError: record it and go on
+            failed[name] = f"{type(e).__name__}: {e}"
+    return {"ok": not failed, "failed": failed}
+
+
+def env() -> dict[str, Any]:
+    """Section 1: what the check ran on."""
+    try:
+        import jaxlib
+
+        jaxlib_version = jaxlib.__version__
+    except (ImportError, AttributeError) as e:  # a figure to record, not a reason to lose the API check
+        jaxlib_version = f"unknown ({type(e).__name__})"
+    fa, dev = flash_kernel._fa, jax.devices()[0]
+    out: dict[str, Any] = {
+        "jax": jax.__version__, "jaxlib": jaxlib_version, "backend": jax.default_backend(),
+        "devices": [str(d) for d in jax.devices()], "device_kind": dev.device_kind,
+        "compute_capability": getattr(dev, "compute_capability", None), "python": sys.version.split()[0],
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "bytes_limit": (dev.memory_stats() or {}).get("bytes_limit"),
+    }  # fmt: skip
+    try:
+        out["cudnn_version"] = fa.check_cudnn_version()
+    except Exception as e:  # noqa: BLE001 - no cuDNN (a CPU host) is a finding, not a failure
+        out["cudnn_version"] = f"unavailable: {type(e).__name__}: {e}"
+    out["private_api"] = api_checks(fa)
+    return out
+
+
+def attention_tflop(L: int, heads: tuple[int, int, int], phase: str) -> float:
+    """Causal FLOPs in TFLOP: forward 2*2*B*H*L*L*D/2, backward 2.5x forward."""
+    H, _, D = heads
+    fwd = 2 * 2 * H * L * L * D / 2 / 1e12
+    return fwd * (1 + BWD_OVER_FWD) if phase == "fwd_bwd" else fwd
+
+
+def time_kernel(kernel: str, phase: str, L: int, heads: tuple[int, int, int]) -> dict[str, Any]:
+    """Jitted kernel call at B=1, bf16, causal: 2 warm-ups, then the median of 5 timed calls."""
+    H, K, D = heads
+    kern = get_kernel(kernel)
+    keys = jax.random.split(jax.random.PRNGKey(0), 4)
+    q, k, v, do = (
+        jax.random.normal(r, (1, L, h, D), jnp.bfloat16) for r, h in zip(keys, (H, K, K, H), strict=True)
+    )
+    kw = dict(causal=True, block_q=min(BLOCK, L), block_kv=min(BLOCK, L))
+
+    def fwd(q, k, v):
+        pos = jnp.arange(L)
+        return kern.fwd(q, k, v, pos, pos, **kw)
+
+    def fwd_bwd(q, k, v, do):
+        pos = jnp.arange(L)
+        o, lse = kern.fwd(q, k, v, pos, pos, **kw)
+        return kern.bwd(q, k, v, o, lse, do, pos, pos, **kw)
+
+    fn, args = (fwd, (q, k, v)) if phase == "fwd" else (fwd_bwd, (q, k, v, do))
+    flash_kernel.FALLBACKS.clear()
+    t = time.perf_counter()
+    compiled = jax.jit(fn).lower(*args).compile()
+    compile_s = time.perf_counter() - t
+    fallbacks = list(flash_kernel.FALLBACKS)
+    for _ in range(WARMUP):
+        jax.block_until_ready(compiled(*args))
+    times = []
+    for _ in range(TIMED):
+        t = time.perf_counter()
+        jax.block_until_ready(compiled(*args))
+        times.append(time.perf_counter() - t)
+    med = statistics.median(times)
+    tf = attention_tflop(L, heads, phase) / med
+    out = {"kernel": kernel, "phase": phase, "L": L, "heads": list(heads), "median_s": med, "times_s": times}
+    out |= {"compile_s": compile_s, "tflops": tf, "frac_peak": tf / PEAK, "peak_tflops": PEAK}
+    return out | {"fallbacks": fallbacks, "flash_ran": kernel == "flash" and not fallbacks}
+
+
+def speed(rec: Recorder, s: Sizes) -> None:
+    """Section 3: the flash kernel over the lengths (shortest first, so a tight budget keeps the most points),
+    the xla kernel at one length for contrast."""
+    for L in s.speed_L:
+        for phase in ("fwd", "fwd_bwd"):
+            rec.run(
+                "speed", f"flash_{phase}_{L}", lambda L=L, p=phase: time_kernel("flash", p, L, s.speed_heads)
+            )
+        if L == s.xla_L:
+            for phase in ("fwd", "fwd_bwd"):
+                rec.run(
+                    "speed", f"xla_{phase}_{L}", lambda L=L, p=phase: time_kernel("xla", p, L, s.speed_heads)
+                )
+    rec.data["speed"]["peak_tflops"] = PEAK
+    rec.save()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--t0", type=float, required=True)
+    p.add_argument("--budget-s", type=float, required=True)
+    p.add_argument("--dry-run", action="store_true")
+    a = p.parse_args(argv)
+    sizes = DRY if a.dry_run else GPU
+    rec = Recorder(a.out, a.t0, a.budget_s)
+    rec.run("env", "env", env)
+    try:
+        from benchmarks import gpu_check_parity
+
+        gpu_check_parity.parity(rec, sizes)
+    except Exception as e:  # noqa: BLE001 - an import error there must not cost the speed figures
+        rec.data.setdefault("parity", {})["error"] = f"{type(e).__name__}: {e}"
+        rec.save()
+    speed(rec, sizes)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
