@@ -188,6 +188,19 @@ every held-out row to {TOLERANCE:.0%}).
 """ + "\n".join(f"- {tag}: {where}" for tag, where in SOURCES.items())
 
 
+def print_fits(fits: dict[str, dict[str, float]]) -> int:
+    """`--fit`'s output: each cluster's refitted constants, to copy into its conf/cluster/*.yaml."""
+    for name, p in fits.items():
+        print(name, {k: round(v, 4) for k, v in p.items()})
+    return 0
+
+
+def write(page: str, prog: str, argv: list[str], title: str, note: str, body: str) -> int:
+    """`--page`: the page with this commit's provenance."""
+    print(f"wrote {provenance.write_page(page, title, provenance.current(prog, argv), note, body)}")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -200,15 +213,10 @@ def main(argv: list[str]) -> int:
         return refit.main(a, argv)
     if a.fit:
         v5p = fit("v5p_128")
-        tpu7x = fit("tpu7x_128", fixed={k: v5p[k] for k in SHARED})
-        for name, p in (("v5p_128", v5p), ("tpu7x_128", tpu7x)):
-            print(name, {k: round(v, 4) for k, v in p.items()})
-        return 0
+        return print_fits({"v5p_128": v5p, "tpu7x_128": fit("tpu7x_128", fixed={k: v5p[k] for k in SHARED})})
     if a.page:
-        made = provenance.current("python -m orchestrator.plan.calibration", argv)
-        path = provenance.write_page(a.page, "Step-time calibration", made, NOTE, page_body())
-        print(f"wrote {path}")
-        return 0
+        return write(a.page, "python -m orchestrator.plan.calibration", argv, "Step-time calibration", NOTE,
+                     page_body())  # fmt: skip
     print(markdown(table()))
     return 0
 

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from orchestrator import provenance
-from orchestrator.plan.calibration import CONSTANTS, Check, check, markdown, rows_markdown
+from orchestrator.plan.calibration import CONSTANTS, Check, check, markdown, print_fits, rows_markdown, write
 from orchestrator.plan.fitting import FITTED, search, with_constants
 from orchestrator.plan.published_gpu import (
     CHECKS,
@@ -189,14 +189,10 @@ def main(argv: list[str]) -> int:
     provenance.add_page_argument(ap, "calibration-gpu")
     a = ap.parse_args(argv)
     if a.fit:
-        for name, p in fit_all().items():
-            print(name, {k: round(v, 4) for k, v in p.items()})
-        return 0
+        return print_fits(fit_all())
     if a.page:
-        made = provenance.current("python -m orchestrator.plan.calibration_gpu", argv)
-        path = provenance.write_page(a.page, "Step-time calibration on GPUs", made, NOTE, section())
-        print(f"wrote {path}")
-        return 0
+        return write(a.page, "python -m orchestrator.plan.calibration_gpu", argv, "Step-time calibration on GPUs",
+                     NOTE, section())  # fmt: skip
     print(markdown(table()))
     return 0
 
