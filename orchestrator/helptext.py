@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +68,15 @@ def help_text(conf_dir: Path = CONF_DIR) -> str:
         names = sorted(p.stem for p in (conf_dir / g).glob("*.yaml"))
         opts = [f"{o}*" if o == defaults.get(g) else o for o in names]
         none = "" if g in defaults else "  (none by default)"
-        groups.append(f"  {('+' if g == 'sweep' else '') + g + '=NAME':<20}{', '.join(opts)}{none}")
+        # long option lists wrap under themselves, so the help stays within 110 columns
+        head = f"  {('+' if g == 'sweep' else '') + g + '=NAME':<20}"
+        groups += textwrap.wrap(
+            ", ".join(opts) + none,
+            110,
+            initial_indent=head,
+            subsequent_indent=" " * len(head),
+            break_on_hyphens=False,
+        )
     shown = {k: "true" if v is True else "false" if v is False else '""' if v == "" else v
              for k, v in switch_defaults(conf_dir).items()}  # fmt: skip
     switches = [f"  {f'{k}={v}':<26}{SWITCHES.get(k, '')}" for k, v in shown.items()]

@@ -1,5 +1,6 @@
 """Tier 1: the command line as a Hydra user types it: -m sweeps, --help, --cfg, --info (no Ray, no JAX)."""
 
+import itertools
 import json
 import os
 import shutil
@@ -170,7 +171,14 @@ def test_help_lists_groups_switches_examples_and_exit_codes(capsys):
     assert all(len(ln) <= 110 for ln in lines)
     for g in GROUPS:
         opts = sorted(p.stem for p in (CONF_DIR / g).glob("*.yaml"))
-        row = next(ln for ln in lines if ln.lstrip().startswith(("+" if g == "sweep" else "") + f"{g}=NAME"))
+        at = next(
+            i
+            for i, ln in enumerate(lines)
+            if ln.lstrip().startswith(("+" if g == "sweep" else "") + f"{g}=NAME")
+        )
+        # a long option list wraps onto lines indented under its first option
+        more = itertools.takewhile(lambda ln: ln.startswith(" " * 22) and ln.strip(), lines[at + 1 :])
+        row = " ".join([lines[at], *(ln.strip() for ln in more)])
         assert [o.rstrip("*") for o in row.split(maxsplit=1)[1].split("  (")[0].split(", ")] == opts
     assert "tiny*" in text and "ring*" in text and "(none by default)" in text
     # every switch of conf/config.yaml, with its default and a meaning; nothing else
