@@ -276,9 +276,11 @@ def publish(
     specs: Iterable[TrialSpec],
     predicted: dict[str, int | None] | None = None,
     predicted_step: dict[str, float | None] | None = None,
-) -> list[str]:
-    """Make the figures for the finished trials and queue them on the parent run as plots/NAME.png."""
-    trials = collect(specs, tracker.records, predicted, predicted_step)
+    records_of: Callable[[str], list[Record]] | None = None,
+) -> int:
+    """Make the figures for the finished trials (records: `records_of`, else the tracker's own) and queue them
+    on the parent run as plots/NAME.png. Returns how many trials the plots cover."""
+    trials = collect(specs, records_of or tracker.records, predicted, predicted_step)
     for t in trials:  # next to predicted_step_time_s, which the driver logged at plan time
         if t.predicted_step_at_run_s is not None:
             tracker.log_metrics(
@@ -287,4 +289,4 @@ def publish(
     figs = make_figures(trials)
     for name, fig in figs.items():
         tracker.log_figure("sweep", fig, f"plots/{name}.png")
-    return [f"plots/{n}.png" for n in figs]
+    return len(trials)

@@ -64,11 +64,9 @@ def run(options: Options, specs: list[TrialSpec], rows: list) -> int:
                 runnable.append((spec, row))
         tracker.flush(timeout=30)
         outcomes, todo, by_other = _run_leased(options, cluster, tracker, progress, sweep_id, runnable)
-    predicted = {s.trial_id: r.predicted_hbm_bytes_per_device for s, r in zip(specs, rows, strict=True)}
-    step_s = {s.trial_id: r.predicted_step_s for s, r in zip(specs, rows, strict=True)}
     try:  # a plot must never cost a sweep its exit code
-        finished = [s for s in todo if outcomes.get(s.trial_id) == "finished"]
-        report.publish(tracker, finished, predicted, step_s)
+        ran = {s.trial_id for s in todo if outcomes.get(s.trial_id) == "finished"}
+        _report(tracker, specs, rows, ran, {**done, **{t: tracker.run_id(t) for t in by_other}})
     except Exception:
         log.exception("sweep report failed")
     failed = [t for t, o in outcomes.items() if o not in ("finished", "infeasible")]
@@ -89,6 +87,20 @@ def run(options: Options, specs: list[TrialSpec], rows: list) -> int:
     if not recording(options.tracking):  # tracking=none: no store holds a baseline for the gate
         return 1 if failed else 0
     return _gate(options, sweep_id, failed=bool(failed))
+
+
+def _report(tracker, specs: list[TrialSpec], rows: list, ran: set[str], stored: dict) -> None:
+    """The sweep's plots over every trial it has finished: those this driver ran (from its own records) and
+    those an earlier or another driver of this sweep finished (`stored`: trial id -> run id, read back)."""
+    predicted = {s.trial_id: r.predicted_hbm_bytes_per_device for s, r in zip(specs, rows, strict=True)}
+    step_s = {s.trial_id: r.predicted_step_s for s, r in zip(specs, rows, strict=True)}
+    finished = list({s.trial_id: s for s in specs if s.trial_id in ran or stored.get(s.trial_id)}.values())
+
+    def records_of(tid: str) -> list:
+        return tracker.records(tid) if tid in ran else tracker.stored_records(stored[tid])
+
+    plotted = report.publish(tracker, finished, predicted, step_s, records_of)
+    tracker.set_tags("sweep", {"plots_trials": str(plotted)})
 
 
 def _describe(tracker, spec: TrialSpec, row, sweep_id: str) -> None:

@@ -48,6 +48,8 @@ class Tracker(Protocol):
     def set_tags(self, key: str, tags: dict[str, str]) -> None: ...
     def end(self, key: str, status: str = "FINISHED") -> None: ...
     def records(self, key: str) -> list[Record]: ...
+    def stored_records(self, run_id: str) -> list[Record]: ...
+    def run_id(self, key: str) -> str | None: ...
     def dashboard_hint(self) -> str: ...
 
 
@@ -115,6 +117,12 @@ class NullTracker:
 
     def records(self, key: str) -> list[Record]:
         return []  # so the end-of-sweep report has nothing to plot, and renders nothing
+
+    def stored_records(self, run_id: str) -> list[Record]:
+        return []
+
+    def run_id(self, key: str) -> str | None:
+        return None
 
     def dashboard_hint(self) -> str:
         return "nothing was recorded (tracking=none)"

@@ -25,6 +25,7 @@ from jobs.spec import TrialSpec
 from orchestrator.leases import Leases
 from orchestrator.records import TrialLog, record_points, record_tags, trial_params
 from orchestrator.runs import find_or_create
+from orchestrator.stored import LOG_ARTIFACT, stored_records
 from orchestrator.writequeue import Op, WriteQueue
 
 log = logging.getLogger(__name__)
@@ -240,7 +241,7 @@ class MlflowTracker:
         if status == "running":  # a resumed run may still say KILLED or FAILED from its last driver
             self.queue.put({"kind": "run_status", "key": key, "status": "RUNNING"})
         if terminal:
-            self.log_text(key, j.text(), "trial_log.txt")
+            self.log_text(key, j.text(), LOG_ARTIFACT)
             self.end(key, terminal)
 
     def log_records(self, key: str, records: list[Record], attempt: int = 1) -> None:
@@ -289,6 +290,10 @@ class MlflowTracker:
         """A trial's metric records as the driver logged them, every attempt in order (each step once)."""
         j = self.logs.get(key)
         return [r for attempt in j.attempts for r in attempt] if j else []
+
+    def stored_records(self, run_id: str) -> list[Record]:
+        """A finished trial's records as its child run's trial log holds them (another driver's, or earlier)."""
+        return stored_records(self.client, run_id)
 
     def dashboard_hint(self) -> str:
         if self.uri.startswith(("http://", "https://")):

@@ -172,6 +172,8 @@ def test_driver_sigkill_then_rerun_finishes_without_repeats(tmp_path):
     parents = [r for r in runs if r.data.tags["kind"] == "sweep"]
     children = [r for r in runs if r.data.tags["kind"] == "trial"]
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    # the rerun's plots cover the trials the killed driver finished too, read back from their runs
+    assert parents[0].data.tags["plots_trials"] == "3"
     assert len(children) == 3 and len({r.data.tags["trial_id"] for r in children}) == 3  # runs reused
     for r in children:
         assert r.data.tags["status"] == "finished" and r.info.status == "FINISHED", r.data.tags

@@ -86,6 +86,13 @@ def test_parent_and_child_runs(sql_store, tmp_path, monkeypatch):
     assert [h.step for h in c.get_metric_history(parent.info.run_id, "mfu/ring")] == [1024]
     assert isinstance(t.records(spec.trial_id)[-1], SummaryRecord)
     assert isinstance(t, TrackerProtocol)
+    # a later driver of this sweep reads the finished trial back for its plots: the very same records
+    again = Tracker(sql_store, "exp")
+    # compared as JSON text, where nan equals nan
+    as_text = lambda recs: [json.dumps(r.to_dict(), default=str) for r in recs]
+    assert as_text(again.stored_records(child.info.run_id)) == as_text(t.records(spec.trial_id))
+    assert len(again.stored_records(child.info.run_id)) == 8  # start, 6 steps, summary
+    assert again.stored_records(parent.info.run_id) == []  # no trial log there: nothing, and no raise
 
 
 def test_tracking_none_is_the_null_tracker_and_imports_no_mlflow():

@@ -44,6 +44,8 @@ def test_two_drivers_started_together_run_each_trial_once(tmp_path, postgres):
               f"{len({r.data.tags['trial_id'] for r in trials})} trial ids, loss steps per child {list(points.values())}, "
               f"attempts {[r.data.tags.get('attempts') for r in trials]}")  # fmt: skip
         assert len(parents) == 1, [r.info.run_id for r in parents]
+        # whichever driver published last, the parent's plots cover both trials (the waiter reads them back)
+        assert parents[0].data.tags["plots_trials"] == "2", parents[0].data.tags
         assert sorted(r.data.tags["trial_id"] for r in trials) == sorted(
             {r.data.tags["trial_id"] for r in trials}
         )
