@@ -4,6 +4,7 @@
 before it, merged by log-sum-exp (jobs.attention.core.merge); each hop's backward with the GLOBAL out and lse,
 dK/dV summed into their chunk. Contiguous (device r holds chunk r) and zigzag (chunks r and 2n-1-r) orders.
 (b) every registered strategy through attention(...) on a one-device mesh, both layouts. (c) head_dim 256.
+(d) a probe of cuDNN's packed layout (benchmarks/gpu_check_packed.py), which packed documents will need.
 Every item says whether cuDNN really ran (flash_kernel.FALLBACKS stayed empty) and, if not, why.
 """
 
@@ -17,6 +18,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from benchmarks.gpu_check_common import BF16_TOL, BLOCK, Recorder, Sizes
+from benchmarks.gpu_check_packed import packed_probe
 from jobs import cp_rules, strategies
 from jobs.attention import attention, flash_kernel, from_zigzag, merge, reference_attention, to_zigzag
 from jobs.attention.flash_kernel import flash_bwd, flash_fwd
@@ -154,5 +156,7 @@ def parity(rec: Recorder, s: Sizes) -> None:
             if layout in strategies.get(name).layouts:
                 item = lambda n=name, lay=layout: strategy_item(n, lay, s.strategy_L, s.parity_heads)
                 rec.run("parity", f"{name}_{layout}", item)
+    # what wiring packed documents into the flash kernel needs to know (benchmarks/gpu_check_packed.py)
+    rec.run("parity", "packed_layout_probe", lambda: packed_probe(s.strategy_L, s.parity_heads))
     rec.data["parity"]["tolerance"] = BF16_TOL
     rec.save()

@@ -6,10 +6,12 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
 from benchmarks import gpu_check, gpu_check_common
+from benchmarks.gpu_check_packed import documents, stats_readings
 from benchmarks.gpu_check_parity import ring_hops
 from jobs.spec import ModelSpec, TrialSpec
 
@@ -25,6 +27,21 @@ def test_constants_match_their_sources():
     tiny = yaml.safe_load((ROOT / "conf/model/tiny.yaml").read_text())
     assert gpu_check_common.TINY == ModelSpec(**tiny)
     assert 1.0e9 < gpu_check_common.ONE_B.n_params() < 1.3e9  # the "~1B" model
+
+
+def test_packed_probe_reads_cudnn_statistics_under_both_layouts():
+    """The probe's two readings of cuDNN's packed statistics [M, N, T] each recover the per-token lse."""
+    seg, offsets, lengths = documents(64, 3)
+    assert seg.shape == (1, 64) and offsets[0, 0] == 0 and offsets[0, -1] == 64 and lengths.sum() == 64
+    assert list(np.unique(seg)) == [1, 2, 3] and (lengths > 0).all()
+    lse = np.random.default_rng(0).normal(size=(1, 64, 2))  # [B, L, N]
+    by_row, by_seg = np.zeros((3, 2, 64)), np.zeros((3, 2, 64))
+    for m in range(3):
+        for t in range(offsets[0, m], offsets[0, m + 1]):
+            by_row[m, :, t], by_seg[m, :, t - offsets[0, m]] = lse[0, t], lse[0, t]
+    assert np.allclose(stats_readings(by_row, offsets, lengths)["row_index"], lse)
+    assert np.allclose(stats_readings(by_seg, offsets, lengths)["segment_index"], lse)
+    assert not np.allclose(stats_readings(by_seg, offsets, lengths)["row_index"], lse)
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4])
@@ -106,6 +123,8 @@ def test_dry_run_then_compare(tmp_path, capsys):
         "ring_zigzag",
         "usp_contiguous",
     } <= set(parity)
+    # no cuDNN on a CPU: the packed-layout probe records why, and the rest goes on
+    assert "cuDNN is not detected" in parity.pop("packed_layout_probe")["error"]
     for key, it in parity.items():
         assert it["within_tol"] and it["max_error"] < gpu_check_common.BF16_TOL, (key, it)
         assert not it["flash_ran"] and it["fallbacks"][0].startswith(CPU_REFUSAL), (key, it)
