@@ -237,11 +237,12 @@ class MlflowTracker:
         j.lines.append(f"[{time.strftime('%H:%M:%S')}] status {status}" + (f": {reason}" if reason else ""))
         if status == "retrying":
             j.attempts.append([])
+        if terminal:  # the log lands before the status another driver acts on (it reads the log back)
+            self.log_text(key, j.text(), LOG_ARTIFACT)
         self.set_tags(key, {"status": status, "reason": reason[:5000]})
         if status == "running":  # a resumed run may still say KILLED or FAILED from its last driver
             self.queue.put({"kind": "run_status", "key": key, "status": "RUNNING"})
         if terminal:
-            self.log_text(key, j.text(), LOG_ARTIFACT)
             self.end(key, terminal)
 
     def log_records(self, key: str, records: list[Record], attempt: int = 1) -> None:
