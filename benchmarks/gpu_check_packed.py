@@ -64,7 +64,7 @@ def packed_probe(L: int, heads: tuple[int, int, int], M: int = 4) -> dict[str, A
 
     def cudnn(q, k, v):
         return fa.dot_product_attention(
-            q, k, v, None, None, lens, lens, offs, offs, scale=D**-0.5,
+            q, k, v, q_seqlen=lens, kv_seqlen=lens, q_offsets=offs, kv_offsets=offs, scale=D**-0.5,
             mask_type=fa.MaskType.PADDING_CAUSAL, qkv_layout="BTNH", return_residual=True,
         )  # fmt: skip
 
