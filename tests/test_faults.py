@@ -58,6 +58,14 @@ def _trials(tmp_path, sweep_id: str) -> tuple:
     return client, client.search_runs([exp.experiment_id], f"tags.sweep_id = '{sweep_id}'")
 
 
+def _store_shows(tmp_path, sweep_id: str, seen, timeout: float = 600) -> None:
+    """Wait until the store's runs of the sweep satisfy `seen` (an event the driver's writer thread makes)."""
+    deadline = time.monotonic() + timeout
+    while not seen(_trials(tmp_path, sweep_id)[1]):
+        assert time.monotonic() < deadline, f"the store never showed the awaited state of sweep {sweep_id}"
+        time.sleep(0.2)
+
+
 def _one_trial(tmp_path) -> tuple:
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp = client.get_experiment_by_name("cp_scaling")
@@ -160,6 +168,10 @@ def test_driver_sigkill_then_rerun_finishes_without_repeats(tmp_path):
     drv = Driver(args, tmp_path)
     drv.wait_for(r": done loss=")
     drv.wait_for(r"attempt 1 on ")  # the second trial is running
+    # the first trial's finished status reaches the store through the write-behind queue: wait for that event
+    _store_shows(
+        tmp_path, "resume-me", lambda runs: any(r.data.tags.get("status") == "finished" for r in runs)
+    )
     drv.proc.send_signal(signal.SIGKILL)
     drv.proc.wait(timeout=60)
     client, runs = _trials(tmp_path, "resume-me")
