@@ -1,4 +1,5 @@
-"""End-of-sweep plots from what the driver already holds: MFU, memory and step time vs context length, loss curves.
+"""End-of-sweep plots from the finished trials' records (the driver's own, or read back from their runs): MFU,
+memory and step time vs context length, loss curves.
 
 Figures are built with matplotlib's object API (no pyplot), so no GUI backend or global figure state is involved:
 the PNG is rendered by Agg when saved.
