@@ -50,6 +50,17 @@ def git_commit(root: Path = ROOT) -> str:
     return head + (" + uncommitted changes" if dirty else "")
 
 
+def code_revision(root: Path = ROOT) -> str:
+    """Short hash of HEAD for a sweep's code_revision tag, "unknown" outside a git checkout (no dirty marker:
+    a sweep runs whatever the checkout holds)."""
+    try:
+        cmd = ["git", "rev-parse", "--short", "HEAD"]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=5, cwd=root)
+        return out.stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
 def machine(load: bool = False) -> str:
     """The host the figures came from: the cores this process may use (nproc), OS and Python; with `load`, the
     1-minute load average at the start (timings on a shared host move with it)."""

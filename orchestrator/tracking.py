@@ -12,7 +12,6 @@ import hashlib
 import io
 import logging
 import os
-import subprocess
 import tempfile
 import time
 import uuid
@@ -23,6 +22,7 @@ from mlflow.entities import Metric, Param, RunTag
 from jobs.records import Record, StepRecord
 from jobs.spec import TrialSpec
 from orchestrator.leases import Leases
+from orchestrator.provenance import code_revision
 from orchestrator.records import TrialLog, record_points, record_tags, trial_params
 from orchestrator.runs import find_or_create
 from orchestrator.stored import LOG_ARTIFACT, stored_records
@@ -31,16 +31,6 @@ from orchestrator.writequeue import Op, WriteQueue
 log = logging.getLogger(__name__)
 # relative to the driver's working directory, like checkpoints
 JOURNAL_DIR = os.path.join(".cache", "tracking")
-
-
-def code_revision() -> str:
-    try:
-        here = os.path.dirname(os.path.abspath(__file__))
-        cmd = ["git", "rev-parse", "--short", "HEAD"]
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=5, cwd=here)
-        return out.stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
 
 
 class MlflowTracker:
