@@ -23,9 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python bench
 
 from jobs import strategies  # noqa: E402
 from jobs.spec import ClusterSpec, DataSpec, MemorySpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec  # noqa: E402
-from orchestrator import grid  # noqa: E402
-from orchestrator.config import group_option  # noqa: E402
-from orchestrator.plan import aot, render, validate  # noqa: E402
+from orchestrator.config import grid  # noqa: E402
+from orchestrator.config.load import group_option  # noqa: E402
+from orchestrator.plan import aot, render  # noqa: E402
+from orchestrator.plan import rules as validate
 
 ROOT = Path(__file__).resolve().parent.parent
 L14M = 14_680_064

@@ -2,7 +2,7 @@
 
 The compiler's `memory_analysis` grows into the HBM it is given: told the chip is smaller it rematerializes and
 packs tighter, and refuses only when even that does not fit. So "compiled GiB" at the real HBM overstates what a
-point needs; `orchestrator.plan.aot.capped` compiles it again with libtpu's `--xla_tpu_max_hbm_size_mib` set (a
+point needs; `orchestrator.plan.aot.cache` compiles it again with libtpu's `--xla_tpu_max_hbm_size_mib` set (a
 process-wide libtpu flag, hence a child process) and says whether it fits. `benchmarks/aot.py --at-plan` asks
 it at the planner's figure; this script asks it for one spec:
 

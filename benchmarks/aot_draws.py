@@ -1,5 +1,5 @@
 """The spread of libtpu's peak over draws: each long point compiled k times, each draw in a fresh process made to
-differ (orchestrator.plan.aot.draws, as `aot_draws=k` does), plus, with --callers, the two calling scripts that
+differ (orchestrator.plan.aot.result, as `aot_draws=k` does), plus, with --callers, the two calling scripts that
 first gave one lowered step two peaks (`python -c` printing one field vs the whole result).
 
 Run by hand (libtpu, no TPU; minutes per compile, every draw cached under .cache/aot, so a rerun prints at once):
@@ -26,7 +26,8 @@ from benchmarks.aot import spec_for  # noqa: E402
 from jobs import storage  # noqa: E402
 from orchestrator import provenance  # noqa: E402
 from orchestrator.plan import aot, memory  # noqa: E402
-from orchestrator.plan.aot import cache, draws  # noqa: E402
+from orchestrator.plan.aot import cache  # noqa: E402
+from orchestrator.plan.aot import result as draws
 
 ROOT = Path(__file__).resolve().parent.parent
 POINTS = ["tpu7x_128:double_ring:14680064", "tpu7x_128:ring:14680064", "v5p_128:usp:4194304",
@@ -58,7 +59,7 @@ def caller_peak(spec, model: str, cluster: str, strategy: str, length: int, rema
 
 NOTE = """Each point is Llama 3.1 8B (`llama3_1_8b_long`, remat full) on the cluster's whole slice, compiled for its
 TPU topology by libtpu on this CPU host. *draw d* is the compiler's peak per device (GiB) of the d-th compile,
-each in a fresh Ray worker process made to differ from the others (orchestrator/plan/aot/draws.py: draw d > 1
+each in a fresh Ray worker process made to differ from the others (orchestrator/plan/aot/result.py: draw d > 1
 holds d x 13 MiB more Python objects before tracing and has its own PYTHONHASHSEED), as `aot_draws=3` compiles
 them. The caller columns compile the same point from two `python -c` scripts that differ only in what they
 print, the pair that first gave one lowered step two different peaks. *spread*: the largest figure over the

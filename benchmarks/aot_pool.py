@@ -24,9 +24,10 @@ sys.path.insert(0, str(ROOT))  # `python benchmarks/...` finds the repo
 
 from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec  # noqa: E402
 from orchestrator import provenance  # noqa: E402
-from orchestrator.config import group_option  # noqa: E402
+from orchestrator.config.load import group_option  # noqa: E402
 from orchestrator.plan import aot  # noqa: E402
-from orchestrator.plan.aot import hostmem, pool  # noqa: E402
+from orchestrator.plan.aot import pool
+from orchestrator.plan.aot import target as hostmem  # noqa: E402
 
 # (cluster, strategy, mesh): tpu7x 2x2x1 is 4 chips = 8 devices, v5p 2x2x1 4 megacore devices
 POINTS = [

@@ -26,7 +26,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from jobs import strategies  # noqa: E402
 from jobs.attention import attention  # noqa: E402
-from jobs.attention.kernel import AUTO, KERNELS  # noqa: E402
+from jobs.attention.kernels import AUTO, KERNELS  # noqa: E402
 from jobs.attention.sharding import qkv_spec  # noqa: E402
 from jobs.mesh import small_mesh  # noqa: E402
 from orchestrator import provenance  # noqa: E402

@@ -3,7 +3,7 @@
     python benchmarks/balance.py [--corpus DIR] [--seeds 4] [--block 512] [--chunk 512] [--page [PATH]]
 
 Document lengths come from a built corpus (`DIR/lengths.npy`, int64 token counts, as `python -m
-jobs.documents.corpus` writes) or, without --corpus, from a proxy: the byte sizes / 4 of the Python standard
+jobs.data.documents.corpus` writes) or, without --corpus, from a proxy: the byte sizes / 4 of the Python standard
 library's own *.py files (the output says which). Each row of L tokens is packed by sampling documents with
 replacement (seeded) until it is full, the last one truncated; figures are averaged over --seeds rows.
 """
@@ -21,7 +21,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from jobs import balance  # noqa: E402
+from jobs.data import balance  # noqa: E402
 from orchestrator import provenance  # noqa: E402
 
 PROG = "python benchmarks/balance.py"
@@ -40,7 +40,7 @@ def corpus_lengths(corpus: Path) -> np.ndarray:
     path = corpus / "lengths.npy"
     if not path.is_file():
         raise SystemExit(
-            f"{path} not found: build the corpus first (python -m jobs.documents.corpus --out DIR)"
+            f"{path} not found: build the corpus first (python -m jobs.data.documents.corpus --out DIR)"
         )
     n = np.load(path).astype(np.int64).reshape(-1)
     n = n[n > 0]
@@ -93,7 +93,7 @@ def note(source: str, seeds: int, block: int, chunk: int) -> str:
     return f"""\
 Max / mean per-device attention work of one packed row of L tokens spread over P devices (each device's L/P
 queries against the whole row's keys, as all-gather and ring compute), for the three layouts of
-`jobs/balance.py`; 1.000 is perfect balance and the step waits for the maximum. *entries*: unmasked score
+`jobs/data/balance.py`; 1.000 is perfect balance and the step waits for the maximum. *entries*: unmasked score
 entries (a query at position p of its document sees p + 1 keys). *{block}-tiles*: {block}x{block} tiles with any
 unmasked entry, what a block-skipping kernel computes. *useful fraction*: unmasked entries of the document mask
 over the causal row's L(L+1)/2, which MaxText's MFU counts: an MFU on that convention overstates the useful

@@ -38,7 +38,8 @@ sys.path[:0] = [str(ROOT)]
 
 from mlflow import MlflowClient  # noqa: E402
 
-from orchestrator import provenance, regress  # noqa: E402
+from orchestrator import provenance
+from orchestrator.results import gate as regress  # noqa: E402
 
 EXP = "cp_scaling"
 TOKENS = "final_tokens_per_s"

@@ -22,8 +22,8 @@ import jax.numpy as jnp  # noqa: E402
 
 from benchmarks.gpu_check_common import BLOCK, DRY, GPU, Recorder, Sizes  # noqa: E402
 from jobs import flops  # noqa: E402
-from jobs.attention import flash_kernel  # noqa: E402
-from jobs.attention.kernel import get_kernel  # noqa: E402
+from jobs.attention.kernels import flash as flash_kernel  # noqa: E402
+from jobs.attention.kernels import get_kernel  # noqa: E402
 
 PEAK = flops.PEAK_TFLOPS_PER_DEVICE["h200"]  # dense bf16, the MFU denominator of every figure here
 BWD_OVER_FWD = 2.5  # causal backward FLOPs per forward FLOP (the brief's count; cuDNN's bwd reads the stats)

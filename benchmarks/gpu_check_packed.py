@@ -1,6 +1,6 @@
 """Section 2's probe of cuDNN's packed (ragged) layout: what wiring packed documents into the flash kernel needs.
 
-The flash kernel runs packed documents on the xla kernel today (jobs/attention/flash_kernel.py). cuDNN can take
+The flash kernel runs packed documents on the xla kernel today (jobs/attention/kernels/flash.py). cuDNN can take
 them as segments (q_seqlen/kv_seqlen [B, M], q_offsets/kv_offsets [B, M+1], PADDING_CAUSAL), but its softmax
 statistics then come back as [B*M, N, T], and which index runs along T (the token's place in the row, or in
 its segment) is not documented. A ring hop's merge needs those statistics per token, so this probe answers it

@@ -19,9 +19,11 @@ from jax.sharding import Mesh
 
 from benchmarks.gpu_check_common import BF16_TOL, BLOCK, Recorder, Sizes
 from benchmarks.gpu_check_packed import packed_probe
-from jobs import cp_rules, strategies
-from jobs.attention import attention, flash_kernel, from_zigzag, merge, reference_attention, to_zigzag
-from jobs.attention.flash_kernel import flash_bwd, flash_fwd
+from jobs import strategies
+from jobs.attention import attention, from_zigzag, merge, reference_attention, to_zigzag
+from jobs.attention.kernels import flash as flash_kernel
+from jobs.attention.kernels.flash import flash_bwd, flash_fwd
+from jobs.strategies import rules as cp_rules
 
 NAMES = ("out", "dq", "dk", "dv")
 Hop = tuple[tuple[int, ...], tuple[int, ...], bool]  # (query chunks, key chunks, causal)

@@ -57,10 +57,10 @@ def ours(args, seeds: list[int], sweep_id: str) -> dict:
     """Our sweep through the real entry points; per-attempt timings come back from the tracking store."""
     from mlflow import MlflowClient
 
-    from orchestrator.config import load_typed
-    from orchestrator.grid import expand
+    from orchestrator.config.grid import expand
+    from orchestrator.config.load import load_typed
+    from orchestrator.driver import run
     from orchestrator.plan import plan
-    from orchestrator.run import run
 
     loaded = load_typed(overrides(args, sweep_id, seeds))
     cfg = loaded.cfg
@@ -214,12 +214,12 @@ def main() -> int:
     ours(argparse.Namespace(**{**vars(args), "concurrency": 1}), [10_000], "warmup")
     seeds = list(range(args.trials))
     res = report(
-        "ours (orchestrator.executor + MLflow Tracker)", ours(args, seeds, "overhead"), args.concurrency
+        "ours (orchestrator.launch.executor + MLflow Tracker)", ours(args, seeds, "overhead"), args.concurrency
     )
     results = {"ours": res}
     if not args.skip_tune:
-        from orchestrator.config import load
-        from orchestrator.grid import expand
+        from orchestrator.config.grid import expand
+        from orchestrator.config.load import load
 
         specs = expand(load(overrides(args, "tune", seeds)))
         results["Ray Tune"] = report("Ray Tune reference (function trainable, MLflowLoggerCallback)",
@@ -235,7 +235,7 @@ def main() -> int:
 
 NOTE = """\
 The same short trials (tiny model, ring over 8 simulated CPU devices, each trial in a fresh process, MLflow
-tracking) through our scheduler (`orchestrator.executor` with the driver's Tracker) and through Ray Tune (a
+tracking) through our scheduler (`orchestrator.launch.executor` with the driver's Tracker) and through Ray Tune (a
 function trainable with `MLflowLoggerCallback`, a fresh actor per trial, the same job code), in one run on a
 local Ray. A warm-up trial fills the JAX persistent compilation cache first, and every "overhead" figure
 subtracts the compile time and step 0 that the job measured, so what is left is scheduling, process start and

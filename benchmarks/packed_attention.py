@@ -24,9 +24,12 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from jobs import cp_rules  # noqa: E402
-from jobs.attention import attention, hopcount  # noqa: E402
+from jobs.attention import (
+    attention,
+    hopcount,  # noqa: E402
+)
 from jobs.mesh import small_mesh  # noqa: E402
+from jobs.strategies import rules as cp_rules  # noqa: E402
 
 
 def packed_row(L: int, mean_doc: float, rng: np.random.Generator, pad: int) -> np.ndarray:
@@ -44,13 +47,13 @@ def packed_row(L: int, mean_doc: float, rng: np.random.Generator, pad: int) -> n
 
 
 def order(layout: str, seg_L: np.ndarray, P: int) -> np.ndarray:
-    """Natural index at each position of `layout` (balanced: jobs.balance's packing-aware order)."""
+    """Natural index at each position of `layout` (balanced: jobs.data.balance's packing-aware order)."""
     L = seg_L.size
     if layout == "contiguous":
         return np.arange(L)
     if layout == "zigzag":
         return cp_rules.zigzag_permutation(L, P)
-    from jobs import balance  # a colleague's module; only this layout needs it
+    from jobs.data import balance  # a colleague's module; only this layout needs it
 
     return np.asarray(balance.permutation("balanced", seg_L, P))
 

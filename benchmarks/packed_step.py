@@ -1,6 +1,6 @@
 """The ring train step with packed documents vs one causal row at the same length, on 8 CPU devices.
 
-Run by hand after `python -m jobs.documents.corpus --out data/stdlib`:
+Run by hand after `python -m jobs.data.documents.corpus --out data/stdlib`:
 
     python benchmarks/packed_step.py --length 8192 --steps 6
 
@@ -22,8 +22,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from jobs.train import train  # noqa: E402
-from orchestrator.config import load  # noqa: E402
-from orchestrator.grid import expand  # noqa: E402
+from orchestrator.config.grid import expand  # noqa: E402
+from orchestrator.config.load import load  # noqa: E402
 
 
 def median_step_s(overrides: list[str]) -> float:

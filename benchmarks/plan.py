@@ -7,9 +7,10 @@ import time
 
 from omegaconf import OmegaConf
 
-from orchestrator import grid
-from orchestrator.config import load
-from orchestrator.plan import plan, validate
+from orchestrator.config import grid
+from orchestrator.config.load import load
+from orchestrator.plan import plan
+from orchestrator.plan import rules as validate
 
 BUDGET_S = 2.0
 POINTS = 1000

@@ -16,8 +16,9 @@ import sys
 
 from omegaconf import OmegaConf
 
-from orchestrator import grid, provenance
-from orchestrator.config import load
+from orchestrator import provenance
+from orchestrator.config import grid
+from orchestrator.config.load import load
 from orchestrator.plan import VERDICTS, PlanRow, plan, to_markdown
 
 STRATEGIES = ["all_gather", "ulysses", "ring", "usp"]

@@ -25,17 +25,17 @@ from mlflow import MlflowClient  # noqa: E402
 
 from jobs.spec import TrialSpec  # noqa: E402
 from orchestrator import provenance  # noqa: E402
-from orchestrator import report_breakdown as rb  # noqa: E402
 from orchestrator.plan.steptime import run_peak, step_time  # noqa: E402
+from orchestrator.results import report as rb  # noqa: E402
 
 NOTE = """Each row is one trial of a profiled sweep on this machine (`python -m orchestrator +sweep=cp_scaling
 'sweep.axes.context_length=[1024,2048,4096]' train.steps=8 'run.profile_steps=[4]' sweep.id=prof-1`, the tiny
 model on `cluster=local`, 8 simulated CPU devices, the recall task; on 2 cores shared with a TPU compile) (`run.profile_steps`: one step traced with
 jax.profiler after warm-up). *measured* is the trace's seconds per step folded into five groups (matmuls, the
 attention kernel under its `cp_attention` scope, collectives of every kind, host transfers, everything else
-plus idle; jobs/trace_breakdown.py); *predicted* is the planner's step-time model (orchestrator/plan/steptime.py)
+plus idle; jobs/profile/breakdown.py); *predicted* is the planner's step-time model (orchestrator/plan/steptime.py)
 for the same trial at the matmul rate the trial itself measured, folded the same way
-(orchestrator/report_breakdown.py). On the simulated CPU devices a collective's time includes waiting for the
+(orchestrator/results/report.py). On the simulated CPU devices a collective's time includes waiting for the
 other devices to arrive, so "collectives" also holds load imbalance and thread scheduling. *before / traced /
 after*: median step time of the steps before the traced one, the traced step, and the median of the steps after
 it."""

@@ -5,7 +5,7 @@ the published MFU (no device, no jax):
     python benchmarks/published.py          # the table, as markdown
     python benchmarks/published.py --page   # docs/results/published.md, through orchestrator.provenance
 
-A point is (cluster, model, context length, devices, global batch) of orchestrator/plan/published.py's rows
+A point is (cluster, model, context length, devices, global batch) of orchestrator/calibrate/published_tpu.py's rows
 with a CP strategy; rows sharing one (PR #4836's layouts at one length) are one point, a recipe a line each.
 """
 
@@ -17,10 +17,10 @@ from dataclasses import dataclass, replace
 
 from jobs.spec import REMAT_NAMES, REMAT_PRESETS, MemorySpec, TrainSpec, TrialSpec
 from orchestrator import provenance
+from orchestrator.calibrate import published_tpu as pub
+from orchestrator.calibrate.tpu import check
 from orchestrator.plan import PlanRow, plan_one, steptime
-from orchestrator.plan import published as pub
 from orchestrator.plan.auto import TIE
-from orchestrator.plan.calibration import check
 from orchestrator.plan.memory import gib
 from orchestrator.plan.policies import Policy
 from orchestrator.plan.search import Answer, Choice, search
@@ -197,8 +197,8 @@ def markdown(pts: list[Point]) -> str:
 
 
 NOTE = """\
-The recommender (`orchestrator/plan/recommend.py`'s `search`: every CP strategy x mesh x memory policy, top 1)
-at each point of a published TPU run with a context-parallel strategy (orchestrator/plan/published.py, with its
+The recommender (`orchestrator/plan/search.py`'s `search`: every CP strategy x mesh x memory policy, top 1)
+at each point of a published TPU run with a context-parallel strategy (orchestrator/calibrate/published_tpu.py, with its
 source; the [step-time calibration](calibration.md) sets the model against the same rows). A point is a cluster,
 model, context length, device count and global batch; where several published layouts share one, each is a line
 of its cells (a rerun of one configuration is one line, with both published figures).

@@ -47,7 +47,7 @@ return cards.length && drawn && keys.every(k => new RegExp(arguments[0]).test(k)
 
 def run_sweep(uri: str, workdir: Path, sweep: str = "smoke") -> None:
     """A sweep through the real CLI, in `workdir` (its journal and Ray logs stay out of the repo)."""
-    if sweep == "quickstart":  # its corpus, built by python -m jobs.documents.corpus --out data/stdlib
+    if sweep == "quickstart":  # its corpus, built by python -m jobs.data.documents.corpus --out data/stdlib
         (workdir / "data").symlink_to(ROOT / "data", target_is_directory=True)
     cmd = [sys.executable, "-m", "orchestrator", f"+sweep={sweep}", "tracking=server", f"tracking.uri={uri}",
            "progress=plain"]  # fmt: skip

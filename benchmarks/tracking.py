@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from orchestrator.tracking import Tracker  # noqa: E402
+from orchestrator.tracking.store import Tracker  # noqa: E402
 
 KEYS = [f"m{i}" for i in range(10)]
 

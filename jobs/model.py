@@ -17,17 +17,9 @@ from jax.sharding import PartitionSpec as P
 
 from jobs import strategies
 from jobs.attention import attention
-from jobs.buckets import position_buckets
+from jobs.data.buckets import position_buckets
 from jobs.mesh import activation_spec, param_specs, token_spec
-from jobs.spec import (
-    BATCH_AXES,
-    LOSS_CHUNK,
-    REMAT_PRESETS,
-    MemorySpec,
-    ModelSpec,
-    StrategySpec,
-    residuals,
-)
+from jobs.spec import BATCH_AXES, LOSS_CHUNK, REMAT_PRESETS, MemorySpec, ModelSpec, StrategySpec, residuals
 
 
 def _offload_policy(saved: tuple[str, ...], offloaded: tuple[str, ...]) -> Callable:

@@ -84,7 +84,7 @@ class StartRecord(_Record):
     # multislice trials only: slices spanned, and per position along the dcn axis the processes holding it
     slices: int | None = _optional()
     dcn_processes: list[list[int]] | None = _optional()
-    # why the chosen attention kernel ran the xla one instead, per reason (jobs/attention/flash_kernel.py)
+    # why the chosen attention kernel ran the xla one instead, per reason (jobs/attention/kernels/flash.py)
     kernel_fallbacks: list[str] | None = _optional()
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -139,7 +139,7 @@ class SummaryRecord(_Record):
 @dataclass(frozen=True)
 class ProfileRecord(_Record):
     """A jax.profiler trace of steps first_step..last_step on one process (run.profile_steps), and where their
-    time went (jobs/trace_breakdown.py). Never part of a checkpoint's history: a resumed trial re-traces."""
+    time went (jobs/profile/breakdown.py). Never part of a checkpoint's history: a resumed trial re-traces."""
 
     kind: ClassVar[str] = "profile"
     first_step: int = 0

@@ -27,7 +27,7 @@ REMAT_PRESETS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 REMATS = ("none", *REMAT_PRESETS)
 DTYPES = ("bfloat16", "float32")  # train.dtype: jax.numpy's names (jobs/step.py looks them up there)
-# Local attention kernels and the platform each needs (None: every backend); jobs/attention/kernel.py
+# Local attention kernels and the platform each needs (None: every backend); jobs/attention/kernels/__init__.py
 # implements each name. auto: splash on TPU, flash on GPU, xla elsewhere.
 KERNEL_PLATFORM: dict[str, str | None] = {"auto": None, "xla": None, "splash": "tpu", "flash": "gpu"}
 KERNELS = tuple(KERNEL_PLATFORM)
@@ -106,7 +106,7 @@ class StrategySpec:
 PACKS, LONG_DOCS = (
     ("first_fit", "concat"),
     ("split", "truncate"),
-)  # train.data.pack, long_docs (jobs/documents)
+)  # train.data.pack, long_docs (jobs/data/documents)
 
 
 @dataclass(frozen=True)
@@ -116,7 +116,7 @@ class DataSpec:
     )
     path: str = ""
     dtype: str = "uint16"
-    # kind=documents (jobs/documents/): ArrayRecord / Parquet shard files or directories, local or gs://
+    # kind=documents (jobs/data/documents/): ArrayRecord / Parquet shard files or directories, local or gs://
     # (empty: `path` alone), their mixture weights (empty: uniform), the packer and what a document longer
     # than a row becomes. Left out of the trial id at their defaults (TrialSpec.identity).
     sources: tuple[str, ...] = ()
@@ -230,7 +230,7 @@ class RunSpec:
 
     checkpoint_dir: str = ""
     checkpoint_every: int = 0
-    # jax.profiler traces of these steps (jobs/profiling.py); never step 0, the warm-up. Tracing changes no
+    # jax.profiler traces of these steps (jobs/profile/trace.py); never step 0, the warm-up. Tracing changes no
     # result, so like the rest of this block it stays out of the trial id.
     profile_steps: tuple[int, ...] = ()
     profile_hosts: str = "first"

@@ -11,7 +11,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jobs import mesh as meshlib
-from jobs.buckets import position_buckets
+from jobs.data.buckets import position_buckets
 from jobs.model import init_params, loss_fn
 from jobs.spec import DTYPES as DTYPE_NAMES
 from jobs.spec import TrialSpec

@@ -17,18 +17,18 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from jobs import cp_rules, flops
-from jobs.attention import flash_kernel
-from jobs.buckets import bucket_labels
+from jobs import flops
+from jobs.attention.kernels import flash as flash_kernel
 from jobs.data import Batches
+from jobs.data.buckets import bucket_labels
 from jobs.faults import Faults
-from jobs.memstats import compiled_bytes
+from jobs.hardware import compiled_bytes, device_memory, peak_tflops
 from jobs.mesh import make_mesh
-from jobs.peak import device_memory, peak_tflops
-from jobs.profiling import Profiler
+from jobs.profile.trace import Profiler
 from jobs.records import StartRecord, StepRecord, SummaryRecord, parse
 from jobs.spec import TrialSpec
 from jobs.step import abstract_args, batch_shardings, make_train_step
+from jobs.strategies import rules as cp_rules
 
 Record = dict[str, Any]  # a record's dict form (jobs/records.py): what crosses the process boundary
 

@@ -1,17 +1,17 @@
 """`python -m orchestrator [-m] [+sweep=NAME] [group=option ...] [key=value ...]`: compose, plan, run.
 
-`--help`, `--cfg job` and `--info` (orchestrator/cli.py, orchestrator/helptext.py) print and start nothing."""
+`--help`, `--cfg job` and `--info` (orchestrator/cli/args.py, orchestrator/cli/help.py) print and start nothing."""
 
 from __future__ import annotations
 
 import logging
 import sys
 
-from orchestrator import cli, helptext
-from orchestrator.config import Loaded
-from orchestrator.errors import ConfigError
-from orchestrator.grid import expand
-from orchestrator.schema import Options
+from orchestrator.cli import args as cli
+from orchestrator.cli import help as helptext
+from orchestrator.config.grid import expand
+from orchestrator.config.load import Loaded
+from orchestrator.config.schema import ConfigError, Options
 
 
 def main(argv: list[str]) -> int:
@@ -31,7 +31,7 @@ def main(argv: list[str]) -> int:
             if options.sweep is not None or len(specs) != 1:
                 raise ConfigError("recommend=true answers for one point: drop +sweep=... and -m sweep overrides, "
                                   "or run dry_run=true to plan the grid")  # fmt: skip
-            from orchestrator import recommend_cli
+            from orchestrator.cli import commands as recommend_cli
 
             found = recommend_cli.answer(specs[0], list(args.overrides), options.top, options.search)
             return recommend_cli.show(found, options.output, options if options.aot else None)
@@ -67,8 +67,8 @@ def main(argv: list[str]) -> int:
     if over:
         print(f"error: {over}; nothing launched", file=sys.stderr)
         return 2
-    from orchestrator import preflight
-    from orchestrator.run import run
+    from orchestrator.driver import run
+    from orchestrator.launch import preflight
 
     try:  # the environment's faults (tracking server, Ray head, gs:// credentials), before anything starts
         preflight.check(options.tracking, [s for s, r in zip(specs, rows, strict=True) if r.verdict == "run"])
@@ -81,7 +81,7 @@ def main(argv: list[str]) -> int:
 def _report_invalid(specs: list, rows: list) -> None:
     """One `error:` line (the first invalid point, the count, the fix); the other points below it, indented,
     so a script reads one error and a person still sees every problem at once."""
-    from orchestrator.plan.validate import point_label
+    from orchestrator.plan.rules import point_label
 
     bad = [f"grid point {point_label(s)} (trial {r.trial_id}) is invalid: {r.reason}"
            for s, r in zip(specs, rows, strict=True) if r.verdict == "invalid"]  # fmt: skip
@@ -118,9 +118,9 @@ def _aot(specs: list, rows: list, options: Options) -> tuple[dict, int]:
 
 def _record(options: Options, specs: list, rows: list, compiled: dict) -> None:
     """dry_run=true record=true: the plan as planned MLflow runs (tag planned=true), with plots."""
-    from orchestrator import planrecord
-    from orchestrator.run import sweep_identity
-    from orchestrator.tracker import open_tracker, recording
+    from orchestrator.driver import sweep_identity
+    from orchestrator.results import planned as planrecord
+    from orchestrator.tracking import open_tracker, recording
 
     if not recording(options.tracking):
         print("record=true with tracking=none: the plan was printed, not recorded", file=sys.stderr)

@@ -1,7 +1,7 @@
 """Results pages written by the scripts that measure them: a header with date, commit and command, then the body.
 
 Every page under docs/results/ comes from one call to `write_page`; nobody pastes figures by hand. Both the
-control plane (orchestrator.plan.calibration) and the scripts under benchmarks/ use it, so it lives here
+control plane (orchestrator.calibrate) and the scripts under benchmarks/ use it, so it lives here
 (orchestrator never imports from benchmarks/).
 """
 
@@ -16,7 +16,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from orchestrator import REPO
+
+ROOT = REPO
 RESULTS = ROOT / "docs" / "results"
 
 

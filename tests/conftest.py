@@ -86,7 +86,7 @@ def no_ray_no_mlflow(tmp_path_factory):
 @pytest.fixture
 def pinned_cpu_peak(monkeypatch):
     """cluster=local plans with the host's measured matmul rate; pin it so verdicts do not follow the load."""
-    from orchestrator.plan import peak
+    from orchestrator.plan import hardware as peak
 
     monkeypatch.setenv(peak.CPU_PEAK_ENV, str(peak.NOMINAL_CPU_TFLOPS))
     peak.measured_cpu_tflops.cache_clear()
@@ -97,7 +97,7 @@ def pinned_cpu_peak(monkeypatch):
 @pytest.fixture(scope="session")
 def stdlib_corpus(tmp_path_factory) -> Path:
     """A real tokenized corpus without a download: 300 of the standard library's own files, a 512-entry BPE."""
-    from jobs.documents import corpus
+    from jobs.data.documents import corpus
 
     out = tmp_path_factory.mktemp("corpus") / "stdlib"
     corpus.build(str(out), [corpus.stdlib_dir()], vocab=512, fmt="arrayrecord", max_docs=300, shard_docs=100)

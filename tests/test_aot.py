@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
-from orchestrator.config import group_option
+from orchestrator.config.load import group_option
 from orchestrator.plan import aot, memory
 from orchestrator.plan.aot import CompileResult
 

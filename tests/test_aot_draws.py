@@ -4,10 +4,9 @@ both, and the verdict states the spread."""
 from __future__ import annotations
 
 from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrialSpec
-from orchestrator.config import group_option
-from orchestrator.plan.aot import draws
-from orchestrator.plan.aot.result import CompileResult
-from orchestrator.plan.aot.verdicts import verdict
+from orchestrator.config.load import group_option
+from orchestrator.plan.aot import result as draws
+from orchestrator.plan.aot.result import CompileResult, verdict
 
 GIB = 2**30
 

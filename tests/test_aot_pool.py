@@ -12,10 +12,10 @@ import pytest
 
 from jobs import storage
 from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
-from orchestrator.config import group_option
+from orchestrator.config.load import group_option
 from orchestrator.plan import aot
 from orchestrator.plan.aot import cache, pool
-from orchestrator.plan.aot.hostmem import FLOOR_BYTES, GIB, compile_host_bytes
+from orchestrator.plan.aot.target import FLOOR_BYTES, GIB, compile_host_bytes
 from tests.servers import gcs_client, start_gcs_emulator
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,10 +11,11 @@ import jax.numpy as jnp  # noqa: E402
 import pytest  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 
-from jobs import cp_rules, strategies  # noqa: E402
+from jobs import strategies  # noqa: E402
 from jobs.attention import attention, from_zigzag, reference_attention, to_zigzag  # noqa: E402
 from jobs.attention.sharding import qkv_spec  # noqa: E402
 from jobs.mesh import small_mesh  # noqa: E402
+from jobs.strategies import rules as cp_rules
 
 FP32_TOL = 2e-5
 # bf16 inputs (8-bit mantissa, rel. step 2^-8 = 3.9e-3) with fp32 softmax statistics and accumulators: the

@@ -7,11 +7,11 @@ import sys
 import numpy as np
 import pytest
 
-from jobs import cp_rules
+from jobs.strategies import rules as cp_rules
 
 
 def test_cp_rules_does_not_import_jax():
-    code = "import sys, jobs.cp_rules; assert not [m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib')]"
+    code = "import sys, jobs.strategies.rules; assert not [m for m in sys.modules if m.split('.')[0] in ('jax', 'jaxlib')]"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -91,7 +91,7 @@ def test_one_batch_rule_for_the_planner_and_the_job():
 
     from jobs.spec import MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
     from jobs.train import check
-    from orchestrator.plan import validate
+    from orchestrator.plan import rules as validate
 
     words = cp_rules.batch_problem(6, 2, 2, grad_accum=2)
     assert words.startswith("batch 6 is split into grad_accum=2") and "6 % 8 = 6" in words

@@ -12,9 +12,10 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from jobs import cp_rules  # noqa: E402
-from jobs.attention import attention, hopcount, reference_attention, splash_kernel  # noqa: E402
+from jobs.attention import attention, hopcount, reference_attention
+from jobs.attention.kernels import splash as splash_kernel  # noqa: E402
 from jobs.mesh import small_mesh  # noqa: E402
+from jobs.strategies import rules as cp_rules  # noqa: E402
 
 TOL = 5e-5
 BLOCK = 16
@@ -149,8 +150,8 @@ def test_packed_matches_reference_xla(strategy, P, layout):
     ],
 )
 def test_packed_with_the_loaders_balanced_layout(strategy, P):
-    """The layout jobs.balance computes from each row's documents (what the loader will hand us)."""
-    balance = pytest.importorskip("jobs.balance")
+    """The layout jobs.data.balance computes from each row's documents (what the loader will hand us)."""
+    balance = pytest.importorskip("jobs.data.balance")
     check(
         strategy,
         MESHES[strategy][P],

@@ -7,10 +7,10 @@ from dataclasses import replace
 import pytest
 from conftest import run_cli
 
-from orchestrator.config import load
-from orchestrator.grid import expand
+from orchestrator.config.grid import expand
+from orchestrator.config.load import load
 from orchestrator.plan import auto, cost, plan, policies
-from orchestrator.records import trial_params
+from orchestrator.tracking.layout import trial_params
 
 L14M = 14_680_064
 LONG = ["model=llama3_1_8b_long", "cluster=tpu7x_128"]

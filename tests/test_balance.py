@@ -1,4 +1,4 @@
-"""Packed-document load balance (jobs.balance): layouts are permutations with L/P tokens a device, the work
+"""Packed-document load balance (jobs.data.balance): layouts are permutations with L/P tokens a device, the work
 counts equal brute force on the dense document mask, and the balanced layout balances long-tailed packings."""
 
 import time
@@ -6,7 +6,8 @@ import time
 import numpy as np
 import pytest
 
-from jobs import balance, cp_rules
+from jobs.data import balance
+from jobs.strategies import rules as cp_rules
 
 
 def dense_work(seg_L, perm, P, block):

@@ -10,11 +10,9 @@ import pytest
 
 from jobs.flops import PEAK_TFLOPS_PER_DEVICE
 from jobs.spec import ClusterSpec, MeshSpec, StrategySpec, TrainSpec, TrialSpec
-from orchestrator.plan import calibration_gpu as cal
-from orchestrator.plan import plan_one, validate
-from orchestrator.plan.fitting import FITTED
-from orchestrator.plan.published import model
-from orchestrator.plan.published_gpu import (
+from orchestrator.calibrate import gpu as cal
+from orchestrator.calibrate.fit import FITTED
+from orchestrator.calibrate.published_gpu import (
     CHECKS,
     FLOP_TOLERANCE,
     FP8_SHARE,
@@ -26,7 +24,10 @@ from orchestrator.plan.published_gpu import (
     gpu_cluster,
     linear_share,
 )
-from orchestrator.plan.recommend import recommend
+from orchestrator.calibrate.published_tpu import model
+from orchestrator.plan import plan_one
+from orchestrator.plan import rules as validate
+from orchestrator.plan.search import recommend
 from orchestrator.plan.steptime import step_time
 
 pytestmark = pytest.mark.usefixtures("pinned_cpu_peak")
@@ -172,8 +173,8 @@ def test_plan_two_nodes_with_the_ring_across_them():
 def test_composed_two_node_point_plans_with_its_dcn_exposure():
     """The driver's own route: `cluster=dgx_h100 cluster.slices_per_trial=2 mesh.dcn=context` composed by Hydra,
     expanded and planned; mesh=auto fills the 16 GPUs with the ring."""
-    from orchestrator.config import load
-    from orchestrator.grid import expand
+    from orchestrator.config.grid import expand
+    from orchestrator.config.load import load
 
     words = ["cluster=dgx_h100", "cluster.slices_per_trial=2", "mesh.dcn=context", "model=llama3_1_8b",
              "strategy=ring", f"context_length={L1M}"]  # fmt: skip

@@ -10,10 +10,11 @@ import yaml
 from conftest import ROOT, run_cli
 from omegaconf import OmegaConf
 
-from orchestrator import cli, helptext
 from orchestrator.__main__ import main
-from orchestrator.config import CONF_DIR, GROUPS, load
-from orchestrator.grid import expand, points
+from orchestrator.cli import args as cli
+from orchestrator.cli import help as helptext
+from orchestrator.config.grid import expand, points
+from orchestrator.config.load import CONF_DIR, GROUPS, load
 
 
 def _run(capsys, argv: list[str]) -> tuple[int, str, str]:

@@ -6,8 +6,8 @@ import pytest
 
 from jobs import strategies
 from jobs.spec import TrialSpec
-from orchestrator.config import ConfigError, load
-from orchestrator.grid import expand, points
+from orchestrator.config.grid import expand, points
+from orchestrator.config.load import ConfigError, load
 
 
 def test_defaults_compose():

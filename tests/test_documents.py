@@ -1,4 +1,4 @@
-"""Packed documents (jobs/documents/): packers, sources, mixture, iterator state, corpus builder, bad input."""
+"""Packed documents (jobs/data/documents/): packers, sources, mixture, iterator state, corpus builder, bad input."""
 
 import dataclasses
 import json
@@ -12,8 +12,8 @@ from array_record.python.array_record_module import ArrayRecordWriter
 
 from jobs import storage
 from jobs.data import Batches, layout
-from jobs.documents import DocumentIterator, Options, check, corpus, encode_record
-from jobs.documents.pack import finish_rows, pack
+from jobs.data.documents import DocumentIterator, Options, check, corpus, encode_record
+from jobs.data.documents.pack import finish_rows, pack
 from jobs.spec import DataSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
 
 VOCAB = 1000
@@ -228,7 +228,7 @@ def test_batches_documents_state_restore_and_zigzag(shards):
 def test_corpus_builder_small_subset(tmp_path):
     from tokenizers import Tokenizer
 
-    from jobs.documents.sources import TokenSource
+    from jobs.data.documents.sources import TokenSource
 
     src, out = corpus.stdlib_dir(), tmp_path / "c"
     args = ["--src", src, "--vocab", "512", "--max-docs", "24", "--format", "both", "--shard-docs", "10"]

@@ -14,8 +14,8 @@ import pytest  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
 
 from jobs.attention import from_zigzag, reference_attention, to_zigzag  # noqa: E402
-from jobs.attention.double_ring import INNER_AXIS, OUTER_AXIS, double_ring_local  # noqa: E402
-from jobs.attention.ring import ring_local  # noqa: E402
+from jobs.attention.cp.double_ring import INNER_AXIS, OUTER_AXIS, double_ring_local  # noqa: E402
+from jobs.attention.cp.ring import ring_local  # noqa: E402
 from jobs.attention.sharding import Options  # noqa: E402
 from jobs.mesh import small_mesh  # noqa: E402
 

@@ -14,8 +14,8 @@ from mlflow import MlflowClient
 from servers import start_mlflow_server
 
 from jobs.train import train
-from orchestrator.config import load
-from orchestrator.grid import expand
+from orchestrator.config.grid import expand
+from orchestrator.config.load import load
 
 PLACED = re.compile(r"attempt (\d+) on (?:\S+: )?0=pid (\d+)@\S+?(?:, 1=pid (\d+)@\S+)?$")
 

@@ -14,10 +14,10 @@ from mlflow import MlflowClient
 from jobs.mesh import _knows_slice
 from jobs.spec import ClusterSpec, TrialSpec
 from jobs.train import train
-from orchestrator import cluster as clusters
-from orchestrator.config import ConfigError, load
-from orchestrator.grid import expand
-from orchestrator.placement import gpu_bundles
+from orchestrator.config.grid import expand
+from orchestrator.config.load import ConfigError, load
+from orchestrator.launch import cluster as clusters
+from orchestrator.launch.placement import gpu_bundles
 
 FAKE_GPU = ClusterSpec(**yaml.safe_load((ROOT / "conf" / "cluster" / "local_fake_gpu.yaml").read_text()))
 LATENCY_HIDING = "--xla_gpu_enable_latency_hiding_scheduler=true"
@@ -77,8 +77,8 @@ def test_only_a_tpu_device_knows_its_slice():
 def test_gpu_nodes_are_reserved_whole_on_distinct_nodes_or_not_at_all():
     import ray
 
-    from orchestrator.placement import Reservation, live_placement_groups
-    from orchestrator.scheduler import Cancelled
+    from orchestrator.launch.attempt import Cancelled
+    from orchestrator.launch.placement import Reservation, live_placement_groups
 
     two = dataclasses.replace(FAKE_GPU, slices_per_trial=2)
     assert not ray.is_initialized()  # a Ray of another test would be joined instead of the fake nodes

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
-from orchestrator.config import group_option
+from orchestrator.config.load import group_option
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,7 +63,7 @@ def test_long_hop_splash_fits_vmem_and_smem(accel):
     from jax.experimental import topologies
     from jax.sharding import SingleDeviceSharding
 
-    from jobs.attention import splash_kernel
+    from jobs.attention.kernels import splash as splash_kernel
 
     name, chip = {"tpu7x": ("tpu7x:2x2x1", "default"), "v5p": ("v5:2x2x1", "megacore")}[accel]
     dev = topologies.get_topology_desc(

@@ -9,14 +9,15 @@ import jax.extend.core
 import jax.numpy as jnp
 import pytest
 
-from jobs.attention import attention, flash_kernel
+from jobs.attention import attention
+from jobs.attention.kernels import flash as flash_kernel
 from tests.test_attention import BF16_TOL, make_inputs, out_and_grads, reference
 
 HAS_GPU = jax.default_backend() == "gpu"
 
 
 def test_private_api_shape():
-    """Fails loudly when jax moves what jobs/attention/flash_kernel.py binds."""
+    """Fails loudly when jax moves what jobs/attention/kernels/flash.py binds."""
     fa = flash_kernel._fa
     assert fa is not None, "jax._src.cudnn.fused_attention_stablehlo is gone"
     params = inspect.signature(fa.dot_product_attention).parameters
@@ -62,8 +63,8 @@ def test_every_refusal_has_its_reason():
 def test_a_trial_reports_its_kernel_fallback():
     """kernel=flash off a GPU: the trial runs (the xla kernel) and its start record says why."""
     from jobs.train import train
-    from orchestrator.config import load
-    from orchestrator.grid import expand
+    from orchestrator.config.grid import expand
+    from orchestrator.config.load import load
 
     args = ["model=tiny", "strategy=ring", "strategy.kernel=flash", "context_length=256", "train.steps=1",
             "train.dtype=bfloat16", "cluster=local"]  # fmt: skip

@@ -12,11 +12,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jobs.attention import attention, reference_attention, splash_kernel
+from jobs.attention import attention, reference_attention
+from jobs.attention.kernels import splash as splash_kernel
 from jobs.mesh import small_mesh
 from tests.test_attention import FP32_TOL, make_inputs, natural_order_fn, out_and_grads, reference
 
-splash_api = pytest.importorskip("jobs.attention.splash_api")
+splash_api = pytest.importorskip("jobs.attention.kernels.splash_private")
 
 
 def _no_fallback(*args, **kwargs):
@@ -152,7 +153,7 @@ def test_long_hops_grow_blocks_instead_of_falling_back():
     """usp at 14M on tpu7x_128 attends 458,752-token hops: 802,816 512-blocks exceed the block-map budget, so
     the plan grows key blocks to 2048 (200,704 entries) rather than running the xla kernel; query blocks stay
     512 (VMEM); past 2048-key blocks it falls back."""
-    from jobs.attention.hop import MONOTONIC
+    from jobs.attention.kernels.hop import MONOTONIC
 
     plan = splash_kernel._plan(458_752, 458_752, True, MONOTONIC, 512, 512)
     assert plan is not None and plan.block_kv == 2048 and plan.blocks_q == (512,)

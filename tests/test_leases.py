@@ -8,8 +8,8 @@ import time
 import pytest
 from mlflow import MlflowClient
 
-from orchestrator.leases import Leases, driver_token
-from orchestrator.runs import find_or_create
+from orchestrator.tracking.leases import Leases, driver_token
+from orchestrator.tracking.runs import find_or_create
 
 
 def _race(n: int, fn) -> list:

@@ -19,8 +19,8 @@ import pytest
 from conftest import ROOT
 
 from jobs.spec import MemorySpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
-from orchestrator.config import load
-from orchestrator.grid import expand
+from orchestrator.config.grid import expand
+from orchestrator.config.load import load
 
 MODEL = ModelSpec(name="tiny", vocab=256, embed=64, layers=2, q_heads=4, kv_heads=2, head_dim=16, mlp=128)
 

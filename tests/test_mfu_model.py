@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.plan import calibration
-from orchestrator.plan.published import ROWS
+from orchestrator.calibrate import tpu as calibration
+from orchestrator.calibrate.published_tpu import ROWS
 from orchestrator.plan.steptime import kernel_efficiency, step_time
 
 EIGHT_M = 8 * 2**20
@@ -91,7 +91,7 @@ def test_remat_and_offload_cost_time_not_model_flops():
 def test_step_time_plot_draws_predicted_next_to_measured():
     """The sweep's step-time figure: each strategy's measured median and the planner's prediction, dashed."""
     from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
-    from orchestrator.report import collect, make_figures
+    from orchestrator.results.report import collect, make_figures
 
     tiny = ModelSpec("tiny", vocab=256, embed=64, layers=2, q_heads=4, kv_heads=2, head_dim=16, mlp=128)
     specs = [TrialSpec(tiny, MeshSpec(context=8), StrategySpec(name="ring"), L, TrainSpec(steps=2), ClusterSpec())
@@ -116,7 +116,7 @@ def test_step_time_plot_draws_predicted_next_to_measured():
 
 def test_cpu_probe_measures_this_host(monkeypatch):
     """Unpinned, the planner runs the job's own matmul probe in a child process (no jax in the driver)."""
-    from orchestrator.plan import peak
+    from orchestrator.plan import hardware as peak
 
     monkeypatch.delenv(peak.CPU_PEAK_ENV, raising=False)
     rate = peak.measured_cpu_tflops.__wrapped__(4, "float32")

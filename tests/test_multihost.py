@@ -5,8 +5,8 @@ from conftest import run_cli
 from mlflow import MlflowClient
 
 from jobs.train import train
-from orchestrator.config import load
-from orchestrator.grid import expand
+from orchestrator.config.grid import expand
+from orchestrator.config.load import load
 
 GRID = [
     "+sweep=smoke",

@@ -16,9 +16,9 @@ from servers import free_port
 from jobs.mesh import make_mesh
 from jobs.spec import ClusterSpec, MeshSpec
 from jobs.train import train
-from orchestrator.config import load
-from orchestrator.grid import expand
-from orchestrator.placement import host_order, megascale_env
+from orchestrator.config.grid import expand
+from orchestrator.config.load import load
+from orchestrator.launch.placement import host_order, megascale_env
 
 # --- the mesh -------------------------------------------------------------------------------------------------
 
@@ -30,8 +30,8 @@ import jax, numpy as np
 jax.distributed.initialize(f"127.0.0.1:{sys.argv[2]}", num_processes=4, process_id=int(sys.argv[1]))
 from jobs.mesh import make_mesh
 from jobs.train import train
-from orchestrator.config import load
-from orchestrator.grid import expand
+from orchestrator.config.load import load
+from orchestrator.config.grid import expand
 from jobs.spec import MeshSpec
 shapes = {"context": MeshSpec(context=8, dcn="context"), "data": MeshSpec(data=2, context=4, dcn="data"),
           "usp": MeshSpec(context=4, context_ulysses=2, dcn="context")}
@@ -247,9 +247,9 @@ def test_two_slice_reservation_is_all_or_nothing():
     both are free it gets both, and every placement group is released afterwards."""
     import ray
 
-    from orchestrator import cluster as clusters
-    from orchestrator.placement import Reservation, live_placement_groups
-    from orchestrator.scheduler import Cancelled
+    from orchestrator.launch import cluster as clusters
+    from orchestrator.launch.attempt import Cancelled
+    from orchestrator.launch.placement import Reservation, live_placement_groups
 
     c = ClusterSpec(name="fake", kind="fake_tpu", accelerator="v5p", hosts=2, devices_per_host=4, slices=2,
                     topology="2x2x2", slices_per_trial=2)  # fmt: skip
@@ -287,7 +287,7 @@ def test_two_slice_reservation_is_all_or_nothing():
 def test_local_multislice_config_is_two_slices_of_two_hosts():
     import yaml
 
-    from orchestrator import cluster as clusters
+    from orchestrator.launch import cluster as clusters
 
     c = ClusterSpec(**yaml.safe_load((ROOT / "conf" / "cluster" / "local_multislice.yaml").read_text()))
     assert (c.kind, c.platform, c.hosts, c.slices_per_trial) == ("local_multihost", "cpu", 2, 2)

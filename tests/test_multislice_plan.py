@@ -8,11 +8,13 @@ from dataclasses import replace
 
 import pytest
 
-from jobs import cp_rules, strategies
+from jobs import strategies
 from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
-from orchestrator.config import group_option
-from orchestrator.plan import memory, plan, plan_one, to_markdown, validate
-from orchestrator.plan.recommend import recommend
+from jobs.strategies import rules as cp_rules
+from orchestrator.config.load import group_option
+from orchestrator.plan import memory, plan, plan_one, to_markdown
+from orchestrator.plan import rules as validate
+from orchestrator.plan.search import recommend
 
 L1M, L28M = 2**20, 28 * 2**20
 
@@ -127,8 +129,8 @@ def test_data_parallel_over_dcn_prices_only_the_fsdp_traffic():
 # -- the multislice sweep -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["tpu7x_128", "v5p_128"])
 def test_multislice_sweep_dry_run_plans_every_point(name):
-    from orchestrator.config import load
-    from orchestrator.grid import expand
+    from orchestrator.config.grid import expand
+    from orchestrator.config.load import load
 
     specs = expand(load(["+sweep=multislice", f"cluster={name}", "model=llama3_1_8b_long", "dry_run=true"]))
     rows = plan(specs)

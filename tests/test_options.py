@@ -8,10 +8,15 @@ import sys
 from conftest import ROOT
 
 from jobs.spec import MemorySpec
-from orchestrator import cli, config, errors, helptext, run, schema
-from orchestrator.config import Loaded, load, load_typed
-from orchestrator.grid import expand
-from orchestrator.plan import validate
+from orchestrator import driver as run
+from orchestrator.cli import args as cli
+from orchestrator.cli import help as helptext
+from orchestrator.config import load as config
+from orchestrator.config import schema
+from orchestrator.config import schema as errors
+from orchestrator.config.grid import expand
+from orchestrator.config.load import Loaded, load, load_typed
+from orchestrator.plan import rules as validate
 
 
 def _defaults(cls: type, prefix: str = "") -> dict:
@@ -71,7 +76,7 @@ def test_the_gate_is_on_as_the_schema_says(monkeypatch):
 
 def test_config_error_has_its_own_module_and_no_cycle():
     assert config.ConfigError is errors.ConfigError
-    code = "import sys, orchestrator.checks; print('orchestrator.config' in sys.modules)"
+    code = "import sys, orchestrator.config.keys; print('orchestrator.config.load' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]
 
@@ -100,11 +105,11 @@ def test_rules_across_keys_are_the_planners():
 
 def test_one_reader_of_a_group_option():
     """grid, the published rows, tests and benchmarks read conf/<group>/<name>.yaml through one function."""
-    from orchestrator.plan import published
+    from orchestrator.calibrate import published_tpu as published
 
     assert published._load("cluster", "v5p_128") == config.group_option("cluster", "v5p_128")
     for path in (
-        "orchestrator/plan/published.py",
+        "orchestrator/calibrate/published_tpu.py",
         "benchmarks/aot.py",
         "tests/test_plan.py",
         "tests/test_aot.py",

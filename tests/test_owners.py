@@ -3,7 +3,8 @@ multislice hint, which asks each candidate strategy (not the refused one) what i
 
 import pytest
 
-from jobs import cp_rules, strategies
+from jobs import strategies
+from jobs.strategies import rules as cp_rules
 
 
 def test_dcn_refusal_names_the_strategies_that_may_lay_the_axis_across_slices():
@@ -40,7 +41,7 @@ def test_remat_presets_have_one_owner():
     """jobs.spec names the presets and their residuals; the schema takes the names, the model one policy each."""
     from jobs.model import REMAT_POLICIES
     from jobs.spec import REMAT_PRESETS, REMATS
-    from orchestrator import schema
+    from orchestrator.config import schema
 
     assert schema.REMATS == REMATS == ("none", *REMAT_PRESETS) == tuple(REMAT_POLICIES)
     assert REMAT_POLICIES["none"] is None and all(REMAT_POLICIES[n] is not None for n in REMAT_PRESETS)
@@ -51,7 +52,7 @@ def test_dtypes_and_loss_chunk_have_one_owner():
 
     from jobs import spec
     from jobs.step import DTYPES
-    from orchestrator import schema
+    from orchestrator.config import schema
     from orchestrator.plan import memory
 
     assert schema.DTYPES == spec.DTYPES == tuple(DTYPES)

@@ -10,9 +10,10 @@ import pytest
 from rich.console import Console
 
 from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
-from orchestrator.config import group_option
-from orchestrator.plan import memory, plan, plan_one, render_table, to_json, to_markdown, validate
-from orchestrator.plan.recommend import recommend
+from orchestrator.config.load import group_option
+from orchestrator.plan import memory, plan, plan_one, render_table, to_json, to_markdown
+from orchestrator.plan import rules as validate
+from orchestrator.plan.search import recommend
 
 ROOT = Path(__file__).resolve().parent.parent
 L14M = 14 * 2**20

@@ -5,8 +5,8 @@ import shutil
 import pytest
 from conftest import run_cli
 
-from orchestrator.config import load
-from orchestrator.grid import expand
+from orchestrator.config.grid import expand
+from orchestrator.config.load import load
 from orchestrator.plan import packing, plan_one
 
 TPU = ["model=llama3_1_8b_long", "cluster=tpu7x_128", "train.remat=auto"]

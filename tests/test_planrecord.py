@@ -4,7 +4,7 @@ import pytest
 from conftest import run_cli
 from mlflow import MlflowClient
 
-from orchestrator import regress
+from orchestrator.results import gate as regress
 
 
 def _runs(tmp_path, sweep_id: str) -> tuple[MlflowClient, str, list, list]:
@@ -69,7 +69,7 @@ def test_a_planned_point_logs_the_compilers_peak_beside_the_sum():
     from types import SimpleNamespace
 
     from orchestrator.plan import aot
-    from orchestrator.planrecord import point_metrics
+    from orchestrator.results.planned import point_metrics
 
     row = SimpleNamespace(predicted_hbm_bytes_per_device=3e9, predicted_step_s=1.0, predicted_mfu=0.5,
                           roofline_mfu=0.6, tflops_per_device_per_step=1.0, chip_hours=2.0)  # fmt: skip

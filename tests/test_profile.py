@@ -16,15 +16,15 @@ from conftest import run_cli
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jobs import trace_breakdown as tb
-from jobs.profiling import PERFETTO
+from jobs.profile import breakdown as tb
+from jobs.profile.trace import PERFETTO
 from jobs.records import ProfileRecord, parse
 from jobs.train import train
-from orchestrator import profiles
-from orchestrator.config import load
-from orchestrator.errors import ConfigError
-from orchestrator.grid import expand
+from orchestrator.config.grid import expand
+from orchestrator.config.load import load
+from orchestrator.config.schema import ConfigError
 from orchestrator.plan.steptime import StepTime
+from orchestrator.tracking import layout as profiles
 
 # tiny model, K,V gathered over 8 devices (all_gather compiles in half ring's time); a pinned peak spares
 # each attempt the CPU matmul probe

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.plan import published as pub
-from orchestrator.plan import validate
+from orchestrator.calibrate import published_tpu as pub
+from orchestrator.plan import rules as validate
 from orchestrator.plan.search import Choice
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,8 +7,8 @@ import time
 import pytest
 from conftest import run_cli
 
-from orchestrator.config import load
-from orchestrator.grid import expand
+from orchestrator.config.grid import expand
+from orchestrator.config.load import load
 from orchestrator.plan import auto, policies
 from orchestrator.plan.search import search
 

@@ -14,11 +14,10 @@ import pytest
 from test_report import fake_records, make_spec
 
 from jobs.records import StartRecord, StepRecord, SummaryRecord, as_record, parse, parse_known
-from orchestrator import executor
-from orchestrator.outcomes import RetryBudgets
-from orchestrator.records import START_METRICS, STEP_METRICS, SUMMARY_METRICS, record_points
-from orchestrator.scheduler import Event
-from orchestrator.tracker import NullTracker
+from orchestrator.launch import executor
+from orchestrator.launch.attempt import Event, RetryBudgets
+from orchestrator.tracking import NullTracker
+from orchestrator.tracking.layout import START_METRICS, STEP_METRICS, SUMMARY_METRICS, record_points
 
 MEM = {"argument_bytes": 10, "output_bytes": 20, "alias_bytes": 5, "temp_bytes": 100,
        "compiled_bytes_per_device": 125}  # fmt: skip
@@ -138,7 +137,7 @@ def test_retry_budgets_have_one_name():
 
 
 def test_record_tags_say_what_the_summary_covers_and_why_a_kernel_fell_back():
-    from orchestrator.records import record_tags
+    from orchestrator.tracking.layout import record_tags
 
     why = "float32 inputs (cuDNN flash is bf16/fp16 only)"
     start = parse({**START, "kernel_fallbacks": [why]})

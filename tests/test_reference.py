@@ -1,7 +1,7 @@
 """Tier 1: the generated config reference and the MLflow layout page cannot drift from the code.
 
-docs/reference/config.md is the output of `python -m orchestrator.reference`; every schema and conf/ key has a
-meaning in orchestrator/keydocs.py. docs/reference/mlflow.md is written by hand, so every name it lists is checked
+docs/reference/config.md is the output of `python docs/gen/reference.py`; every schema and conf/ key has a
+meaning in orchestrator/config/schema.py. docs/reference/mlflow.md is written by hand, so every name it lists is checked
 against the code, and the names the code writes are checked against the page.
 """
 
@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 import pytest
 from conftest import ROOT
 
+from docs.gen import reference
 from jobs.spec import MemorySpec
-from orchestrator import reference
-from orchestrator.config import CONF_DIR, load
-from orchestrator.grid import expand
-from orchestrator.keydocs import DOCS
-from orchestrator.records import FINAL, STEP_METRICS, trial_params
+from orchestrator.config.grid import expand
+from orchestrator.config.load import CONF_DIR, load
+from orchestrator.config.schema import DOCS
+from orchestrator.tracking.layout import FINAL, STEP_METRICS, trial_params
 
 MLFLOW_PAGE = ROOT / "docs" / "reference" / "mlflow.md"
 SOURCES = [p for p in (ROOT / "orchestrator").rglob("*.py") if p.name not in ("keydocs.py", "reference.py")]
@@ -45,7 +45,7 @@ def test_every_schema_and_conf_key_has_a_meaning():
     keys = [*reference.schema(), *reference.yaml_keys()]
     assert "train.memory.save" in keys and "cluster.attention_block_half" in keys and "sweep.axes" in keys
     missing = reference.missing_docs(keys)
-    assert not missing, f"add a one-line meaning to orchestrator/keydocs.py DOCS for: {', '.join(missing)}"
+    assert not missing, f"add a one-line meaning to orchestrator/config/schema.py DOCS for: {', '.join(missing)}"
 
 
 @dataclass(frozen=True)
@@ -72,25 +72,26 @@ def test_an_undocumented_key_is_caught_in_the_schema_and_in_conf(tmp_path):
 def test_no_meaning_for_a_key_that_no_longer_exists():
     keys = reference.schema()
     stale = reference.stale_docs(keys)
-    assert not stale, f"orchestrator/keydocs.py describes keys the schema no longer has: {', '.join(stale)}"
+    assert not stale, f"orchestrator/config/schema.py describes keys the schema no longer has: {', '.join(stale)}"
     assert reference.stale_docs(keys, {**DOCS, "train.gone": "x"}) == ["train.gone"]
 
 
 def test_the_committed_config_page_is_the_generators_output():
-    want = reference.render()
-    have = reference.PAGE.read_text() if reference.PAGE.exists() else ""
+    want = reference.render_config()
+    have = reference.CONFIG_PAGE.read_text() if reference.CONFIG_PAGE.exists() else ""
     pairs = zip(have.splitlines(), want.splitlines(), strict=False)  # a line added or dropped: the first
     diff = next(
         (f"line {i + 1}: {a!r} != {b!r}" for i, (a, b) in enumerate(pairs) if a != b), "lengths differ"
     )
-    assert have == want, f"docs/reference/config.md is stale ({diff}): run `python -m orchestrator.reference`"
+    assert have == want, f"docs/reference/config.md is stale ({diff}): run `python docs/gen/reference.py`"
 
 
 def test_the_committed_cli_page_is_the_help_text():
-    from orchestrator import cli_page, helptext
+    from docs.gen import reference as cli_page
+    from orchestrator.cli import help as helptext
 
-    have = cli_page.PAGE.read_text() if cli_page.PAGE.exists() else ""
-    assert have == cli_page.render(), "docs/reference/cli.md is stale: run `python -m orchestrator.reference`"
+    have = cli_page.CLI_PAGE.read_text() if cli_page.CLI_PAGE.exists() else ""
+    assert have == cli_page.render_cli(), "docs/reference/cli.md is stale: run `python docs/gen/reference.py`"
     assert helptext.help_text().splitlines()[0] in have
 
 
@@ -98,7 +99,7 @@ def test_the_page_marks_what_enters_the_trial_id():
     ids = reference.identity_keys()
     assert {"context_length", "mesh.dcn", "train.memory.save", "train.data.path", "model.vocab"} <= ids
     assert not {k for k in ids if k.split(".")[0] in ("cluster", "run", "tracking", "sweep")}
-    assert "| `cluster.kind` | `local` | one of `local`, `local_multihost`" in reference.render()
+    assert "| `cluster.kind` | `local` | one of `local`, `local_multihost`" in reference.render_config()
 
 
 # --- MLflow layout ----------------------------------------------------------------------------------------
@@ -158,9 +159,9 @@ class _Ops(list):
 def planned() -> dict[str, set[str]]:
     """What planrecord.record writes for a small plan (with compiles), through the real Tracker's methods, as
     "parent tags", "child metrics", ... -> names."""
-    from orchestrator import planrecord
     from orchestrator.plan import plan
-    from orchestrator.tracking import Tracker
+    from orchestrator.results import planned as planrecord
+    from orchestrator.tracking.store import Tracker
 
     specs = expand(load(["+sweep=smoke"]))
     rows = plan(specs)
@@ -206,7 +207,7 @@ def test_the_planned_runs_on_the_page_are_what_planrecord_writes(planned):
 
 def test_every_name_on_the_mlflow_page_is_written_by_the_code(planned):
     known = literals() | {f"final_{k}" for k in FINAL} | {base(n) for v in planned.values() for n in v}
-    plots = {f"plots/{k}.png" for k in dict_keys(ROOT / "orchestrator" / "report.py", "make_figures")}
+    plots = {f"plots/{k}.png" for k in dict_keys(ROOT / "orchestrator" / "results" / "report.py", "make_figures")}
     known |= plots | set(trial_params(spec_with_memory()))
     listed = {n for names in page_names().values() for n in names}
     unknown = sorted(n for n in listed if base(n) not in known)
@@ -221,6 +222,6 @@ def test_every_name_the_trial_runs_get_is_on_the_mlflow_page():
     assert not want - metrics, f"add to docs/reference/mlflow.md's trial metrics: {sorted(want - metrics)}"
     assert names["Child run (trial)", "Params"] == set(trial_params(spec_with_memory()))
     parent = {base(n) for n in names["Parent run (sweep)", "Metrics"]}
-    assert parent == dict_keys(ROOT / "orchestrator" / "executor.py", "summary_metrics")
+    assert parent == dict_keys(ROOT / "orchestrator" / "launch" / "executor.py", "summary_metrics")
     plots = {n for n in names["Parent run (sweep)", "Artifacts"] if n.startswith("plots/")}
-    assert plots == {f"plots/{k}.png" for k in dict_keys(ROOT / "orchestrator" / "report.py", "make_figures")}
+    assert plots == {f"plots/{k}.png" for k in dict_keys(ROOT / "orchestrator" / "results" / "report.py", "make_figures")}

@@ -13,11 +13,12 @@ from mlflow.entities import Metric, Param
 from omegaconf import OmegaConf
 
 from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
-from orchestrator.config import CONF_DIR, group_option, load
-from orchestrator.plan import calibration, refit
-from orchestrator.plan.fitting import with_constants
+from orchestrator.calibrate import refit
+from orchestrator.calibrate import tpu as calibration
+from orchestrator.calibrate.fit import with_constants
+from orchestrator.config.load import CONF_DIR, group_option, load
 from orchestrator.plan.steptime import step_time
-from orchestrator.records import trial_params
+from orchestrator.tracking.layout import trial_params
 
 pytestmark = pytest.mark.usefixtures("pinned_cpu_peak")
 
@@ -54,7 +55,7 @@ def at(spec: TrialSpec, peak: float) -> TrialSpec:
 def log_sweep(
     client: MlflowClient, artifacts: Path, sweep_id: str = SWEEP, points: int | None = None
 ) -> None:
-    """A parent run and its child runs as orchestrator/tracking.py writes them (tags, params, trial_spec.json,
+    """A parent run and its child runs as orchestrator/tracking/store.py writes them (tags, params, trial_spec.json,
     start/summary metrics and the two predictions), plus a failed run the refit never reads and a finished one
     with no summary (its records never arrived) that it leaves out."""
     exp = client.get_experiment_by_name(EXP)

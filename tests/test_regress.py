@@ -7,7 +7,7 @@ from conftest import run_cli
 from mlflow import MlflowClient
 from rich.console import Console
 
-from orchestrator import regress
+from orchestrator.results import gate as regress
 
 EXP = "cp_scaling"
 POINTS = [("all_gather", 512, "t-ag-512"), ("ring", 512, "t-ring-512"), ("ring", 1024, "t-ring-1024")]

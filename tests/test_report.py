@@ -6,7 +6,7 @@ import pytest
 from matplotlib.figure import Figure
 
 from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
-from orchestrator.report import collect, make_figures
+from orchestrator.results.report import collect, make_figures
 
 TINY = ModelSpec(name="tiny", vocab=256, embed=64, layers=2, q_heads=4, kv_heads=2, head_dim=16, mlp=128)
 GIB = 2**30
@@ -105,8 +105,8 @@ def test_strategies_on_several_meshes_get_separate_series():
 
 def test_loss_by_position_is_a_metric_and_a_parent_plot():
     from jobs.records import StepRecord, SummaryRecord
-    from orchestrator.records import record_points
-    from orchestrator.report import TrialResult, position_figure
+    from orchestrator.results.report import TrialResult, position_figure
+    from orchestrator.tracking.layout import record_points
 
     rec = StepRecord(step=3, t_ms=1, loss=2.0, loss_by_position={"0-256": 2.5, "256-1K": 1.5})
     names = {p[0]: p[1] for p in record_points(rec, now=1)}
@@ -128,8 +128,8 @@ def test_loss_by_position_is_a_metric_and_a_parent_plot():
 
 def test_recall_accuracy_by_distance_is_a_metric_and_a_parent_plot():
     from jobs.records import StepRecord, SummaryRecord
-    from orchestrator.records import record_points
-    from orchestrator.report import TrialResult, _last_steps, make_figures
+    from orchestrator.results.report import TrialResult, _last_steps, make_figures
+    from orchestrator.tracking.layout import record_points
 
     recs = [StepRecord(step=i, t_ms=1, loss=2.0, accuracy_by_distance={"0-256": a, "256-1K": 0.5})
             for i, a in enumerate((0.1, 0.2, 0.4, 0.6))]  # fmt: skip
@@ -147,7 +147,7 @@ def test_profiled_trials_get_a_measured_vs_predicted_plot():
     """A trial whose records hold a profile (run.profile_steps) gets two stacked bars on the parent's
     plots/measured_vs_predicted.png: the model's terms at the trial's own peak, and the trace's seconds."""
     from orchestrator.plan.steptime import step_time
-    from orchestrator.report_breakdown import GROUPS, predicted_groups
+    from orchestrator.results.report import GROUPS, predicted_groups
 
     spec = make_spec("ring", 1024)
     seconds = {

@@ -8,10 +8,10 @@ from conftest import run_cli
 from mlflow import MlflowClient
 
 from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, RunSpec, StrategySpec, TrialSpec
-from orchestrator import cluster as clusters
-from orchestrator.executor import placement_note, with_checkpoint_dir
-from orchestrator.outcomes import classify, combine
-from orchestrator.progress import Progress
+from orchestrator.launch import cluster as clusters
+from orchestrator.launch.attempt import classify, combine
+from orchestrator.launch.executor import placement_note, with_checkpoint_dir
+from orchestrator.ui.progress import SweepProgress
 
 
 def _spec(**run) -> TrialSpec:
@@ -80,7 +80,7 @@ def test_placement_note_and_plain_progress(capsys):
     hosts = [{"process_id": 1, "pid": 22, "node_ip": "10.0.0.3", "slice": "s0"},
              {"process_id": 0, "pid": 11, "node_ip": "10.0.0.2", "slice": "s0"}]  # fmt: skip
     assert placement_note(hosts) == "s0: 0=pid 11@10.0.0.2, 1=pid 22@10.0.0.3"
-    with Progress("plain") as p:
+    with SweepProgress("plain") as p:
         p.add("t", "ring L=512", steps=4)
         p.update("t", state="running")
         p.event("t", "attempt 1 on s0")

@@ -1,4 +1,4 @@
-"""Tier 1: the config schema (orchestrator/schema.py, orchestrator/checks.py) in-process: no Ray, no MLflow.
+"""Tier 1: the config schema (orchestrator/config/schema.py, orchestrator/config/keys.py) in-process: no Ray, no MLflow.
 
 The CLI's side (exit 2, one `error:` line, nothing started) is tests/test_cli.py::test_bad_input_exits_2_before_launch.
 """
@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import checks, schema
-from orchestrator.config import CONF_DIR, ConfigError, load
-from orchestrator.grid import expand
-from orchestrator.plan import validate
+from orchestrator.config import keys as checks
+from orchestrator.config import schema
+from orchestrator.config.grid import expand
+from orchestrator.config.load import CONF_DIR, ConfigError, load
+from orchestrator.plan import rules as validate
 
 OPTIONS = {
     g: sorted(p.stem for p in (CONF_DIR / g).glob("*.yaml")) for g in ("model", "strategy", "mesh", "cluster")
@@ -49,8 +50,8 @@ def test_kernel_names_have_one_owner():
     """jobs.spec owns the kernel names (pure Python: the driver checks them before launch, without jax); the
     schema, the kernel registry and the planner's platform rule must not drift from it."""
     from jobs import spec
-    from jobs.attention.kernel import KERNELS
-    from orchestrator.plan.validate import KERNEL_PLATFORM
+    from jobs.attention.kernels import KERNELS
+    from orchestrator.plan.rules import KERNEL_PLATFORM
 
     assert schema.KERNELS == spec.KERNELS == tuple(KERNELS) == tuple(KERNEL_PLATFORM)
     assert all(k.name == name for name, k in KERNELS.items())

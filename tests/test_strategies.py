@@ -9,8 +9,8 @@ import pytest
 
 from jobs import strategies
 from jobs.spec import MESH_AXES, ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrialSpec
-from orchestrator.config import load
-from orchestrator.grid import expand, resolve_mesh
+from orchestrator.config.grid import expand, resolve_mesh
+from orchestrator.config.load import load
 from orchestrator.plan import memory, plan
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,7 +28,7 @@ def test_registry_imports_no_jax():
 def test_entry_is_wired(name):
     s = strategies.get(name)
     assert s.name == name and (ROOT / "conf" / "strategy" / f"{name}.yaml").exists()
-    assert (ROOT / "jobs" / "attention" / f"{name}.py").exists()
+    assert (ROOT / "jobs" / "attention" / "cp" / f"{name}.py").exists()
     assert s.default_layout in s.layouts
     if name != "none":
         assert s.axes and s.collectives and s.summary
@@ -69,7 +69,7 @@ def test_double_ring_is_a_ring_over_both_context_axes():
 @pytest.mark.parametrize("name", strategies.NAMES)
 def test_body_takes_its_mesh_axes_from_the_registry(name):
     """jobs/attention/<name>.py spells no mesh axis name (docstrings aside): the registry's `axes` own them."""
-    tree = ast.parse((ROOT / "jobs" / "attention" / f"{name}.py").read_text())
+    tree = ast.parse((ROOT / "jobs" / "attention" / "cp" / f"{name}.py").read_text())
     docs = {
         id(n.body[0].value) for n in ast.walk(tree) if isinstance(n, DOC_HOLDERS) and ast.get_docstring(n)
     }

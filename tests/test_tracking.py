@@ -18,11 +18,11 @@ from servers import gcs_client, start_gcs_emulator, start_mlflow_server
 from test_report import fake_records, make_spec
 
 from jobs.records import SummaryRecord, parse
-from orchestrator.records import STEP_METRICS
-from orchestrator.schema import Tracking
-from orchestrator.tracker import NullTracker, open_tracker
-from orchestrator.tracker import Tracker as TrackerProtocol
-from orchestrator.tracking import MlflowTracker as Tracker
+from orchestrator.config.schema import Tracking
+from orchestrator.tracking import NullTracker, open_tracker
+from orchestrator.tracking import Tracker as TrackerProtocol
+from orchestrator.tracking.layout import STEP_METRICS
+from orchestrator.tracking.store import MlflowTracker as Tracker
 
 BUCKET = "mlflow-art"
 # the step metrics a CPU trial logs: the runtime's memory figures are None on CPU, so never logged
@@ -96,7 +96,7 @@ def test_parent_and_child_runs(sql_store, tmp_path, monkeypatch):
 
 
 def test_tracking_none_is_the_null_tracker_and_imports_no_mlflow():
-    code = ("import sys; from orchestrator.config import load; from orchestrator.tracker import open_tracker; "
+    code = ("import sys; from orchestrator.config.load import load; from orchestrator.tracking import open_tracker; "
             "t = open_tracker(load(['tracking=none']).tracking); "
             "print(type(t).__name__, 'mlflow' in sys.modules, t.flush(), t.finished_trials('x'), len(t.ops))")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
@@ -143,7 +143,7 @@ def test_lost_answers_are_retried_without_duplicates(sql_store, tmp_path, monkey
 
     for name in real:
         monkeypatch.setattr(t.client, name, flaky(name))
-    monkeypatch.setattr("orchestrator.writequeue.BACKOFF_S", (0.05,))
+    monkeypatch.setattr("orchestrator.tracking.queue.BACKOFF_S", (0.05,))
     spec = make_spec("all_gather", 512, steps=5)
     t.start_sweep("smoke", "sw1", "local")
     t.start_trial(spec, "sw1")

@@ -14,8 +14,8 @@ from jobs import storage, strategies
 from jobs.data import RECALL_VALUES, chance_loss, recall_batch, recall_vocab
 from jobs.spec import DataSpec, MeshSpec, RunSpec
 from jobs.train import train
-from orchestrator.config import load
-from orchestrator.grid import expand
+from orchestrator.config.grid import expand
+from orchestrator.config.load import load
 
 
 def spec_of(*overrides: str):

@@ -11,8 +11,8 @@ from jobs import strategies
 from jobs.data import Batches
 from jobs.spec import RunSpec
 from jobs.train import train
-from orchestrator.config import load
-from orchestrator.grid import expand
+from orchestrator.config.grid import expand
+from orchestrator.config.load import load
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import config, grid
-from orchestrator.plan import peak, plan, roofline, steptime, work
+from orchestrator.config import grid
+from orchestrator.config import load as config
+from orchestrator.plan import hardware as peak
+from orchestrator.plan import plan, roofline, steptime, work
 
 PLAN_DIR = Path(__file__).resolve().parent.parent / "orchestrator" / "plan"
 POLICIES = {

@@ -18,7 +18,7 @@ NIGHTLY = ["+sweep=cp_scaling", "cluster=v5p_128", "model=llama3_1_8b", "trackin
 
 def main() -> int:
     problems = []
-    for mod in ("ray", "jax", "mlflow", "google.cloud.storage", "orchestrator.run", "jobs.spec"):
+    for mod in ("ray", "jax", "mlflow", "google.cloud.storage", "orchestrator.driver", "jobs.spec"):
         try:
             importlib.import_module(mod)
         except Exception as e:  # any import failure means the image cannot run a sweep
@@ -29,8 +29,8 @@ def main() -> int:
     if os.environ.get("CP_REQUIRE_LIBTPU") == "1" and importlib.util.find_spec("libtpu") is None:
         problems.append("libtpu is not installed (pip install '.[tpu]')")
     if not problems:
-        from orchestrator.config import load
-        from orchestrator.grid import expand
+        from orchestrator.config.grid import expand
+        from orchestrator.config.load import load
         from orchestrator.plan import plan
 
         try:

@@ -2,10 +2,10 @@
 
 from jobs.attention.api import attention
 from jobs.attention.core import merge
-from jobs.attention.kernel import KERNELS, Kernel, attend, get_kernel
+from jobs.attention.kernels import KERNELS, Kernel, attend, get_kernel
 from jobs.attention.layout import from_zigzag, to_zigzag
 from jobs.attention.reference import reference_attention
-from jobs.cp_rules import sequence_axes, validate, zigzag_permutation
+from jobs.strategies.rules import sequence_axes, validate, zigzag_permutation
 
 __all__ = [
     "KERNELS",

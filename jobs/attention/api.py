@@ -6,13 +6,14 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, PartitionSpec
 
-from jobs import cp_rules, strategies
-from jobs.attention.kernel import get_kernel
+from jobs import strategies
+from jobs.attention.cp.none import none_local
+from jobs.attention.kernels import get_kernel
 from jobs.attention.layout import global_positions
-from jobs.attention.none import none_local
 from jobs.attention.reference import reference_attention
 from jobs.attention.sharding import Options, mesh_shape, qkv_spec
-from jobs.trace_breakdown import ATTENTION_SCOPE
+from jobs.profile.breakdown import ATTENTION_SCOPE
+from jobs.strategies import rules as cp_rules
 
 
 def _check_shapes(q, k, v) -> None:
@@ -68,7 +69,7 @@ def attention(
     get_kernel(kernel)
     o = Options(causal, layout, kernel, block_q, block_kv)
     # one named scope over forward, backward and remat recompute, so a profile can tell the attention
-    # kernels' ops from the layers' matmuls (jobs/trace_breakdown.py reads it from the HLO metadata)
+    # kernels' ops from the layers' matmuls (jobs/profile/breakdown.py reads it from the HLO metadata)
     with jax.named_scope(ATTENTION_SCOPE):
         return _dispatch(q, k, v, strategy, mesh, o, segment_ids, positions)
 

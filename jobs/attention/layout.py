@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jobs import cp_rules
+from jobs.strategies import rules as cp_rules
 
 
 def to_zigzag(x_BxLx___: jax.Array, ring_size: int) -> jax.Array:

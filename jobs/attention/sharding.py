@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from jax.sharding import Mesh, PartitionSpec
 
-from jobs.cp_rules import sequence_axes
 from jobs.spec import BATCH_AXES
+from jobs.strategies.rules import sequence_axes
 
 HEAD_AXIS = "tensor"
 

@@ -66,7 +66,7 @@ class Strategy:
     name: str = ""
     axes: tuple[str, ...] = ("context",)  # mesh axes the sequence is sharded over, major first
     ulysses_axis: str | None = None  # the axis whose all-to-all trades sequence for heads
-    # balanced: packed documents in a loader's permutation (jobs/balance.py), positions and segment ids given
+    # balanced: packed documents in a loader's permutation (jobs/data/balance.py), positions and segment ids given
     layouts: tuple[str, ...] = ("contiguous", "zigzag", "balanced")
     default_layout: str = "contiguous"  # what the recommender and the benchmarks pick
     collectives: tuple[str, ...] = ()  # HLO ops its compiled step must contain (a silent no-CP would not)
@@ -180,7 +180,7 @@ class Strategy:
         """The JAX body: jobs/attention/<name>.py's <name>_local(mesh, L, Options) -> fn(q, k, v, pos=None,
         seg=None), the per-device function run under one shard_map (pos, seg: packed documents' true positions and
         segment ids [B, L_local]); imported only when asked for (this module never imports jax)."""
-        return getattr(importlib.import_module(f"jobs.attention.{self.name}"), f"{self.name}_local")
+        return getattr(importlib.import_module(f"jobs.attention.cp.{self.name}"), f"{self.name}_local")
 
 
 def usp_like_splits(cp: int) -> list[tuple[int, int]]:

@@ -8,10 +8,11 @@ from typing import Any
 
 from jobs import strategies
 from jobs.spec import TrialSpec
-from orchestrator.plan import cost, memory, packing, policies, roofline, steptime, validate, work
+from orchestrator.config.schema import REMATS
+from orchestrator.plan import cost, memory, packing, policies, roofline, steptime, work
+from orchestrator.plan import rules as validate
 from orchestrator.plan.render import render_table, to_markdown
-from orchestrator.plan.validate import Problem, point_label
-from orchestrator.schema import REMATS
+from orchestrator.plan.rules import Problem, point_label
 
 VERDICTS = ("run", "infeasible", "invalid")
 

@@ -10,7 +10,8 @@ from dataclasses import replace
 from functools import cache
 
 from jobs.spec import TrialSpec
-from orchestrator.plan import memory, policies, steptime, validate
+from orchestrator.plan import memory, policies, steptime
+from orchestrator.plan import rules as validate
 
 AUTO = "auto"
 # Steps within TIE of each other are a tie: the step-time model is not that precise. A tie prefers policies

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from jobs.spec import TrialSpec
-from orchestrator.plan.chips import CHIPS  # not via plan.aot: the plan must not import the compile pool
+from orchestrator.plan.hardware import CHIPS  # not via plan.aot: the plan must not import the compile pool
 
 if TYPE_CHECKING:
     from orchestrator.plan import PlanRow

@@ -6,8 +6,8 @@ kernel computes is the tiles with anything visible, at the grain it can skip: a 
 the xla kernel (CPU, GPU, and the balanced layout anywhere); on TPU splash's mask is static, so only a whole ring
 hop whose documents meet none of the local queries' is skipped (a strategy that gathers the whole sequence skips
 nothing). The busiest device's
-tiles over the mean is the layout's imbalance. Both come from jobs/balance on a row sampled from the corpus's
-own document lengths (`lengths.npy`, written by `python -m jobs.documents.corpus`, beside the shards).
+tiles over the mean is the layout's imbalance. Both come from jobs/data/balance on a row sampled from the corpus's
+own document lengths (`lengths.npy`, written by `python -m jobs.data.documents.corpus`, beside the shards).
 """
 
 from __future__ import annotations
@@ -19,8 +19,10 @@ from functools import lru_cache
 
 import numpy as np
 
-from jobs import balance, cp_rules, storage, strategies
+from jobs import storage, strategies
+from jobs.data import balance
 from jobs.spec import TrialSpec
+from jobs.strategies import rules as cp_rules
 
 LENGTHS = "lengths.npy"
 
@@ -106,7 +108,7 @@ def words(p: Packing | None, spec: TrialSpec, mfu: float) -> str:
     if p is None:
         return (
             f"documents without {LENGTHS} beside {', '.join(sources(spec)) or 'the source'}: attention priced "
-            "as one causal row (build the corpus with python -m jobs.documents.corpus)"
+            "as one causal row (build the corpus with python -m jobs.data.documents.corpus)"
         )
     return (
         f"MFU counts the causal row (MaxText's convention); {p.docs_per_row:,.0f} documents a row leave "

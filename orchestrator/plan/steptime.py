@@ -2,7 +2,7 @@
 
 The step's work is work.py's, the same the roofline (roofline.py) prices at peak; this model prices it as
 measured runs spend it (constants per chip in conf/cluster/*.yaml, fitted on the published runs in
-orchestrator/plan/published.py):
+orchestrator/calibrate/published_tpu.py):
 
   step = matmuls / (peak x matmul_efficiency)                         layer weights, unembedding
        + attention x imbalance / (peak x attention kernel efficiency)  efficiency(D, b) = e x D/(D+Dh) x b/(b+bh)
@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jobs.spec import ClusterSpec, TrialSpec
-from orchestrator.plan.peak import peak_tflops
+from orchestrator.plan.hardware import peak_tflops
 from orchestrator.plan.work import ATTN_BWD, Dcn, Rates, Work, price, step_work
 
 __all__ = ["StepTime", "kernel_efficiency", "step_time"]

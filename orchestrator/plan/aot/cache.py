@@ -1,21 +1,35 @@
-"""The compile cache: one JSON CompileResult per trial, topology and program (a large compile takes minutes; a
-refusal is as deterministic, and as slow to find, as a success), in a directory or under gs://bucket/prefix."""
+"""One TPU compile of the train step and its cache: one JSON CompileResult per trial, topology and program (a
+large compile takes minutes; a refusal is as deterministic, and as slow to find, as a success), in a directory
+or under gs://bucket/prefix.
+
+The compiler's `memory_analysis` grows into the HBM it is given: told the chip is smaller it rematerializes and
+packs tighter, and refuses only when even that does not fit. So the sum at the real HBM overstates what a point
+needs; the capped compile runs it again with libtpu's `--xla_tpu_max_hbm_size_mib` set (a process-wide libtpu
+flag read when libtpu loads, hence a child process) and caches the answer next to the uncapped compile.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
 from jobs import storage
+from jobs.hardware import compiled_bytes
 from jobs.spec import TrialSpec
-from orchestrator.plan.aot.compiling import compile_memory
-from orchestrator.plan.aot.lowering import program_version
-from orchestrator.plan.aot.result import CompileResult
-from orchestrator.plan.aot.topology import topology_tag
+from orchestrator import REPO
+from orchestrator.plan.aot.result import CompileResult, compiler_rejection
+from orchestrator.plan.aot.target import lowered, topology_tag
+
+pass  # merged
+from orchestrator.plan.aot.target import program_version
 
 ENV = "CP_AOT_CACHE"
 DEFAULT = ".cache/aot"
@@ -119,3 +133,60 @@ def compiled_memory(spec: TrialSpec, topology: str | None = None, *, refresh: bo
     (required_bytes, available_bytes, largest_buffers) instead of a traceback. Both are cached.
     """
     return lookup(spec, topology, refresh=refresh)[0]
+
+
+def compile_memory(spec: TrialSpec, topology: str | None = None) -> CompileResult:
+    """compiled_memory's answer, uncached: compiles now. A refusal for lack of HBM is an answer (status
+    "rejected", the compiler's figures); any other compiler error is raised."""
+    t0 = time.perf_counter()
+    low, program = lowered(spec, topology)
+    base = {"trial_id": spec.trial_id, "topology": topology_tag(spec, topology), "program": program}
+    try:
+        compiled = low.compile()
+    except Exception as e:  # noqa: BLE001 -- jaxlib raises its own XlaRuntimeError; only OOM is an answer
+        rejected = compiler_rejection(str(e))
+        if rejected is None:
+            raise
+        return replace(rejected, **base, compile_s=round(time.perf_counter() - t0, 2))
+    ma = compiled.memory_analysis()
+    return CompileResult(
+        **base,
+        status="compiled",
+        argument_bytes=int(ma.argument_size_in_bytes),
+        output_bytes=int(ma.output_size_in_bytes),
+        alias_bytes=int(ma.alias_size_in_bytes),
+        temp_bytes=int(ma.temp_size_in_bytes),
+        peak_bytes=compiled_bytes(ma),
+        compiler_peak_bytes=int(getattr(ma, "peak_memory_in_bytes", 0)) or None,
+        host_temp_bytes=int(getattr(ma, "host_temp_size_in_bytes", 0)) or None,
+        compile_s=round(time.perf_counter() - t0, 2),
+    )
+
+
+pass  # merged
+
+ROOT = REPO
+_CHILD = "import sys; from orchestrator.plan.aot.cache import child; child(sys.stdin.read())"
+
+
+def fits(spec: TrialSpec, mib: int, *, compile: bool = True) -> CompileResult | None:
+    """`spec` compiled as if the chip had `mib` MiB of HBM: status "compiled" (it fits) or "rejected" (with
+    what the compiler said it needs); cached. With compile=False: the cached answer or None."""
+    path = cache_path(spec, cap_mib=mib)
+    if (got := read(path)) is not None:
+        return got
+    if not compile:
+        return None
+    env = {**os.environ, "LIBTPU_INIT_ARGS": f"--xla_tpu_max_hbm_size_mib={mib}", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", _CHILD], input=spec.to_json(), capture_output=True, text=True,
+                          env=env, cwd=ROOT, check=True)  # fmt: skip
+    got = replace(CompileResult.from_json(done.stdout.strip().splitlines()[-1]), cap_mib=mib)
+    write(path, got)
+    return got
+
+
+def child(spec_json: str) -> None:
+    """The child's side: compile under the LIBTPU_INIT_ARGS it started with, print one JSON line."""
+    pass  # merged
+
+    print(json.dumps(compile_memory(TrialSpec.from_json(spec_json)).as_dict()))

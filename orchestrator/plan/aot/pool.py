@@ -8,20 +8,20 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
 from jobs.spec import ClusterSpec, TrialSpec
-from orchestrator.plan.aot import cache, draws
-from orchestrator.plan.aot.hostmem import compile_host_bytes
-from orchestrator.plan.aot.progressbar import CompileBar
+from orchestrator import REPO
+from orchestrator.plan.aot import cache
+from orchestrator.plan.aot import result as draws
 from orchestrator.plan.aot.result import CompileResult, failed
-from orchestrator.plan.aot.topology import CHIPS, topology_tag
+from orchestrator.plan.aot.target import CHIPS, compile_host_bytes, topology_tag
+from orchestrator.ui.progress import CompileBar
 
 log = logging.getLogger(__name__)
-ROOT = str(Path(__file__).resolve().parents[3])
+ROOT = str(REPO)
 # What the driver's serial compile reads from its environment besides the cache: libtpu's flags change the
 # program compiled, the emulator and project where a gs:// cache is. A worker of a Ray started elsewhere (a
 # cluster, another test) has its own environment, so they travel with each task.
@@ -63,14 +63,14 @@ def _task() -> Any:
 
 def start(cluster: ClusterSpec, workers: int = 0) -> None:
     """The Ray to compile on: the one this driver is already connected to, the cluster's (joined as
-    orchestrator.cluster joins it; address=auto only when one is running), or a local Ray of `workers` CPUs
+    orchestrator.launch.cluster joins it; address=auto only when one is running), or a local Ray of `workers` CPUs
     (0: one per core). Never the fake TPU cluster: a compile needs CPUs, not slices."""
     import ray
 
     if ray.is_initialized():
         return
     if cluster.address:
-        from orchestrator import cluster as ray_cluster
+        from orchestrator.launch import cluster as ray_cluster
 
         try:
             ray_cluster.connect(cluster)
@@ -146,7 +146,8 @@ def compile_all(
             except Exception as e:  # noqa: BLE001 -- the worker died (killed for memory, crashed): a row
                 got, hit = failed(specs[i], topology, e), False
             got_draws[i][d - 1] = (got, hit)
-            bar.finished(label(specs[i], topology) + (f" draw {d}/{k}" if k > 1 else ""), got, hit)
+            name = label(specs[i], topology) + (f" draw {d}/{k}" if k > 1 else "")
+            bar.finished(name, _outcome(got, hit), got.status == "failed", hit)
     out = []
     for row in got_draws:
         done = [x for x in row if x is not None]  # every slot filled: the loop ends when none is left
@@ -170,3 +171,10 @@ def compile_specs(
     got = compile_all(specs, topology, workers=workers, cache_at=cache, progress=progress, console=console,
                       draws_per_point=draws_per_point)  # fmt: skip
     return [result for result, _ in got]
+
+
+def _outcome(got: CompileResult, hit: bool) -> str:
+    """A finished compile in words, for the progress line."""
+    if hit:
+        return f"{got.status} (cache hit)"
+    return f"failed: {got.error}" if got.status == "failed" else f"{got.status} in {got.compile_s:.0f} s"

@@ -1,0 +1,334 @@
+"""Generate docs/reference/config.md and cli.md from the code, so the reference cannot drift from it.
+
+Keys, types, ranges and meanings come from orchestrator/config/schema.py, defaults from conf/, the trial-id
+marks from TrialSpec.identity() itself, and the command line page from the CLI's own --help text.
+
+    python docs/gen/reference.py           # rewrite docs/reference/config.md and cli.md
+    python docs/gen/reference.py --check   # exit 1 when a committed page differs from the code
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import typing
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from jobs.spec import DataSpec, MemorySpec, MeshSpec, ModelSpec, StrategySpec, TrialSpec
+from orchestrator.cli.help import help_text
+from orchestrator.config import keys as checks
+from orchestrator.config.load import CONF_DIR, GROUPS
+from orchestrator.config.schema import DOCS, RULES, TRIAL_KEYS, Options, PointConfig, Rule
+
+ROOTS: tuple[type, ...] = (PointConfig, Options)  # the trial's keys, then the driver's
+CONFIG_PAGE = CONF_DIR.parent / "docs" / "reference" / "config.md"
+ORDER = ("", "model", "strategy", "mesh", "cluster", "train", "train.data", "train.memory", "run",
+         "tracking", "retries", "gate", "sweep")  # fmt: skip
+MISSING = dataclasses.MISSING
+HYDRA_KEYS = ("defaults",)  # Hydra's defaults lists (config.yaml, a group option's): not config keys
+
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+    """One dotted config key as the schema has it."""
+
+    key: str
+    hint: Any
+    default: Any  # the dataclass default (MISSING: required)
+
+    @property
+    def section(self) -> type | None:
+        return checks._section(self.hint)
+
+
+def schema(roots: Iterable[type] = ROOTS) -> dict[str, Key]:
+    """Every key of the schema, sections included ("train", "train.data"), walking dataclass fields."""
+    out: dict[str, Key] = {}
+
+    def walk(cls: type, prefix: str) -> None:
+        hints = checks._hints(cls)
+        for f in dataclasses.fields(cls):
+            dflt = f.default if f.default_factory is MISSING else f.default_factory()
+            k = out[prefix + f.name] = Key(prefix + f.name, hints[f.name], dflt)
+            if k.section is not None:
+                walk(k.section, k.key + ".")
+
+    for cls in roots:
+        walk(cls, "")
+    return out
+
+
+def _flat(d: Mapping, prefix: str, sections: set[str]) -> Iterator[str]:
+    for k, v in d.items():
+        yield prefix + str(k)
+        if isinstance(v, Mapping) and prefix + str(k) in sections:  # not into values (sweep axes, set)
+            yield from _flat(v, f"{prefix}{k}.", sections)
+
+
+def _load(path: Path) -> dict:
+    """A YAML file unresolved: an interpolation (`${oc.env:...}`) shows as written, not as this machine's value."""
+    return OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+
+
+def yaml_keys(conf_dir: Path = CONF_DIR, roots: Iterable[type] = ROOTS) -> list[str]:
+    """Every dotted key set in conf/config.yaml and in each conf/<group>/<option>.yaml."""
+    sections = {k for k, v in schema(roots).items() if v.section is not None}
+    base = {k: v for k, v in _load(conf_dir / "config.yaml").items() if k not in HYDRA_KEYS}
+    keys = list(_flat(base, "", sections))
+    for g in GROUPS:
+        for path in sorted((conf_dir / g).glob("*.yaml")):
+            keys += _flat({k: v for k, v in _load(path).items() if k not in HYDRA_KEYS}, f"{g}.", sections)
+    return list(dict.fromkeys(keys))
+
+
+def missing_docs(keys: Iterable[str], docs: Mapping[str, str] = DOCS) -> list[str]:
+    """Keys with no (or an empty) description."""
+    return [k for k in dict.fromkeys(keys) if not (docs.get(k) or "").strip()]
+
+
+def stale_docs(keys: Iterable[str], docs: Mapping[str, str] = DOCS) -> list[str]:
+    """Descriptions of keys that no longer exist."""
+    live = set(keys)
+    return [k for k in docs if k not in live]
+
+
+def identity_keys() -> set[str]:
+    """Dotted keys that enter the trial id, asked of TrialSpec.identity() (with every key at a value it keeps)."""
+    model = ModelSpec(**{f.name: 1 for f in dataclasses.fields(ModelSpec) if f.default is MISSING})
+    spec = TrialSpec(model, MeshSpec(dcn="data"), StrategySpec(), 1)
+    data = DataSpec(kind="documents", sources=("x",), weights=(1.0,), pack="concat", long_docs="truncate")
+    train = dataclasses.replace(spec.train, memory=MemorySpec(save=("x",)), data=data)
+    spec = dataclasses.replace(spec, train=train)
+
+    def flat(d: dict, prefix: str) -> Iterator[str]:
+        for k, v in d.items():
+            yield prefix + k
+            if isinstance(v, dict):
+                yield from flat(v, f"{prefix}{k}.")
+
+    return set(flat(spec.identity(), ""))
+
+
+# --- rendering --------------------------------------------------------------------------------------------
+def value(v: Any, key: str = "") -> str:
+    """A YAML value as it is written on the command line (bytes also in GiB)."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, int):
+        gib = f" ({v / 2**30:g} GiB)" if "bytes" in key and "per_s" not in key and v >= 2**30 else ""
+        return f"{v}{gib}"
+    if isinstance(v, list | tuple):
+        return "[" + ", ".join(value(x) for x in v) + "]"
+    if isinstance(v, Mapping):
+        return "{" + ", ".join(f"{k}: {value(x)}" for k, x in v.items()) + "}"
+    return str(v) if v != "" else '""'
+
+
+def code(s: str) -> str:
+    return f"`{s}`"
+
+
+def allowed(k: Key) -> str:
+    """The "allowed:" text of checks.py's error messages; names as code, containers by what they hold."""
+    rule, hint = RULES.get(k.key, Rule()), checks._scalar(k.hint)
+    origin = typing.get_origin(hint) or hint
+    if origin is tuple and not rule.choices:
+        return checks.list_allowed(typing.get_args(hint)[0], rule)
+    if origin is tuple:
+        return "a list of " + ", ".join(map(code, rule.choices)) + " (each at most once)"
+    if origin in (dict, list):
+        return "a mapping" if origin is dict else "a list"
+    if rule.choices:
+        return "one of " + ", ".join(code(value(c)) for c in rule.choices)
+    return checks._allowed(hint, rule)
+
+
+def row(cells: Iterable[str]) -> str:
+    return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    return [row(header), row(["---"] * len(header)), *map(row, rows), ""]
+
+
+def _leading_comment(path: Path) -> str:
+    lines = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("# ").strip())
+    return " ".join(lines)
+
+
+def _values(x: Any) -> str:
+    """An axis's values: all of a short list, the ends and the count of a long one, an interpolation as written."""
+    if not isinstance(x, list):
+        return code(str(x))
+    if len(x) <= 4:
+        return ", ".join(code(value(v)) for v in x)
+    return f"{code(value(x[0]))} … {code(value(x[-1]))} ({len(x)} values)"
+
+
+def _sweep_cell(key: str, v: Any) -> str:
+    """Sweep options in a few words: axis names with their value counts, zipped groups, set keys."""
+    if key == "sweep.axes":
+        return "; ".join(f"{code(a)}: {_values(x)}" for a, x in v.items())
+    if key == "sweep.zip":
+        return "; ".join(" + ".join(map(code, z)) for z in v) or "—"
+    if key == "sweep.set":
+        return ", ".join(code(f"{a}={value(x)}") for a, x in v.items()) or "—"
+    return code(value(v))
+
+
+def _section(
+    name: str, keys: list[Key], conf_dir: Path, base: dict, defaults: dict, ids: set[str]
+) -> list[str]:
+    title = name or "Top level"
+    out = [f"## {title}", ""]
+    if name:
+        out += [DOCS.get(name, ""), ""]
+    else:
+        out += ["The trial's length, and the driver's switches: one value for the whole sweep, never part "
+                "of a trial.", ""]  # fmt: skip
+    options: dict[str, dict] = {}
+    if name in GROUPS:
+        default = defaults.get(name)
+        found = {p.stem: _load(p) for p in (conf_dir / name).glob("*.yaml")}
+        options = {o: found[o] for o in sorted(found, key=lambda o: (o != default, o))}  # the default first
+        pick = f"`{name}=NAME`, default `{default}`" if default else f"`+{name}=NAME`, none by default"
+        out += [f"Config group `conf/{name}/`, chosen with {pick}. Options:", ""]
+        for opt in options:
+            note = _leading_comment(conf_dir / name / f"{opt}.yaml")
+            out.append(f"- `{opt}`" + (f": {note}" if note else ""))
+        out.append("")
+    # defaults: the default option's values in a group, conf/config.yaml's elsewhere, else the dataclass's
+    src = options.get(defaults.get(name, ""), {}) if name in GROUPS else base
+    for part in name.split(".") if name not in GROUPS and name else ():
+        src = src.get(part, {})
+    rows = []
+    for k in keys:
+        v = src.get(k.key.rsplit(".", 1)[-1], k.default)
+        shown = "—" if v is MISSING else code(value(v, k.key))
+        rows.append([code(k.key), shown, allowed(k), "✓" if k.key in ids else "", DOCS.get(k.key, "")])
+    head = f"default (`{defaults[name]}`)" if name in defaults else "default"
+    out += table(["key", head, "allowed", "in trial id", "meaning"], rows)
+    if options:
+        out += _per_option(name, keys, options)
+    return out
+
+
+def _cell(section: str, key: str, v: Any) -> str:
+    if v is MISSING:
+        return "—"
+    return _sweep_cell(key, v) if section == "sweep" else code(value(v, key))
+
+
+def _per_option(name: str, keys: list[Key], options: dict[str, dict]) -> list[str]:
+    """Key x option, for the keys whose value differs between options (an absent key: its dataclass default)."""
+    names = list(options)
+    rows = []
+    for k in keys:
+        leaf = k.key.rsplit(".", 1)[-1]
+        vals = [options[o].get(leaf, k.default) for o in names]
+        if name != "sweep" and all(v == vals[0] for v in vals):
+            continue
+        rows.append([code(k.key), *(_cell(name, k.key, v) for v in vals)])
+    if not rows:
+        return []
+    note = "" if name == "sweep" else " (keys not listed have the same value in every option)"
+    return [f"Values per option{note}:", "", *table(["key", *map(code, names)], rows)]
+
+
+def render_config(conf_dir: Path = CONF_DIR) -> str:
+    """The whole page, as committed at docs/reference/config.md."""
+    keys = schema()
+    raw = _load(conf_dir / "config.yaml")
+    defaults = {k: v for d in raw.get("defaults", []) if isinstance(d, dict) for k, v in d.items()}
+    base = {k: v for k, v in raw.items() if k not in HYDRA_KEYS}
+    ids = identity_keys()
+    out = [
+        "# Configuration reference",
+        "",
+        "> Generated by `python docs/gen/reference.py` from `orchestrator/config/schema.py` (keys, types, ranges), "
+        "`orchestrator/config/schema.py` (meanings) and `conf/` (defaults). Do not edit this page by hand: change "
+        "those and run the generator; `tests/test_reference.py` fails while the page is stale.",
+        "",
+        "Set any key on the command line in Hydra's grammar: `train.steps=50`, a group option with "
+        f"`cluster=v5p_128`, a sweep with `+sweep=cp_scaling`. Trial keys ({', '.join(map(code, TRIAL_KEYS))}"
+        " and the keys under them) may differ per grid point and a sweep may set them; the driver's switches (the "
+        "rest) take one value per sweep. Keys marked *in trial id* enter the hash "
+        "that identifies a trial across sweeps and clusters (resume, regression baselines). A bad value stops "
+        "the sweep before anything starts, with the *allowed* text below in the message. What a sweep "
+        "records in MLflow: [MLflow layout](mlflow.md).",
+        "",
+    ]
+    # ORDER first, then any section it does not name (in schema order): a new section is never left out
+    rank = {s: i for i, s in enumerate(ORDER)}
+    names = sorted(["", *(k for k, v in keys.items() if v.section)], key=lambda s: rank.get(s, len(ORDER)))
+    for name in names:
+        part = [k for k in keys.values() if k.key.rpartition(".")[0] == name and k.section is None]
+        out += _section(name, part, conf_dir, base, defaults, ids)
+    return "\n".join(out).rstrip() + "\n"
+
+
+
+
+CLI_PAGE = CONF_DIR.parent / "docs" / "reference" / "cli.md"
+
+
+def render_cli() -> str:
+    """docs/reference/cli.md: the CLI's own --help text, so the page says what the command does."""
+    return "\n".join(
+        [
+            "# Command line",
+            "",
+            "> Generated by `python docs/gen/reference.py` from `python -m orchestrator --help`"
+            " (`orchestrator/cli/help.py`). Do not edit this page by hand.",
+            "",
+            "```text",
+            help_text().rstrip(),
+            "```",
+            "",
+            "Other entry points:",
+            "",
+            "| command | what it does |",
+            "| --- | --- |",
+            "| `python -m jobs.train trial_spec.json` | one trial from its spec (a child run's `trial_spec.json`), "
+            "no Ray and no MLflow; records as JSON lines |",
+            "| `python -m orchestrator.results.gate SWEEP_ID [--uri URI] [--max-drop 0.1] [--window 5] [--noise-k 1.5] "
+            "[--no-tag]` | the regression gate on its own, for any sweep id (same exit codes) |",
+            "| `python -m orchestrator.calibrate [--fit]` | the step-time model against published runs |",
+            "| `python -m orchestrator.calibrate --from-sweep SWEEP_ID [--uri URI] [--out PATH]` | refit a "
+            "cluster's step-time constants on a finished sweep's trials; writes a cluster config |",
+            "| `python docs/gen/reference.py [--check]` | regenerate (or check) the config and CLI reference |",
+            "",
+            "Every key an override may set: [config keys](config.md); exit codes: [exit codes](exit-codes.md).",
+            "",
+        ]
+    )
+
+
+def main(argv: list[str]) -> int:
+    pages = {CONFIG_PAGE: render_config(), CLI_PAGE: render_cli()}
+    stale = [p for p, text in pages.items() if not p.exists() or p.read_text() != text]
+    if "--check" in argv:
+        for p in stale:
+            print(f"{p} is stale: run `python docs/gen/reference.py`", file=sys.stderr)
+        return 1 if stale else 0
+    for p, text in pages.items():
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+        print(f"wrote {p.relative_to(CONF_DIR.parent)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,103 @@
+"""One ring hop with packed documents: skipped (lax.cond) when the K/V block's summary shows that no local
+query sees any of its keys, otherwise the kernel masks by segment ids and true positions.
+
+Shared by ring, usp and double_ring (through ring.hop_fwd / hop_bwd). Layout structure still saves work
+when a hop runs: contiguous, a visible block from another device is entirely in the past (unmasked but for
+segments); zigzag keeps ring's early / late halves; balanced (arbitrary positions) masks by positions.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jobs.attention import hopcount
+from jobs.attention.core import NEG_INF, match_varying
+from jobs.attention.kernels import get_kernel
+from jobs.attention.kernels.hop import MONOTONIC, Order
+from jobs.attention.tokens import Tokens, block_sees
+
+ALL = slice(None)
+
+
+def _order(cfg) -> Order:
+    return Order("balanced", cfg.size) if cfg.layout == "balanced" else MONOTONIC
+
+
+def _causal(cfg, own: bool) -> bool:
+    """Whether this hop's kernel needs the causal mask (see the module docstring)."""
+    return cfg.causal and (own or cfg.layout == "balanced")
+
+
+def _halves(cfg, own: bool) -> bool:
+    return cfg.causal and not own and cfg.layout == "zigzag"
+
+
+def hop_fwd(cfg, j, r, q, k, v, qt: Tokens, kt: Tokens, *, own: bool):
+    """(out fp32, lse fp32) of the local queries (Tokens qt) against the K/V block of ring position j (kt)."""
+    kern = get_kernel(cfg.kernel)
+    kw = dict(block_q=cfg.block_q, block_kv=cfg.block_kv, order=_order(cfg))
+    refs = (q, k, v, qt.pos, kt.pos)
+
+    def fwd(qs, ks, causal):
+        segs = dict(q_seg=qt.seg[:, qs], kv_seg=kt.seg[:, ks])
+        return kern.fwd(
+            q[:, qs], k[:, ks], v[:, ks], qt.pos[:, qs], kt.pos[:, ks], causal=causal, **kw, **segs
+        )
+
+    def empty(n):
+        shape = (q.shape[0], n, q.shape[2])
+        o = match_varying(jnp.zeros((*shape, q.shape[3]), jnp.float32), *refs)
+        return o, match_varying(jnp.full(shape, NEG_INF, jnp.float32), *refs)
+
+    def run():
+        hopcount.note("fwd")
+        if not _halves(cfg, own):
+            return fwd(ALL, ALL, _causal(cfg, own))
+        c = q.shape[1] // 2
+
+        def late():
+            o1, lse1 = fwd(slice(c, None), ALL, False)
+            o0, lse0 = empty(c)
+            return jnp.concatenate([o0, o1], 1), jnp.concatenate([lse0, lse1], 1)
+
+        return jax.lax.cond(j < r, lambda: fwd(ALL, slice(None, c), False), late)
+
+    if own:  # a token always sees itself
+        return run()
+    return jax.lax.cond(block_sees(qt, kt, cfg.causal), run, lambda: empty(q.shape[1]))
+
+
+def hop_bwd(cfg, j, r, q, k, v, o, lse, do, qt: Tokens, kt: Tokens, *, own: bool):
+    """(dq, dk, dv) fp32 of one hop (as hop_fwd), recomputed from the saved global out and lse."""
+    kern = get_kernel(cfg.kernel)
+    kw = dict(block_q=cfg.block_q, block_kv=cfg.block_kv, order=_order(cfg))
+    refs = (q, k, v, o, lse, do, qt.pos, kt.pos)
+
+    def bwd(qs, ks, causal):
+        segs = dict(q_seg=qt.seg[:, qs], kv_seg=kt.seg[:, ks])
+        args = (q[:, qs], k[:, ks], v[:, ks], o[:, qs], lse[:, qs], do[:, qs], qt.pos[:, qs], kt.pos[:, ks])
+        return kern.bwd(*args, causal=causal, **kw, **segs)
+
+    def zeros(x):
+        return match_varying(jnp.zeros(x.shape, jnp.float32), *refs)
+
+    def run():
+        hopcount.note("bwd")
+        if not _halves(cfg, own):
+            return bwd(ALL, ALL, _causal(cfg, own))
+        c = q.shape[1] // 2
+
+        def early():
+            dq, dk0, dv0 = bwd(ALL, slice(None, c), False)
+            return dq, jnp.concatenate([dk0, zeros(dk0)], 1), jnp.concatenate([dv0, zeros(dv0)], 1)
+
+        def late():
+            dq1, dk, dv = bwd(slice(c, None), ALL, False)
+            return jnp.concatenate([zeros(dq1), dq1], 1), dk, dv
+
+        return jax.lax.cond(j < r, early, late)
+
+    if own:
+        return run()
+    return jax.lax.cond(block_sees(qt, kt, cfg.causal), run, lambda: (zeros(q), zeros(k), zeros(v)))

@@ -1,0 +1,93 @@
+"""Ulysses CP: all-to-all sequence->heads, full-sequence attention on H/U heads, all-to-all back.
+
+GQA-aware: with fewer KV heads than the Ulysses size U (U a multiple of Hkv) each KV head is replicated
+U/Hkv times before the exchange; autodiff of the repeat sums the replicas' gradients.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh
+
+from jobs import strategies
+from jobs.attention.kernels import attend
+from jobs.attention.kernels.hop import Order
+from jobs.attention.layout import global_positions
+from jobs.attention.sharding import Options, axis_size
+
+
+def seq_to_heads(x_BxLlxHxD: jax.Array, axis: str) -> jax.Array:
+    """A[B, L_axis, H, D] -> A[B, L, H_axis, D]."""
+    return jax.lax.all_to_all(x_BxLlxHxD, axis, split_axis=2, concat_axis=1, tiled=True)
+
+
+def heads_to_seq(x_BxLxHuxD: jax.Array, axis: str) -> jax.Array:
+    """A[B, L, H_axis, D] -> A[B, L_axis, H, D]."""
+    return jax.lax.all_to_all(x_BxLxHuxD, axis, split_axis=1, concat_axis=2, tiled=True)
+
+
+def gather_tokens(pos_BxLl, seg_BxLl, axis: str, size: int) -> tuple:
+    """Packed documents: (pos, seg) of the longer sequence an all-to-all assembles (they have no heads to
+    trade, so every device gathers them whole); () without segment ids."""
+    if seg_BxLl is None:
+        return ()
+    if size == 1:
+        return pos_BxLl, seg_BxLl
+    return tuple(jax.lax.all_gather(x, axis, axis=1, tiled=True) for x in (pos_BxLl, seg_BxLl))
+
+
+def ulysses_exchange(
+    q_BxLlxHxD: jax.Array,
+    k_BxLlxKxD: jax.Array,
+    v_BxLlxKxD: jax.Array,
+    *,
+    axis: str,
+    size: int,
+    inner: Callable[..., jax.Array],
+    pos_BxLl: jax.Array | None = None,
+    seg_BxLl: jax.Array | None = None,
+) -> jax.Array:
+    """Trade sequence for heads over `axis`, run inner(q, k, v[, pos, seg]) on the longer sequence, trade
+    back (pos, seg: packed documents, gathered over `axis`)."""
+    tok = gather_tokens(pos_BxLl, seg_BxLl, axis, size)
+    if size == 1:
+        return inner(q_BxLlxHxD, k_BxLlxKxD, v_BxLlxKxD, *tok)
+    K = k_BxLlxKxD.shape[2]
+    if K < size:  # cp_rules guarantees size % K == 0: device u then gets (a copy of) KV head u // (size/K)
+        k_BxLlxKxD = jnp.repeat(k_BxLlxKxD, size // K, axis=2)
+        v_BxLlxKxD = jnp.repeat(v_BxLlxKxD, size // K, axis=2)
+    q, k, v = (seq_to_heads(x, axis) for x in (q_BxLlxHxD, k_BxLlxKxD, v_BxLlxKxD))
+    return heads_to_seq(inner(q, k, v, *tok), axis)
+
+
+def ulysses_local(mesh: Mesh, L: int, o: Options) -> Callable:
+    """Per-device body over A[B, L_context, H, D] (natural or zigzag order)."""
+    axis = strategies.get("ulysses").ulysses_axis
+    P = axis_size(mesh, axis)
+
+    def full_sequence(q_BxLxHuxD, k_BxLxKuxD, v_BxLxKuxD, pos_BxL=None, seg_BxL=None):
+        if seg_BxL is not None:  # packed documents: masks from the gathered positions and segment ids
+            return attend(
+                q_BxLxHuxD, k_BxLxKuxD, v_BxLxKuxD, pos_BxL, pos_BxL, o.causal, o.kernel, o.block_q,
+                o.block_kv, Order(o.layout, P), (seg_BxL, seg_BxL),
+            )  # fmt: skip
+        pos_L = global_positions(L, o.layout, P)  # after the exchange every device holds all tokens
+        return attend(
+            q_BxLxHuxD,
+            k_BxLxKuxD,
+            v_BxLxKuxD,
+            pos_L,
+            pos_L,
+            o.causal,
+            o.kernel,
+            o.block_q,
+            o.block_kv,
+            Order(o.layout, P),  # the whole sequence in layout order (static-mask kernels need it)
+        )
+
+    return lambda q, k, v, pos=None, seg=None: ulysses_exchange(
+        q, k, v, axis=axis, size=P, inner=full_sequence, pos_BxLl=pos, seg_BxLl=seg
+    )

@@ -1,0 +1,136 @@
+"""GPU kernel: cuDNN flash attention behind the (out, lse) / (dq, dk, dv) kernel interface.
+
+Why the private module: the public jax.nn.dot_product_attention(implementation="cudnn", return_residual=True)
+casts the softmax stats to the output dtype and its VJP drops their gradient, so merging hops through it is
+silently wrong. jax 0.10.2 jax/_src/cudnn/fused_attention_stablehlo.py: `dot_product_attention(...,
+return_residual=True)` (line 1939) returns (out, stats) with stats fp32 [B, N, T], the natural-log logsumexp
+of the scaled scores; the backward primitive `_dot_product_attention_bwd_p_wrapper` (line 1170, bound like
+`_dot_product_attention_bwd_rule`, line 466) takes (q, k, v, bias, q_seqlen, kv_seqlen, q_offsets,
+kv_offsets, page_table_k, page_table_v, stats, out, dout), so a hop's backward gets the GLOBAL out and lse
+(what Transformer Engine's JAX ring does). tests/test_kernels_flash.py checks those names on any host.
+
+cuDNN has no fp32 flash path and no offset-causal mask: fp32 inputs and a device's query block against the
+whole sequence (all_gather) run the xla kernel, which is exact for any positions. So do packed documents
+(segment ids): cuDNN's ragged q_seqlen/offsets path is not wired here yet. So does any shape cuDNN's own check
+refuses (head_dim over 256 on Hopper, 128 before it; no cuDNN found). Every such fallback is decided while
+tracing, logged once per reason, and kept in FALLBACKS, which the trial's start record reports.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import jax
+import jax.numpy as jnp
+
+from jobs.attention.kernels.hop import MONOTONIC, Order
+from jobs.attention.kernels.xla import xla_bwd, xla_fwd
+from jobs.strategies import rules as cp_rules
+
+try:  # a private module: absent or moved means "no flash kernel", never an import error for the project
+    from jax._src.cudnn import fused_attention_stablehlo as _fa
+except ImportError:  # pragma: no cover
+    _fa = None
+
+
+log = logging.getLogger(__name__)
+# Why the flash kernel ran the xla kernel instead, in the order first seen: jobs/train.py clears it before a
+# compile and reports what that compile's tracing added (the start record's kernel_fallbacks).
+FALLBACKS: dict[str, None] = {}
+
+
+def refusal(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool, segmented: bool = False) -> str:
+    """Why cuDNN flash cannot run this call ("" when it can); fwd and bwd ask alike, so they always agree."""
+    if _fa is None:
+        return "jax's cuDNN attention module is missing"
+    if q.dtype not in (jnp.bfloat16, jnp.float16):
+        return f"{q.dtype} inputs (cuDNN flash is bf16/fp16 only)"
+    if causal and q.shape[1] != k.shape[1]:
+        return "a causal block with its own offset (cuDNN's causal mask is by index)"
+    if segmented:
+        return "packed documents (segment ids are not wired to cuDNN)"
+    try:  # cuDNN's own shape rules (head_dim, architecture, version), as its entry point would apply them
+        layout = _fa.AttentionLayout.BTNH.value
+        _fa.check_is_flash_attention(q, k, v, layout, _fa.check_cudnn_version(), False, True)
+    except (NotImplementedError, RuntimeError) as e:
+        return f"cuDNN refuses it: {e}"
+    return ""
+
+
+def _falls_back(q, k, v, causal: bool, q_seg) -> bool:
+    why = refusal(q, k, v, causal, q_seg is not None)
+    if why and why not in FALLBACKS:
+        FALLBACKS[why] = None
+        log.warning("flash attention kernel: %s; running the xla kernel", why)
+    return bool(why)
+
+
+def _mask(causal: bool):
+    return _fa.MaskType.CAUSAL if causal else _fa.MaskType.NO_MASK
+
+
+def _perm(k: jax.Array, causal: bool, order: Order):
+    """Zigzag whole sequences go to natural order (the cuDNN causal mask is by index)."""
+    if not (causal and order.permuted):
+        return None, None
+    perm = cp_rules.zigzag_permutation(k.shape[1], order.ring)
+    return jnp.asarray(perm, jnp.int32), jnp.asarray(cp_rules.inverse_permutation(perm), jnp.int32)
+
+
+def _take(x: jax.Array, idx) -> jax.Array:
+    return x if idx is None else jnp.take(x, idx, axis=1)
+
+
+def flash_fwd(
+    q, k, v, q_pos, kv_pos, *, causal: bool, block_q: int, block_kv: int, order: Order = MONOTONIC,
+    q_seg=None, kv_seg=None,
+):  # fmt: skip
+    """(out fp32 [B, Lq, H, D], lse fp32 [B, Lq, H])."""
+    if _falls_back(q, k, v, causal, q_seg):
+        segs = {} if q_seg is None else {"q_seg": q_seg, "kv_seg": kv_seg}
+        return xla_fwd(q, k, v, q_pos, kv_pos, causal=causal, block_q=block_q, block_kv=block_kv, **segs)
+    perm, inv = _perm(k, causal, order)
+    q, k, v = (_take(x, inv) for x in (q, k, v))
+    out, stats_BxHxL = _fa.dot_product_attention(
+        q, k, v, scale=q.shape[-1] ** -0.5, mask_type=_mask(causal), qkv_layout="BTNH", return_residual=True
+    )
+    lse = jnp.swapaxes(stats_BxHxL.astype(jnp.float32), 1, 2)
+    return _take(out.astype(jnp.float32), perm), _take(lse, perm)
+
+
+def flash_bwd(
+    q, k, v, o, lse, do, q_pos, kv_pos, *, causal: bool, block_q: int, block_kv: int, order: Order = MONOTONIC,
+    q_seg=None, kv_seg=None,
+):  # fmt: skip
+    """dq, dk, dv (fp32) from the given (global) out and lse."""
+    if _falls_back(q, k, v, causal, q_seg):
+        segs = {} if q_seg is None else {"q_seg": q_seg, "kv_seg": kv_seg}
+        kw = dict(causal=causal, block_q=block_q, block_kv=block_kv, **segs)
+        return xla_bwd(q, k, v, o, lse, do, q_pos, kv_pos, **kw)
+    perm, inv = _perm(k, causal, order)
+    q, k, v, do = (_take(x, inv) for x in (q, k, v, do.astype(q.dtype)))
+    o, lse = _take(o.astype(q.dtype), inv), _take(lse.astype(jnp.float32), inv)
+    unused = jnp.zeros(0, q.dtype)
+    dq, dk, dv = _fa._dot_product_attention_bwd_p_wrapper.bind(
+        q,
+        k,
+        v,
+        unused,  # bias
+        unused,  # q_seqlen
+        unused,  # kv_seqlen
+        unused,  # q_offsets
+        unused,  # kv_offsets
+        unused,  # page_table_k
+        unused,  # page_table_v
+        jnp.swapaxes(lse, 1, 2),  # softmax stats [B, N, T]
+        o,
+        do,
+        scale=q.shape[-1] ** -0.5,
+        seed=42,  # the public API's default; no dropout, so unused
+        dropout_rate=0.0,
+        variadic_args=(False, False),  # (has_bias, has_dbias)
+        mask_type=_mask(causal),
+        layout=_fa.AttentionLayout.BTNH.value,
+        sliding_window_length=None,
+    )
+    return tuple(_take(g.astype(jnp.float32), perm) for g in (dq, dk, dv))

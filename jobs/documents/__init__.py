@@ -1,6 +1,0 @@
-"""Packed long-context documents: sources (ArrayRecord / Parquet, local or gs://), packers, the iterator."""
-
-from jobs.documents.loader import DocumentIterator, Options, check
-from jobs.documents.sources import decode_record, encode_record
-
-__all__ = ["DocumentIterator", "Options", "check", "decode_record", "encode_record"]

@@ -1,0 +1,215 @@
+"""The command line as a Hydra user expects it: overrides, `-m` sweeps, --help, --cfg, --info.
+
+Hydra's `@hydra.main` is not the entry point (the driver composes once and Ray is the executor, DESIGN.md §1),
+so its flags are handled here: `-m key=a,b` becomes a grid axis of `sweep`, exactly as a sweep file's `axes`.
+Bad input of any kind is a ConfigError: one line, exit 2, nothing started.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Glob, Override, QuotedString, ValueType
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from orchestrator.config import keys as checks
+from orchestrator.config.grid import GROUP_AXES, points
+from orchestrator.config.load import CONF_DIR, ConfigError, group_option, info, load
+
+CFG_CHOICES = ("job", "hydra", "all")
+INFO_CHOICES = ("all", "config", "defaults", "defaults-tree", "searchpath", "plugins")
+_FLAGS = {"-h": "help", "--help": "help", "-m": "multirun", "--multirun": "multirun", "--resolve": "resolve",
+          "-c": "cfg", "--cfg": "cfg", "-p": "package", "--package": "package",
+          "-i": "info", "--info": "info"}  # fmt: skip
+_SWITCHES = ("help", "multirun", "resolve")
+ALLOWED = (f"-h/--help, -m/--multirun, -c/--cfg {'|'.join(CFG_CHOICES)}, --resolve, -p/--package KEY, "
+           f"-i/--info [{'|'.join(INFO_CHOICES)}]")  # fmt: skip
+NO_HYDRA_NODE = ("# hydra: not applicable: conf/ is composed with Hydra's compose API and trials run on Ray, "
+                 "so no hydra node (run dir, launcher, sweeper, logging) is used\n")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Args:
+    """The parsed command line: Hydra overrides (their own grammar) and the flags."""
+
+    overrides: tuple[str, ...] = ()
+    multirun: bool = False  # sweep overrides (key=a,b) become grid axes
+    help: bool = False
+    cfg: str = ""  # job | hydra | all: print the config instead of running
+    resolve: bool = False  # accepted as Hydra has it: --cfg always resolves (a trial never sees `${...}`)
+    package: str = ""  # with --cfg: only this part of the config
+    info: str = ""  # one of INFO_CHOICES: what Hydra's --info shows
+
+
+def parse_args(argv: list[str]) -> Args:
+    """Flags anywhere on the line, like Hydra's; anything not starting with `-` is an override."""
+    found: dict[str, Any] = {}
+    overrides: list[str] = []
+    rest = list(argv)
+    while rest:
+        token = rest.pop(0)
+        if not token.startswith("-"):
+            overrides.append(token)
+            continue
+        flag, eq, value = token.partition("=")
+        name = _FLAGS.get(flag)
+        if name is None:
+            raise ConfigError(f"unknown flag {token!r}; allowed: {ALLOWED}, then overrides key=value")
+        if name in _SWITCHES:
+            if eq:
+                raise ConfigError(f"{flag} takes no value, got {token!r}")
+            value = True
+        elif name == "info":  # its value is optional, as in Hydra: --info alone is --info all
+            value = value or (rest.pop(0) if rest and rest[0] in INFO_CHOICES else "all")
+        elif not eq:
+            if not rest or rest[0].startswith("-"):
+                raise ConfigError(f"{flag} needs a value, e.g. {flag} {'job' if name == 'cfg' else 'model'}")
+            value = rest.pop(0)
+        found[name] = value
+    for name, choices in (("cfg", CFG_CHOICES), ("info", INFO_CHOICES)):
+        if name in found and found[name] not in choices:
+            raise ConfigError(f"--{name} takes one of {', '.join(choices)}, got {found[name]!r}")
+    return Args(overrides=tuple(overrides), **found)
+
+
+def split_sweeps(args: Args, conf_dir: Path = CONF_DIR) -> tuple[list[str], dict[str, list]]:
+    """(the plain overrides, the grid axes from `-m` sweep overrides, typed as Hydra parsed them)."""
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(args.overrides))
+    except Exception as e:  # Hydra's grammar error, already naming the override
+        raise ConfigError(" ".join(str(e).split())) from e
+    plain: list[str] = []
+    axes: dict[str, list] = {}
+    for text, o in zip(args.overrides, parsed, strict=True):
+        if not o.is_sweep_override():
+            plain.append(text)
+        elif not args.multirun:
+            key, value = o.get_key_element(), o.get_value_string()
+            simple = o.value_type == ValueType.SIMPLE_CHOICE_SWEEP  # a,b: the list and string forms are plain
+            ways = f"write {key}=[{value}] for a list, {key}='{value}' for a string, or " if simple else ""
+            raise ConfigError(f"ambiguous value for argument {text!r}: {ways}add -m (or --multirun) to sweep "
+                              "over it")  # fmt: skip
+        else:
+            axes[o.key_or_group] = _axis_values(o, text, conf_dir)
+    return plain, axes
+
+
+def _axis_values(o: Override, text: str, conf_dir: Path) -> list:
+    key = o.key_or_group
+    if key == "sweep":
+        raise ConfigError(
+            f"{text!r}: one sweep file per run; pick one +sweep=NAME and add axes with -m key=a,b"
+        )
+    if o.package or o.is_hydra_override():
+        raise ConfigError(
+            f"{text!r} cannot be a grid axis: sweep a trial key or one of {', '.join(GROUP_AXES)}"
+        )
+    if o.is_interval_sweep():
+        raise ConfigError(f"{text!r} is a continuous interval (for a sampler); a grid needs listed values, "
+                          f"e.g. {key}=a,b, {key}=range(1,4) or {key}=choice(a,b)")  # fmt: skip
+    checks.check_sweep_key(key, "sweep axis")
+    value = o.value()
+    if isinstance(value, Glob):
+        if key not in GROUP_AXES:
+            raise ConfigError(f"{text!r}: glob() picks options of a config group ({', '.join(GROUP_AXES)})")
+        values: list = value.filter(sorted(p.stem for p in (conf_dir / key).glob("*.yaml")))
+    else:
+        values = [_plain(v) for v in o.sweep_iterator()]
+    if key in GROUP_AXES:
+        for v in values:
+            group_option(key, str(v), conf_dir)  # an unknown option fails here, as in a sweep file
+    return values
+
+
+def _plain(v: Any) -> Any:
+    """A parsed element as YAML would give it: quoted strings as str, inside lists and dicts too."""
+    if isinstance(v, QuotedString):
+        return v.text
+    if isinstance(v, list):
+        return [_plain(x) for x in v]
+    if isinstance(v, dict):
+        return {_plain(k): _plain(x) for k, x in v.items()}
+    return v
+
+
+def compose(args: Args, conf_dir: Path = CONF_DIR) -> DictConfig:
+    """Compose the plain overrides; `-m` axes join `+sweep=NAME`'s (replacing an axis of the same key) or
+    make a sweep named "cli" (a fixed `+sweep.id=...` still resumes it)."""
+    plain, axes = split_sweeps(args, conf_dir)
+    cfg = load(plain, conf_dir)
+    sweep = OmegaConf.to_container(cfg.sweep, resolve=True) if cfg.get("sweep") else {}
+    merged = flat_keys(sweep.get("axes") or {}) | axes  # dict order: a replaced axis keeps its place
+    # `strategy.block_q=128` with a strategy axis: each point loads its option whole, so the key goes to the
+    # sweep's `set`, which grid.expand applies on top of every option it loads
+    cli_keys = _cli_keys(plain)
+    groups = {a for a in merged if a in GROUP_AXES}
+    kept = {k: v for k, v in cli_keys.items() if "." in k and k.split(".")[0] in groups}
+    # and a key the sweep file's `set` also names: the command line wins, as for any other key
+    sweep_set = flat_keys(sweep.get("set") or {})
+    kept |= {k: v for k, v in cli_keys.items() if k in sweep_set}
+    if axes or kept:
+        with open_dict(cfg):
+            cfg.sweep = {"name": sweep.get("name") or "cli", "id": sweep.get("id") or "", "axes": merged,
+                         "zip": sweep.get("zip") or [], "set": sweep_set | kept}  # fmt: skip
+    return cfg
+
+
+def _cli_keys(plain: list[str]) -> dict[str, Any]:
+    """The plain overrides that set a trial key (not the sweep itself, not Hydra's), as dotted key -> value."""
+    parsed = OverridesParser.create().parse_overrides(plain)
+    return {o.key_or_group: _plain(o.value()) for o in parsed
+            if not (o.is_delete() or o.is_hydra_override() or o.key_or_group.split(".")[0] == "sweep")}  # fmt: skip
+
+
+def flat_keys(tree: dict, prefix: str = "") -> dict:
+    """Nested axes (as `+sweep.axes.train.steps=[..]` writes them) as dotted keys, so `-m` replaces them."""
+    out: dict = {}
+    for k, v in tree.items():
+        out |= flat_keys(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v}
+    return out
+
+
+def show(cfg: DictConfig, args: Args, conf_dir: Path = CONF_DIR) -> str:
+    """--info or --cfg output; starts nothing."""
+    if args.info:
+        text = info(split_sweeps(args, conf_dir)[0], args.info, conf_dir)
+        if args.info in ("all", "config"):
+            text += "\nConfig\n" + cfg_text(cfg, Args(cfg="job"))
+        return text
+    return cfg_text(cfg, args)
+
+
+def cfg_text(cfg: DictConfig, args: Args) -> str:
+    """The config a trial gets, as YAML, resolved; with a sweep, the base (`sweep.set` applied), the grid."""
+    if args.cfg == "hydra":
+        return NO_HYDRA_NODE
+    tree = OmegaConf.to_container(cfg, resolve=True)
+    sweep = tree.pop("sweep", None) or {}
+    base = OmegaConf.create(tree)
+    OmegaConf.set_struct(base, True)  # a `set` key that is not in the config fails, as in grid.expand
+    for dotted, value in (sweep.get("set") or {}).items():
+        checks.check_sweep_key(dotted, "sweep.set key")
+        try:
+            OmegaConf.update(base, dotted, value, merge=False)
+        except Exception as e:
+            raise ConfigError(f"sweep.set key {dotted!r} is not a config key — check the name against "
+                              "conf/config.yaml") from e  # fmt: skip
+    if args.package:
+        node = OmegaConf.select(base, args.package)
+        if node is None:
+            raise ConfigError(f"package {args.package!r} not found in the config; top-level keys: "
+                              f"{', '.join(base)}")  # fmt: skip
+        body = OmegaConf.to_yaml(node) if OmegaConf.is_config(node) else f"{node}\n"
+        text = f"# @package {args.package}\n{body}"
+    else:
+        text = OmegaConf.to_yaml(base)
+        if sweep:
+            grid = points(sweep)
+            shown = {"sweep": {**sweep, "size": len(grid), "points": [dict(p) for p in grid]}}
+            text += "# the grid: each point is a trial of the config above with its axes set\n"
+            text += yaml.safe_dump(shown, default_flow_style=None, sort_keys=False, width=110)
+    return text + (NO_HYDRA_NODE if args.cfg == "all" else "")

@@ -1,0 +1,152 @@
+"""Expand a sweep into frozen TrialSpecs: one compose, each axis option loaded once, points built in memory."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from jobs import strategies
+from jobs.spec import ClusterSpec, MeshSpec, TrialSpec
+from orchestrator.config import keys as checks
+from orchestrator.config.load import CONF_DIR, group_option
+from orchestrator.config.schema import ConfigError, MeshConfig
+
+GROUP_AXES = ("model", "strategy", "mesh", "cluster")  # axis values name a config group option
+
+
+def _set(d: dict, dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    for p in parents:
+        if not isinstance(d.get(p), dict):
+            raise ConfigError(
+                f"sweep key {dotted!r} is not a config key — check the name against conf/config.yaml"
+            )
+        d = d[p]
+    if leaf not in d:
+        raise ConfigError(
+            f"sweep key {dotted!r} is not a config key — check the name against conf/config.yaml"
+        )
+    d[leaf] = value
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict[str, list]:
+    """Axes may nest (`train: {steps: [..]}`, as `+sweep.axes.train.steps=[..]` writes them) or be dotted."""
+    out: dict[str, list] = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out |= _flatten(v, f"{prefix}{k}.")
+        elif isinstance(v, list | tuple):
+            out[f"{prefix}{k}"] = list(v)
+        else:
+            raise ConfigError(f"sweep axis {prefix}{k!r} must be a list of values, got {v!r}")
+    return out
+
+
+def _dotted(tree: dict, prefix: str = "") -> dict[str, Any]:
+    """`set` may nest (`+sweep.set.train.steps=4` writes {train: {steps: 4}}): one dotted key per leaf, so a
+    nested set changes that key, not its whole section."""
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        out |= _dotted(v, f"{prefix}{k}.") if isinstance(v, dict) and v else {f"{prefix}{k}": v}
+    return out
+
+
+def points(sweep: dict | None) -> list[tuple[tuple[str, Any], ...]]:
+    """The grid's points as ((axis, value), ...): zipped groups move together, the rest are crossed."""
+    if not sweep:
+        return [()]
+    axes = _flatten(sweep.get("axes") or {})
+    for name, values in axes.items():
+        if not values:
+            raise ConfigError(f"sweep {sweep.get('name')!r}: axis {name!r} has no values — the grid is empty")
+    zipped = [list(z) for z in (sweep.get("zip") or [])]
+    for z in zipped:
+        missing = [a for a in z if a not in axes]
+        if missing:
+            raise ConfigError(f"sweep zip names unknown axes {missing}; axes are {list(axes)}")
+        lens = {a: len(axes[a]) for a in z}
+        if len(set(lens.values())) != 1:
+            raise ConfigError(f"sweep zip {z} needs equal-length axes, got {lens}")
+    in_zip = {a for z in zipped for a in z}
+    factors = [[tuple((a, axes[a][i]) for a in z) for i in range(len(axes[z[0]]))] for z in zipped]
+    factors += [[((a, v),) for v in axes[a]] for a in axes if a not in in_zip]
+    return [tuple(kv for f in combo for kv in f) for combo in itertools.product(*factors)]
+
+
+def resolve_mesh(mesh: dict, strategy: str, model: dict, devices: int) -> MeshSpec:
+    """Fill "auto" axes: every device not on data/fsdp/tensor goes to the strategy's context axes, split as
+    its registry entry says (usp: the largest Ulysses degree the KV heads allow, keeping a ring of 2)."""
+    m = MeshConfig(**mesh)  # the schema's defaults for the axes a mesh option leaves out
+    fixed = m.data * m.fsdp * m.tensor
+    hq, hkv = model["q_heads"] // m.tensor, max(model["kv_heads"] // m.tensor, 1)
+    c, u = strategies.get(strategy).resolve_mesh(
+        max(devices // fixed, 1), m.context, m.context_ulysses, hq, hkv
+    )
+    return MeshSpec(data=m.data, fsdp=m.fsdp, context=c, context_ulysses=u, tensor=m.tensor, dcn=m.dcn)
+
+
+def expand(cfg: DictConfig, conf_dir=CONF_DIR) -> list[TrialSpec]:
+    """Every point of the sweep (or the single base point) as a TrialSpec, in grid order."""
+    base = OmegaConf.to_container(cfg, resolve=True)
+    sweep = base.pop("sweep", None)
+    sets = _dotted((sweep or {}).get("set") or {})
+    for dotted, value in sets.items():
+        checks.check_sweep_key(dotted, "sweep.set key")
+        _set(base, dotted, value)
+    grid = points(sweep)
+    for axis in _flatten((sweep or {}).get("axes") or {}):
+        checks.check_sweep_key(axis, "sweep axis")
+    options: dict[tuple[str, str], dict] = {}  # each group option read once
+    specs, bad = [], []
+    for point in grid:
+        d = copy.deepcopy(base)
+        for axis, value in point:
+            if axis in GROUP_AXES:
+                key = (axis, str(value))
+                if key not in options:
+                    options[key] = group_option(axis, str(value), conf_dir)
+                d[axis] = copy.deepcopy(options[key])
+                for dotted, v in sets.items():  # a set key inside the group holds for every option
+                    if dotted.startswith(f"{axis}."):
+                        _set(d, dotted, copy.deepcopy(v))
+            else:
+                _set(d, axis, value)
+        found = checks.check_point(d)
+        if found:  # keep going: the message says how many other points fail too
+            bad.append((point, found[0]))
+        elif not bad:
+            specs.append(build(d, point))
+    if bad:
+        point, problem = bad[0]
+        where = f"grid point {' '.join(f'{k}={v}' for k, v in point)}" if point else "the single trial"
+        more = f"; {len(bad) - 1} more of {len(grid)} grid points fail too" if len(bad) > 1 else ""
+        raise ConfigError(problem.line(where + more))
+    return specs
+
+
+def build(d: dict, point: tuple = ()) -> TrialSpec:
+    """One TrialSpec from a resolved config dict that passed checks.check_point; train.remat=auto becomes the
+    point's own policy here (orchestrator/plan/auto.py), before anything hashes or records it."""
+    cluster = ClusterSpec(**d["cluster"])
+    mesh = resolve_mesh(d["mesh"], d["strategy"]["name"], d["model"], cluster.devices)
+    spec = TrialSpec.from_dict(
+        {
+            "model": d["model"],
+            "mesh": dataclasses.asdict(mesh),
+            "strategy": d["strategy"],
+            "context_length": d["context_length"],
+            "train": d["train"],
+            "cluster": dataclasses.asdict(cluster),
+            "run": d["run"],
+            "axes": [list(kv) for kv in point],
+        }
+    )
+    if spec.train.remat != "auto":
+        return spec
+    from orchestrator.plan import auto  # the planner, only for a point that asks it to choose
+
+    return auto.resolve(spec)

@@ -1,0 +1,134 @@
+"""Compose the Hydra config once, turn config errors into one clear line, and show what composed (--info)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from hydra.core.default_element import DefaultsTreeNode, GroupDefault, InputDefault
+from hydra.core.global_hydra import GlobalHydra
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from jobs import strategies
+from orchestrator import REPO
+from orchestrator.config import keys as checks
+from orchestrator.config.schema import ConfigError, Options
+
+__all__ = ["CONF_DIR", "GROUPS", "ConfigError", "Loaded", "group_option", "info", "load", "load_typed"]
+
+CONF_DIR = REPO / "conf"
+GROUPS = ("model", "strategy", "mesh", "cluster", "tracking", "sweep")
+
+
+# `${cp_strategies:}` in a sweep: every CP strategy of the registry, so a new one joins the sweeps by itself.
+OmegaConf.register_new_resolver("cp_strategies", lambda: list(strategies.CP_NAMES), replace=True)
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A composed config: the tree grid.expand turns into trials, and the driver's switches, typed."""
+
+    cfg: DictConfig
+    options: Options
+
+    @classmethod
+    def of(cls, cfg: DictConfig) -> Loaded:
+        """Check a composed config's top-level options against the schema (the first problem raises) and
+        type them; trial keys are checked per grid point by grid.expand."""
+        return cls(cfg, checks.check_options(OmegaConf.to_container(cfg, resolve=True)))
+
+
+def load_typed(overrides: list[str], conf_dir: Path = CONF_DIR) -> Loaded:
+    """Compose `config.yaml` with command-line overrides (Hydra's own grammar), then check and type the
+    driver's options."""
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=list(overrides))
+        tree = OmegaConf.to_container(cfg, resolve=True)
+    except Exception as e:  # hydra raises several types; all mean "bad input"
+        raise ConfigError(_one_line(e, overrides)) from e
+    return Loaded(cfg, checks.check_options(tree))
+
+
+def load(overrides: list[str], conf_dir: Path = CONF_DIR) -> DictConfig:
+    """load_typed's config alone, checked the same, for callers that only expand it into trials."""
+    return load_typed(overrides, conf_dir).cfg
+
+
+def _one_line(e: Exception, overrides: list[str]) -> str:
+    msg = " ".join(str(e).split())
+    for g in GROUPS:
+        if f"'{g}'" in msg and ("Could not find" in msg or "not found" in msg):
+            opts = sorted(p.stem for p in (CONF_DIR / g).glob("*.yaml"))
+            return f"{msg.split('Available options')[0].strip()} — choose {g} from: {', '.join(opts)}"
+    if "Key '" in msg and "not in struct" in msg:
+        return f"{msg.split(' full_key')[0]} — check the key name, or add it with '+key=value'"
+    return msg
+
+
+def group_option(group: str, name: str, conf_dir: Path = CONF_DIR) -> dict:
+    """One option of a config group (conf/<group>/<name>.yaml) as a plain dict, read as the driver composes
+    it (OmegaConf: YAML 1.1 would read `9.0e10` as a string). The one reader of a group option: the grid
+    (once per axis value, not per point), the planner's published rows, tests and benchmarks."""
+    path = conf_dir / group / f"{name}.yaml"
+    if not path.exists():
+        opts = sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
+        raise ConfigError(f"unknown {group} {name!r} in the sweep grid — choose from: {', '.join(opts)}")
+    return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+
+
+def info(overrides: list[str], what: str = "all", conf_dir: Path = CONF_DIR) -> str:
+    """What Hydra's `--info` shows, from the compose API's config loader: the search path, the config groups,
+    the defaults tree and list (composition order). Hydra's own `hydra/` configs are left out: nothing here
+    uses them (no run dir, launcher or sweeper)."""
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+            loader = GlobalHydra.instance().config_loader()
+            found = loader.compute_defaults_list("config", list(overrides), RunMode.RUN)
+            search = [(e.provider, e.path) for e in loader.get_search_path().get_path()]
+            groups = {g: loader.get_group_options(g) for g in loader.list_groups("") if g != "hydra"}
+    except Exception as e:
+        raise ConfigError(_one_line(e, overrides)) from e
+    choices = found.overrides.known_choices
+    listed = "".join(f"  {g}: {', '.join(f'[{o}]' if choices.get(g) == o else o for o in opts)}\n"
+                     for g, opts in groups.items())  # fmt: skip
+    rows = [(d.config_path or "", d.package or "", str(d.is_self), d.parent or "")
+            for d in found.defaults if not (d.config_path or "").startswith("hydra/")]  # fmt: skip
+    parts = {
+        "searchpath": _table("Config search path", ("Provider", "Search path"), search),
+        "groups": f"Config groups (the chosen option in [])\n{listed}",
+        "defaults-tree": "Defaults tree\n" + "".join(f"{ln}\n" for ln in _tree(found.defaults_tree)),
+        "defaults": _table("Defaults list", ("Config path", "Package", "_self_", "Parent"), rows),
+        "plugins": "Plugins: not applicable: trials run on Ray, not through a Hydra launcher or sweeper\n",
+    }
+    order = {"all": ("searchpath", "groups", "defaults-tree", "defaults"),
+             "config": ("searchpath", "defaults-tree", "defaults")}.get(what, (what,))  # fmt: skip
+    return "\n".join(parts[k] for k in order)
+
+
+def _table(title: str, head: tuple[str, ...], rows: list[tuple]) -> str:
+    cells = [head, *[tuple(str(c) for c in r) for r in rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(head))]
+    line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |"
+    rule = "-" * len(line(head))
+    return "\n".join([title, rule, line(head), rule, *map(line, cells[1:]), rule]) + "\n"
+
+
+def _tree(node: DefaultsTreeNode | InputDefault, depth: int = 0) -> list[str]:
+    """Hydra's defaults tree as indented lines, without its own hydra/config branch."""
+    here = node.node if isinstance(node, DefaultsTreeNode) else node
+    if isinstance(here, GroupDefault):
+        label = f"{here.get_override_key()}: {here.get_name()}"
+    else:
+        label = here.get_config_path()
+    if label.startswith("hydra/"):
+        return []
+    kids = (node.children or []) if isinstance(node, DefaultsTreeNode) else []
+    lines = [f"{'  ' * depth}{label}{':' if kids else ''}"]
+    for child in kids:
+        lines += _tree(child, depth + 1)
+    return lines

@@ -1,0 +1,230 @@
+"""Run a planned sweep: record every point in MLflow, launch the runnable ones on Ray, stream their metrics."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from jobs.spec import TrialSpec
+from orchestrator.config.schema import Options, SweepConfig
+from orchestrator.launch import cluster as clusters
+from orchestrator.launch.attempt import RetryBudgets
+from orchestrator.launch.executor import execute
+from orchestrator.results import gate as regress
+from orchestrator.results import report
+from orchestrator.tracking import layout as profiles
+from orchestrator.tracking import open_tracker, recording
+from orchestrator.tracking.leases import SoleLeases
+from orchestrator.ui.progress import SweepProgress
+
+log = logging.getLogger(__name__)
+WAIT_POLL_S = 5.0  # how often a driver looks at the leases another driver holds
+
+
+def sweep_identity(options: Options) -> tuple[str, str]:
+    """(sweep name, sweep id): "single" without a sweep; a fresh timestamped id unless the sweep fixes one."""
+    sweep = options.sweep or SweepConfig()
+    name = sweep.name or "single"
+    return name, sweep.id or f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def run(options: Options, specs: list[TrialSpec], rows: list) -> int:
+    """Record every planned point, launch the runnable ones, and return the exit code. `options`: the driver's
+    typed options (config.Loaded.options)."""
+    name, sweep_id = sweep_identity(options)
+    cluster = specs[0].cluster
+    tracker = open_tracker(options.tracking)
+    if tracker.use_journal(sweep_id):  # an earlier driver was killed: what it never delivered lands first
+        tracker.flush(timeout=120)
+    done = tracker.finished_trials(sweep_id)
+    tracker.resume(sweep_id)  # steps an earlier driver of this sweep already logged are not logged twice
+    tracker.start_sweep(name, sweep_id, cluster.name)
+    grid = [{"spec": json.loads(s.to_json()), "plan": r.as_dict()} for s, r in zip(specs, rows, strict=True)]
+    tracker.log_text("sweep", json.dumps(grid, indent=1), "grid.json")
+
+    runnable: list[tuple[TrialSpec, object]] = []
+    seen: set[str] = set()
+    with SweepProgress(options.progress) as progress:
+        for spec, row in zip(specs, rows, strict=True):
+            tid = spec.trial_id
+            if tid in seen:
+                continue
+            seen.add(tid)
+            label = f"{spec.strategy.name:<10} L={spec.context_length:<9} {spec.mesh.label()}"
+            if tid in done:
+                progress.add(tid, label, spec.train.steps, "skipped", "finished earlier in this sweep")
+            elif row.verdict != "run":
+                progress.add(tid, label, spec.train.steps, row.verdict, row.reason)
+                tracker.start_trial(
+                    spec, sweep_id, row.verdict, row.reason, row.predicted_hbm_bytes_per_device
+                )
+                tracker.end(tid, "FINISHED")
+            else:
+                progress.add(tid, label, spec.train.steps)
+                tracker.open_trial(spec, sweep_id)  # described once its lease is ours
+                runnable.append((spec, row))
+        tracker.flush(timeout=30)
+        outcomes, todo, by_other = _run_leased(options, cluster, tracker, progress, sweep_id, runnable)
+    try:  # a plot must never cost a sweep its exit code
+        ran = {s.trial_id for s in todo if outcomes.get(s.trial_id) == "finished"}
+        _report(tracker, specs, rows, ran, {**done, **{t: tracker.run_id(t) for t in by_other}})
+    except Exception:
+        log.exception("sweep report failed")
+    failed = [t for t, o in outcomes.items() if o not in ("finished", "infeasible")]
+    tracker.set_tags(
+        "sweep", {"status": "failed" if failed else "finished", "trials_failed": str(len(failed))}
+    )
+    tracker.end("sweep", "FAILED" if failed else "FINISHED")
+    delivered = tracker.flush(timeout=300)
+    tracker.close_journal()  # removed when all was delivered; else a rerun of the sweep replays it
+    if not delivered:
+        log.error("tracking store unreachable: %d writes not delivered (journaled for a rerun of sweep %s)",
+                  len(tracker.ops), sweep_id)  # fmt: skip
+        return 1
+    others = f", {len(by_other)} run by another driver" if by_other else ""
+    print(f"sweep {sweep_id}: {sum(o == 'finished' for o in outcomes.values())} finished, "
+          f"{len(failed)} failed, {len(done)} skipped (already finished){others}")  # fmt: skip
+    print(f"dashboard: {tracker.dashboard_hint()}")
+    if not recording(options.tracking):  # tracking=none: no store holds a baseline for the gate
+        return 1 if failed else 0
+    return _gate(options, sweep_id, failed=bool(failed))
+
+
+def _report(tracker, specs: list[TrialSpec], rows: list, ran: set[str], stored: dict) -> None:
+    """The sweep's plots over every trial it has finished: those this driver ran (from its own records) and
+    those an earlier or another driver of this sweep finished (`stored`: trial id -> run id, read back)."""
+    predicted = {s.trial_id: r.predicted_hbm_bytes_per_device for s, r in zip(specs, rows, strict=True)}
+    step_s = {s.trial_id: r.predicted_step_s for s, r in zip(specs, rows, strict=True)}
+    finished = list({s.trial_id: s for s in specs if s.trial_id in ran or stored.get(s.trial_id)}.values())
+
+    def records_of(tid: str) -> list:
+        return tracker.records(tid) if tid in ran else tracker.stored_records(stored[tid])
+
+    plotted = report.publish(tracker, finished, predicted, step_s, records_of)
+    tracker.set_tags("sweep", {"plots_trials": str(plotted)})
+
+
+def _describe(tracker, spec: TrialSpec, row, sweep_id: str) -> None:
+    """A trial this driver holds: its params, spec, status and predictions on its child run."""
+    tracker.start_trial(spec, sweep_id, predicted_bytes=row.predicted_hbm_bytes_per_device)
+    if row.predicted_step_s is not None:  # next to the measured final_step_time_median_s
+        tracker.log_metrics(spec.trial_id, {"predicted_step_time_s": row.predicted_step_s})
+        profiles.log_predicted(tracker, spec)  # its terms, beside what a profile measures
+
+
+def _run_leased(options: Options, cluster, tracker, progress: SweepProgress, sweep_id: str, runnable: list):
+    """Claim the runnable trials' leases (orchestrator/tracking/leases.py), run this driver's, then wait for those
+    another driver holds. Returns (trial id -> outcome, the specs run here, trial ids another driver settled)."""
+    outcomes: dict[str, str] = {}
+    ran: list[TrialSpec] = []
+
+    def launch(batch: list[TrialSpec]) -> None:
+        clusters.connect(cluster)
+        budgets = RetryBudgets(options.retries.preemption, options.retries.failure)
+        outcomes.update(execute(batch, tracker, progress, clusters.concurrency(cluster), budgets, sweep_id))
+        ran.extend(batch)
+
+    leases = tracker.leases()
+    try:
+        leases.start()
+    except Exception as e:  # noqa: BLE001 - the store went away after the preflight: run, unguarded
+        log.warning("trial leases unavailable (%s: %s): this driver runs its trials without them",
+                    type(e).__name__, str(e)[:200])  # fmt: skip
+        leases = SoleLeases()
+    try:
+        mine, held = _claim(leases, runnable, progress, tracker)
+        for spec, row in mine:
+            _describe(tracker, spec, row, sweep_id)
+        tracker.flush(timeout=30)
+        if mine:
+            launch([spec for spec, _ in mine])
+        by_other = _wait_for_others(leases, held, tracker, progress, sweep_id, launch, outcomes)
+    finally:
+        leases.close()
+    return outcomes, ran, by_other
+
+
+def _claim(leases, runnable: list, progress: SweepProgress, tracker) -> tuple[list, dict]:
+    """Claim in grid order. Once a trial is held by a live driver, claim no more: that driver is running this
+    sweep, so the rest are left to it (two drivers started together do not split a sweep)."""
+    mine, held, holder = [], {}, ""
+    for spec, row in runnable:
+        claim = None if holder else _try_claim(leases, spec.trial_id)
+        if claim is not None and claim.ours:
+            if claim.epoch > 1:  # taken from a driver that died: what it logged since resume() is known too
+                try:
+                    tracker.refresh(spec.trial_id)
+                except Exception as e:  # noqa: BLE001 - resume()'s reading stands
+                    log.warning(
+                        "trial %s: its steps could not be re-read (%s)", spec.trial_id, type(e).__name__
+                    )
+            mine.append((spec, row))
+            continue
+        holder = holder or claim.holder
+        held[spec.trial_id] = (spec, row)
+        progress.event(spec.trial_id, f"left to driver {holder}, which holds this sweep: waiting")
+    return mine, held
+
+
+def _try_claim(leases, tid: str):
+    """A claim; a store that fails it (an outage since the heartbeat) leaves the trial to this driver."""
+    try:
+        return leases.claim(tid)
+    except Exception as e:  # noqa: BLE001
+        log.warning("trial %s: lease not claimed (%s: %s); running it unguarded", tid, type(e).__name__, e)
+        return SoleLeases().claim(tid)
+
+
+def _wait_for_others(leases, held: dict, tracker, progress, sweep_id: str, launch, outcomes: dict) -> list:
+    """Until every trial another driver holds is settled. What it finished or failed is its result (reported,
+    not rerun); a trial whose driver died first is claimed and run here. Returns the ids the other settled."""
+    by_other: list[str] = []
+    try:
+        while held and "cancelled" not in outcomes.values():
+            time.sleep(WAIT_POLL_S)
+            taken = []
+            for tid, (spec, row) in list(held.items()):
+                try:
+                    claim = leases.claim(tid, settled=("finished", "failed"))
+                    if claim.ours:
+                        tracker.refresh(tid)  # the steps its last driver logged are not logged again
+                except Exception as e:  # noqa: BLE001 - the store is away: look again at the next poll
+                    log.warning("trial %s: its lease could not be read (%s); waiting", tid, type(e).__name__)
+                    continue
+                if claim.ours:
+                    _describe(tracker, spec, row, sweep_id)
+                    taken.append(spec)
+                    progress.event(tid, "its driver is gone: taken over")
+                elif claim.status in ("finished", "failed"):
+                    by_other.append(tid)
+                    progress.update(tid, state="skipped", note=f"{claim.status} by driver {claim.holder}")
+                else:
+                    continue
+                del held[tid]
+            if taken:
+                tracker.flush(timeout=30)
+                launch(taken)
+    except KeyboardInterrupt:
+        print(f"interrupted: {len(held)} trials held by another driver are left to it", flush=True)
+    return by_other
+
+
+def _gate(options: Options, sweep_id: str, failed: bool) -> int:
+    """Exit code: 1 when a trial failed, else 3 (regress.EXIT_REGRESSION) when the regression gate trips."""
+    code = 0
+    if options.gate.enabled:
+        try:
+            g = options.gate
+            code = regress.gate(
+                options.tracking.uri,
+                options.tracking.experiment,
+                sweep_id,
+                max_drop=g.max_drop,
+                window=g.window,
+                noise_k=g.noise_k,
+            )
+        except Exception:
+            log.exception("regression gate could not read the tracking store")
+            code = 1
+    return 1 if failed else code

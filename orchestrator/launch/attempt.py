@@ -1,0 +1,254 @@
+"""One attempt of a trial on Ray: one task per host in fresh processes, gang-started on its slices
+(placement.py), and its typed outcome (finished / preempted / failed / infeasible / cancelled), with the retry
+budgets per kind.
+
+Host 0 streams metric-record batches back (a streaming generator task); the driver alone talks to MLflow.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import ray
+
+from jobs.spec import TrialSpec
+from orchestrator.launch import cluster as clusters
+
+pass  # merged
+from orchestrator.launch.placement import Placed, Reservation, clean_env, host_info, live_placement_groups
+
+__all__ = ["Attempt", "Cancelled", "Event", "host_task", "live_placement_groups"]
+log = logging.getLogger(__name__)
+GRACE_S = 2.0  # after a host's error, how long the others get to report their own cause before we cancel
+
+
+# max_calls=1: every trial gets fresh processes (libtpu's lockfile, a clean jax.distributed).
+# max_retries=0: a lone host retried by Ray could never rejoin its gang; the executor retries the whole trial.
+@ray.remote(num_returns="streaming", max_calls=1, max_retries=0)
+def host_task(
+    spec_json: str, process_id: int, num_processes: int, coordinator: str, env: dict[str, str] | None = None,
+    batch_s: float = 0.5,
+):  # fmt: skip
+    """One JAX process of a trial. Every host first yields its host record; only process 0 yields metrics.
+    `env`: the attempt's own variables (MEGASCALE_* on a multislice TPU trial); inherited ones it lacks go."""
+    from jobs.spec import TrialSpec as _Spec
+
+    scrubbed = clean_env(env or {})
+    spec = _Spec.from_json(spec_json)
+    yield [host_info(process_id, process_id // spec.cluster.hosts, scrubbed)]  # process ids are slice-major
+    from jobs.train import init_distributed, train
+
+    init_distributed(coordinator, num_processes, process_id)
+    buf, last, first = [], time.monotonic(), True
+    for rec in train(spec):
+        buf.append(rec)
+        # the first step goes out at once: "submit -> first step" should not wait on batching
+        if rec["kind"] != "step" or first or time.monotonic() - last > batch_s:
+            first = first and rec["kind"] != "step"
+            yield buf
+            buf, last = [], time.monotonic()
+    if buf:
+        yield buf
+
+
+@dataclass
+class Event:
+    trial_id: str
+    attempt: int
+    kind: str  # "placed" | "host" | "records" | "outcome"
+    records: list[dict[str, Any]] = field(default_factory=list)
+    outcome: Outcome | str = ""
+    error: str = ""
+
+
+class Cancelled(Exception):
+    pass
+
+
+class Attempt:
+    """One attempt of one trial: its slice reservation(s), host tasks, and reader threads.
+
+    Everything blocking (waiting for a free slice, the hosts' streams) happens on the trial's own thread,
+    so the executor loop never waits on one trial. Every exit path releases the placement groups."""
+
+    def __init__(self, spec: TrialSpec, attempt: int, events: queue.Queue):
+        self.spec, self.attempt, self.events = spec, attempt, events
+        self.lock = threading.Lock()
+        self.cancelled = self.stopping = False
+        self.reservation = Reservation(spec.cluster, self._check)
+        self.refs: list = []
+        self.errors: list[tuple[int, BaseException]] = []
+        self.first_error = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True, name=f"trial-{spec.trial_id}")
+        self.thread.start()
+
+    def _emit(self, kind: str, **kw) -> None:
+        self.events.put(Event(self.spec.trial_id, self.attempt, kind, **kw))
+
+    # --- the attempt, on its own thread -----------------------------------------------------------
+    def _run(self) -> None:
+        outcome, error = Outcome.FINISHED, ""
+        try:
+            self._launch(self._place())
+            outcome, error = self._wait()
+        except Cancelled:
+            outcome = Outcome.CANCELLED
+        except Exception as e:  # noqa: BLE001 - every failure becomes a typed outcome
+            # ValueError: no such topology / accelerator here; anything else from placement is Ray's
+            outcome = (
+                Outcome.CANCELLED
+                if self.cancelled
+                else Outcome.INFEASIBLE
+                if isinstance(e, ValueError)
+                else classify(e)
+            )
+            error = f"{type(e).__name__}: {e}"
+        finally:
+            self.release()
+        self._emit(
+            "outcome",
+            outcome=Outcome.CANCELLED if self.cancelled else outcome,
+            error=" ".join(error.split())[-4000:],
+        )
+
+    def _check(self) -> None:
+        if self.cancelled:
+            raise Cancelled
+
+    def _place(self) -> Placed:
+        """Reserve the trial's slices whole (all-or-nothing placement groups) and order its hosts."""
+        placed = self.reservation.place()
+        self._emit("placed", records=[placed.record])
+        return placed
+
+    def _launch(self, placed: Placed) -> None:
+        c, n = self.spec.cluster, len(placed.strategies)
+        opts: dict[str, Any] = {"num_cpus": 1, **placed.options}
+        # a local Ray has the workers' environment job-wide (cluster.py); elsewhere each task carries it
+        local = not c.address and c.kind in ("local", "local_multihost")
+        env: dict[str, str] = {} if local else clusters.worker_env(c)
+        with self.lock:
+            self._check()
+            for pid, strat in enumerate(placed.strategies):
+                o = dict(opts) | ({"scheduling_strategy": strat} if strat is not None else {})
+                # set at process start, before jax: a TPU runtime reads MEGASCALE_* when its backend starts
+                if host_env := env | placed.envs[pid]:
+                    o["runtime_env"] = {"env_vars": host_env}
+                args = (self.spec.to_json(), pid, n, placed.coordinator, placed.envs[pid])
+                self.refs.append(host_task.options(**o).remote(*args))
+        self.readers = [
+            threading.Thread(target=self._drain, args=(pid, gen), daemon=True, name=f"host-{pid}")
+            for pid, gen in enumerate(self.refs)
+        ]
+        for t in self.readers:
+            t.start()
+
+    def _drain(self, pid: int, gen) -> None:
+        try:
+            for ref in gen:
+                batch = ray.get(ref)
+                hosts = [r for r in batch if r.get("kind") == "host"]
+                rest = [r for r in batch if r.get("kind") != "host"]
+                if hosts:
+                    self._emit("host", records=hosts)
+                if rest:
+                    self._emit("records", records=rest)
+        except Exception as e:  # noqa: BLE001 - judged in _wait
+            with self.lock:
+                if not self.stopping:  # errors after our own cancel are ours, not the cause
+                    self.errors.append((pid, e))
+            self.first_error.set()
+
+    def _wait(self) -> tuple[Outcome, str]:
+        while not self.first_error.wait(0.5) and any(t.is_alive() for t in self.readers):
+            pass
+        if self.first_error.is_set():
+            deadline = time.monotonic() + GRACE_S
+            for t in self.readers:
+                t.join(max(deadline - time.monotonic(), 0))
+            self._stop_hosts()
+            for t in self.readers:
+                t.join(30)
+        if not self.errors:
+            return Outcome.FINISHED, ""
+        outcome = combine([classify(e) for _, e in self.errors])
+        error = "; ".join(f"host {pid}: {type(e).__name__}: {e}" for pid, e in self.errors)
+        return outcome, error
+
+    # --- control, from the executor's thread ------------------------------------------------------
+    def _stop_hosts(self) -> None:
+        with self.lock:
+            self.stopping = True
+            refs = list(self.refs)
+        for r in refs:
+            try:
+                ray.cancel(r, force=True)
+            except Exception:  # noqa: BLE001 - already finished
+                pass
+
+    def request_cancel(self) -> None:
+        self.cancelled = True
+        self._stop_hosts()
+
+    def cancel(self, wait_s: float = 10.0) -> None:
+        """Stop the attempt and free its slice (waits briefly so no placement group outlives Ctrl-C)."""
+        self.request_cancel()
+        self.thread.join(wait_s)
+        self.release()
+
+    def release(self) -> None:
+        self.reservation.release()
+
+
+class Outcome(StrEnum):
+    FINISHED = "finished"
+    PREEMPTED = "preempted"  # a host or node died, or a host failed only because its peer vanished
+    FAILED = "failed"  # an exception in the job
+    INFEASIBLE = "infeasible"  # out of memory: never retried
+    CANCELLED = "cancelled"  # Ctrl-C
+
+
+INFEASIBLE_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory")
+# A job exception caused by a lost peer (gloo / coordination service) is the peer's preemption, not a bug. So is
+# a peer that came too late to a new gloo communicator: XLA's CPU runtime gives it a fixed 30 s (no flag), which
+# a host starved of CPU can miss.
+PEER_LOST_MARKERS = ("Connection closed by peer", "Connection reset by peer", "stopped sending heartbeats",
+                     "Gloo context initialization failed")  # fmt: skip
+
+
+def classify(err: BaseException) -> Outcome:
+    """Typed outcome of an exception from a host task."""
+    text = f"{err} {getattr(err, 'cause', '')}"
+    if isinstance(err, ray.exceptions.OutOfMemoryError) or any(m in text for m in INFEASIBLE_MARKERS):
+        return Outcome.INFEASIBLE
+    if isinstance(err, ray.exceptions.TaskCancelledError):
+        return Outcome.CANCELLED
+    if isinstance(err, ray.exceptions.RayTaskError):
+        return Outcome.PREEMPTED if any(m in text for m in PEER_LOST_MARKERS) else Outcome.FAILED
+    # worker or node died, task lost with its node: the slice is gone, not the code
+    return Outcome.PREEMPTED
+
+
+def combine(outcomes: list[Outcome]) -> Outcome:
+    """One trial outcome from its hosts': a lost host explains its peers' errors; OOM beats a crash."""
+    for o in (Outcome.PREEMPTED, Outcome.INFEASIBLE, Outcome.FAILED, Outcome.CANCELLED):
+        if o in outcomes:
+            return o
+    return Outcome.FINISHED
+
+
+@dataclass(frozen=True)
+class RetryBudgets:
+    """Retries per trial, separately for preemptions (not the code's fault) and failures (maybe a bug)."""
+
+    preemption: int = 3
+    failure: int = 1
+
+    def limit(self, outcome: Outcome) -> int:
+        return {Outcome.PREEMPTED: self.preemption, Outcome.FAILED: self.failure}.get(outcome, 0)

@@ -1,0 +1,172 @@
+"""Where trials run: a local Ray, a local Ray whose nodes pose as TPU slices or GPU nodes, or an existing
+cluster (TPU slices, GPU nodes)."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import ray
+
+from jobs.spec import ClusterSpec
+from orchestrator import REPO
+
+log = logging.getLogger(__name__)
+ROOT = REPO
+TPU_KINDS = ("tpu", "fake_tpu")
+GPU_KINDS = ("gpu", "fake_gpu")  # a GPU node is a one-host slice: NVLink inside it, the network between nodes
+FAKE_KINDS = ("fake_tpu", "fake_gpu")  # this driver starts the cluster itself
+SLICE_LABEL = "ray.io/tpu-slice-name"
+WORKER_LABEL = "ray.io/tpu-worker-id"
+
+_fake = None  # the fake-TPU or fake-GPU ray.cluster_utils.Cluster this driver started, if any
+
+
+def fake_slice_env(cluster: ClusterSpec, slice_index: int, worker: int) -> dict[str, str]:
+    """What GKE sets on a TPU host; Ray derives the TPU resources and slice labels from it."""
+    from ray._private.accelerators.tpu import infer_tpu_pod_type_from_topology
+
+    pod_type = infer_tpu_pod_type_from_topology(cluster.topology, cluster.accelerator)
+    return {
+        "TPU_ACCELERATOR_TYPE": pod_type,
+        "TPU_TOPOLOGY": cluster.topology,
+        "TPU_NAME": f"fake-slice-{slice_index}",
+        "TPU_WORKER_ID": str(worker),
+    }
+
+
+def start_fake_tpu(cluster: ClusterSpec):
+    """A local multi-node Ray cluster: `slices` x `hosts` nodes advertising TPU resources and labels
+    exactly as GKE TPU hosts do, so the real slice-reservation path runs on CPU."""
+    from ray.cluster_utils import Cluster
+
+    with _no_address_file():
+        c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    saved = {
+        k: os.environ.get(k) for k in ("TPU_ACCELERATOR_TYPE", "TPU_TOPOLOGY", "TPU_NAME", "TPU_WORKER_ID")
+    }
+    try:
+        for s in range(cluster.slices):
+            for w in range(cluster.hosts):
+                env = fake_slice_env(cluster, s, w)
+                # Ray's TPU detection reads the node starter's environment; env_vars reaches the raylet.
+                os.environ.update(env)
+                c.add_node(num_cpus=1, resources={"TPU": _chips_per_host(cluster)}, env_vars=env)
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    return c
+
+
+def start_fake_gpu(cluster: ClusterSpec):
+    """A local multi-node Ray cluster: `slices` nodes, each advertising `devices_per_host` GPUs, so the real
+    GPU placement path (one STRICT_SPREAD bundle per node) runs on CPU; the hosts simulate the devices."""
+    from ray.cluster_utils import Cluster
+
+    with _no_address_file():
+        c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    for _ in range(cluster.slices):
+        c.add_node(num_cpus=1, num_gpus=cluster.devices_per_host)
+    return c
+
+
+@contextmanager
+def _no_address_file() -> Iterator[None]:
+    """ray.cluster_utils.Cluster writes /tmp/ray/ray_current_cluster, which would make every plain ray.init()
+    on this machine (other users, other tests) join our fake slices. Ray has no public switch for it: the one
+    private hook is swapped here (tests/test_scheduler.py fails loudly if it moves)."""
+    utils = ray._private.utils
+    real = utils.write_ray_address
+    utils.write_ray_address = lambda *a, **k: None
+    try:
+        yield
+    finally:
+        utils.write_ray_address = real
+
+
+def worker_env(cluster: ClusterSpec) -> dict[str, str]:
+    """The environment of a trial's host processes: the cluster's host env and a shared compilation cache."""
+    # A persistent compilation cache: retries, resumed sweeps and nightly re-runs skip identical compiles.
+    cache = os.environ.get("JAX_COMPILATION_CACHE_DIR") or os.path.join(
+        tempfile.gettempdir(), "cp-orchestrator-jax-cache"
+    )
+    return {"PYTHONUNBUFFERED": "1", "JAX_COMPILATION_CACHE_DIR": cache} | cluster.host_env()
+
+
+def _chips_per_host(cluster: ClusterSpec) -> int:
+    from ray._private.accelerators.tpu import get_chips_per_host
+
+    return get_chips_per_host(cluster.topology, cluster.accelerator)
+
+
+def connect(cluster: ClusterSpec) -> None:
+    """Start (local, local_multihost, fake_tpu, fake_gpu) or join (tpu, gpu, address) the Ray cluster for
+    `cluster`."""
+    global _fake
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    # Workers import jobs/ and orchestrator/ (host_task lives there); a local Ray inherits PYTHONPATH.
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    if cluster.kind in FAKE_KINDS and not cluster.address:
+        _fake = (start_fake_tpu if cluster.kind == "fake_tpu" else start_fake_gpu)(cluster)
+        atexit.register(shutdown)  # the driver must leave the cluster before its head node can go
+        ray.init(address=_fake.address, log_to_driver=False)
+    elif cluster.address:
+        # A remote cluster gets this checkout's code; its own environment supplies the packages.
+        import jobs
+        import orchestrator
+
+        mods = [str(Path(m.__file__).parent) for m in (jobs, orchestrator)]
+        ray.init(address=cluster.address, log_to_driver=False, runtime_env={"py_modules": mods})
+    else:
+        # address="local": never join whichever cluster /tmp/ray/ray_current_cluster names.
+        cpus = max(os.cpu_count() or 2, cluster.hosts_per_trial * max(cluster.concurrency, 1))
+        # The workers' environment is the job's, so Ray can start worker processes ahead of the trials
+        # (a per-task runtime_env would make every fresh max_calls=1 worker start cold).
+        env = {"env_vars": worker_env(cluster)}
+        ray.init(
+            address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False, runtime_env=env
+        )
+
+
+def shutdown() -> None:
+    global _fake
+    ray.shutdown()
+    if _fake is not None:
+        _fake.shutdown()
+        _fake = None
+
+
+def slice_names() -> list[str]:
+    """Distinct TPU slices among the cluster's alive nodes (by the label Ray sets from TPU_NAME)."""
+    names = set()
+    for n in ray.nodes():
+        if n.get("Alive"):
+            name = (n.get("Labels") or {}).get(SLICE_LABEL)
+            if name:
+                names.add(name)
+    return sorted(names)
+
+
+def gpu_nodes(gpus: int = 1) -> int:
+    """Alive nodes of the cluster with at least `gpus` GPUs (a trial's host takes a whole node's)."""
+    return sum(1 for n in ray.nodes() if n.get("Alive") and (n.get("Resources") or {}).get("GPU", 0) >= gpus)
+
+
+def concurrency(cluster: ClusterSpec) -> int:
+    """Trials at once: the configured number, else one per slices_per_trial slices (TPU) or nodes (GPU),
+    counted on the cluster once Ray is up."""
+    if cluster.concurrency:
+        return cluster.concurrency
+    slices = cluster.slices
+    if cluster.kind in TPU_KINDS and ray.is_initialized():
+        slices = len(slice_names())
+    elif cluster.kind in GPU_KINDS and ray.is_initialized():
+        slices = gpu_nodes(cluster.devices_per_host)
+    return max(slices // cluster.slices_per_trial, 1)

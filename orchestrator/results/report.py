@@ -1,0 +1,339 @@
+"""End-of-sweep plots from the finished trials' records (the driver's own, or read back from their runs): MFU,
+memory and step time vs context length, loss curves, and where the step went, measured against predicted.
+
+Figures are built with matplotlib's object API (no pyplot), so no GUI backend or global figure state is involved:
+the PNG is rendered by Agg when saved. The breakdown plot puts, for every trial with a profile, the planner's
+step-time terms beside the trace's measured seconds per step, both folded into the same five groups.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from matplotlib.figure import Figure
+
+from jobs.data.buckets import bucket_labels, position_buckets
+from jobs.records import ProfileRecord, Record, StartRecord, StepRecord, SummaryRecord, parse_known
+from jobs.spec import TrialSpec
+from orchestrator.tracking import Tracker
+from orchestrator.tracking.layout import memory_bytes
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """One finished trial as the report sees it: its spec, summary record and loss curve."""
+
+    spec: TrialSpec
+    summary: SummaryRecord
+    losses: list[tuple[int, float]] = field(default_factory=list)
+    predicted_bytes: int | None = None
+    peak_source: str = ""
+    predicted_step_s: float | None = None  # the planner's step-time model (orchestrator/plan/steptime.py)
+    # The same model at the matmul rate the trial itself measured (CPU: the host's load moves between plan
+    # time and run time; this separates the model's error from the load's).
+    predicted_step_at_run_s: float | None = None
+    by_position: dict[str, float] = field(default_factory=dict)  # loss per position bucket, last steps' mean
+    by_distance: dict[str, float] = field(
+        default_factory=dict
+    )  # recall: accuracy per distance bucket, the same
+    profile: ProfileRecord | None = None  # process 0's first traced window (run.profile_steps), no files
+    peak_at_run: float | None = None  # the matmul rate the trial measured (CPU), for the model's terms
+
+    @property
+    def measured_bytes(self) -> float | None:
+        return memory_bytes(self.summary)
+
+
+def collect(
+    specs: Iterable[TrialSpec],
+    records_of: Callable[[str], list[Record] | list[Mapping[str, Any]]],
+    predicted: dict[str, int | None] | None = None,
+    predicted_step: dict[str, float | None] | None = None,
+) -> list[TrialResult]:
+    """TrialResults for the specs whose records (typed, or their dict form) include a summary (finished
+    trials)."""
+    out = []
+    for spec in specs:
+        recs = parse_known(records_of(spec.trial_id))
+        summary = next((r for r in reversed(recs) if isinstance(r, SummaryRecord)), None)
+        if summary is None:
+            continue
+        start = next((r for r in recs if isinstance(r, StartRecord)), StartRecord())
+        losses = [(r.step, float(r.loss)) for r in recs if isinstance(r, StepRecord)]
+        pred = (predicted or {}).get(spec.trial_id)
+        step = (predicted_step or {}).get(spec.trial_id)
+        at_run = _at_run_peak(spec, start) if step is not None else None
+        out.append(
+            TrialResult(
+                spec,
+                summary,
+                losses,
+                pred,
+                start.peak_source,
+                step,
+                at_run,
+                _last_steps(recs),
+                _last_steps(recs, "accuracy_by_distance"),
+                next((r for r in recs if isinstance(r, ProfileRecord) and r.seconds), None),
+                start.peak_tflops_per_device,
+            )  # fmt: skip
+        )
+    return out
+
+
+def _last_steps(recs: list[Record], key: str = "loss_by_position", last: int = 3) -> dict[str, float]:
+    """Each bucket's value (a StepRecord's `key`) over the trial's last `last` steps that counted a token
+    there (less step noise)."""
+    seen: dict[str, list[float]] = defaultdict(list)
+    for r in recs:
+        if isinstance(r, StepRecord):
+            for k, v in (getattr(r, key) or {}).items():
+                seen[k].append(v)
+    return {k: sum(v[-last:]) / len(v[-last:]) for k, v in seen.items()}
+
+
+def _at_run_peak(spec: TrialSpec, start: StartRecord) -> float | None:
+    from orchestrator.plan.steptime import run_peak, step_time
+
+    peak = run_peak(spec, start.peak_tflops_per_device)
+    return step_time(spec, peak=peak).step_s if peak else None  # None: the plan already used this peak
+
+
+def _series(trials: list[TrialResult]) -> dict[str, list[TrialResult]]:
+    """Trials grouped per strategy (and mesh, where one strategy ran on several), sorted by context length."""
+    meshes = defaultdict(set)
+    for t in trials:
+        meshes[t.spec.strategy.name].add(t.spec.mesh.label())
+    groups: dict[str, list[TrialResult]] = defaultdict(list)
+    for t in trials:
+        name = t.spec.strategy.name
+        groups[name if len(meshes[name]) == 1 else f"{name} {t.spec.mesh.label()}"].append(t)
+    return {k: sorted(v, key=lambda t: t.spec.context_length) for k, v in sorted(groups.items())}
+
+
+def _axes(title: str, ylabel: str, logy: bool = False):
+    fig = Figure(figsize=(7, 4.5))
+    ax = fig.add_subplot()
+    ax.set_xscale("log", base=2)
+    if logy:
+        ax.set_yscale("log")
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="major", alpha=0.3)
+    return fig, ax
+
+
+def _finish(fig: Figure, ax) -> Figure:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def _where(trials: list[TrialResult]) -> str:
+    t = trials[0].spec
+    return f"{t.model.name} on {t.cluster.name}"
+
+
+def mfu_figure(trials: list[TrialResult]) -> Figure:
+    source = next((t.peak_source for t in trials if t.peak_source), "")
+    label = "MFU" + (f" (peak: {source})" if source else "")
+    fig, ax = _axes(f"MFU vs context length — {_where(trials)}", label)
+    for name, ts in _series(trials).items():
+        ax.plot([t.spec.context_length for t in ts], [t.summary.mfu for t in ts],
+                marker="o", label=name)  # fmt: skip
+    ax.set_ylim(bottom=0)
+    return _finish(fig, ax)
+
+
+def memory_figure(trials: list[TrialResult]) -> Figure:
+    fig, ax = _axes(f"Memory per device vs context length — {_where(trials)}", "GiB per device", logy=True)
+    for i, (name, ts) in enumerate(_series(trials).items()):
+        colour = f"C{i}"
+        xs = [t.spec.context_length for t in ts]
+        # the compiler's figure always; the runtime's peak where the backend reports one (TPU, GPU)
+        comp = [(t.summary.compiled_bytes_per_device or float("nan")) / GIB for t in ts]
+        ax.plot(xs, comp, marker="o", color=colour, label=f"{name} compiled")
+        if any(t.summary.peak_bytes_in_use for t in ts):
+            run = [(t.summary.peak_bytes_in_use or float("nan")) / GIB for t in ts]
+            ax.plot(xs, run, marker="s", ls=":", color=colour, label=f"{name} measured (runtime peak)")
+        pred = [(t.predicted_bytes if t.predicted_bytes is not None else float("nan")) / GIB for t in ts]
+        if any(p == p for p in pred):
+            ax.plot(xs, pred, ls="--", marker="x", color=colour, alpha=0.7, label=f"{name} predicted")
+    hbm = trials[0].spec.cluster.hbm_bytes_per_device
+    if hbm:
+        ax.axhline(hbm / GIB, color="red", ls=":", label=f"HBM per device ({hbm / GIB:g} GiB)")
+    return _finish(fig, ax)
+
+
+def step_time_figure(trials: list[TrialResult]) -> Figure:
+    fig, ax = _axes(f"Step time vs context length — {_where(trials)}", "median step time (s)", logy=True)
+    for i, (name, ts) in enumerate(_series(trials).items()):
+        xs = [t.spec.context_length for t in ts]
+        ys = [t.summary.step_time_median_s for t in ts]
+        ax.plot(xs, ys, marker="o", color=f"C{i}", label=f"{name} measured")
+        pred = [t.predicted_step_s if t.predicted_step_s is not None else float("nan") for t in ts]
+        if any(p == p for p in pred):  # the planner's forecast, dashed in the same colour
+            ax.plot(xs, pred, ls="--", marker="x", color=f"C{i}", alpha=0.7, label=f"{name} predicted")
+        at_run = [t.predicted_step_at_run_s or float("nan") for t in ts]
+        if any(p == p for p in at_run):
+            ax.plot(xs, at_run, ls=":", color=f"C{i}", alpha=0.7, label=f"{name} predicted at run-time rate")
+    return _finish(fig, ax)
+
+
+def loss_figure(trials: list[TrialResult]) -> Figure:
+    """One panel per strategy, one curve per context length."""
+    series = _series(trials)
+    fig = Figure(figsize=(4.5 * len(series), 4))
+    axes = fig.subplots(1, len(series), squeeze=False, sharey=True)[0]
+    for ax, (name, ts) in zip(axes, series.items(), strict=True):
+        for t in ts:
+            if t.losses:
+                ax.plot(*zip(*t.losses, strict=True), marker=".", label=f"L={t.spec.context_length:,}")
+        ax.set_title(name)
+        ax.set_xlabel("step")
+        ax.grid(True, alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    axes[0].set_ylabel("loss")
+    fig.suptitle(f"Loss curves — {_where(trials)}")
+    fig.tight_layout()
+    return fig
+
+
+XLABEL = {"by_position": "position bucket's end (in the document when packed)",
+          "by_distance": "distance bucket's end (query to its key, tokens)"}  # fmt: skip
+
+
+def position_figure(trials: list[TrialResult], attr: str = "by_position") -> Figure | None:
+    """One panel per strategy: loss by position bucket (or, attr="by_distance", the recall task's accuracy by
+    distance to the key), one line per context length (None: no buckets)."""
+    series = {n: [t for t in ts if getattr(t, attr)] for n, ts in _series(trials).items()}
+    series = {n: ts for n, ts in series.items() if ts}
+    if not series:
+        return None
+    fig = Figure(figsize=(4.5 * len(series), 4))
+    axes = fig.subplots(1, len(series), squeeze=False, sharey=True)[0]
+    for ax, (name, ts) in zip(axes, series.items(), strict=True):
+        for t in ts:
+            L = t.spec.context_length
+            ends = [*position_buckets(L)[1:], L]  # each bucket at its far end: lengths share an axis
+            got = getattr(t, attr)
+            xy = [(e, got[k]) for k, e in zip(bucket_labels(L), ends, strict=True) if k in got]
+            ax.plot(*zip(*xy, strict=True), marker="o", label=f"L={L:,}")
+        ax.set_title(name)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel(XLABEL[attr])
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("loss, last steps" if attr == "by_position" else "accuracy, last steps")
+    fig.suptitle(
+        f"{'Loss by position' if attr == 'by_position' else 'Recall accuracy by distance'} — {_where(trials)}"
+    )
+    fig.tight_layout()
+    return fig
+
+
+def make_figures(trials: list[TrialResult]) -> dict[str, Figure]:
+    """name -> Figure for the parent run; empty when no trial finished."""
+    if not trials:
+        return {}
+    figs = {
+        "mfu_vs_context": mfu_figure(trials),
+        "memory_vs_context": memory_figure(trials),
+        "step_time_vs_context": step_time_figure(trials),
+        "loss_curves": loss_figure(trials),
+    }
+    if fig := position_figure(trials):
+        figs["loss_by_position"] = fig
+    if fig := position_figure(trials, "by_distance"):  # the recall task
+        figs["accuracy_by_distance"] = fig
+    if fig := breakdown_figure(trials):
+        figs["measured_vs_predicted"] = fig
+    return figs
+
+
+def breakdown_figure(trials: list[TrialResult]) -> Figure | None:
+    """Predicted vs measured step breakdown of every profiled trial (orchestrator/results/report.py)."""
+    from orchestrator.plan.steptime import run_peak, step_time
+    from orchestrator.results import report as rb
+
+    rows = []
+    for name, ts in _series([t for t in trials if t.profile is not None]).items():
+        for t in ts:
+            terms = step_time(t.spec, peak=run_peak(t.spec, t.peak_at_run))  # priced as the trial ran
+            label = f"{name} {t.spec.context_length:,}"
+            rows.append((label, rb.predicted_groups(terms), rb.measured_groups(t.profile)))  # type: ignore[arg-type]
+    return rb.figure(rows, _where(trials)) if rows else None
+
+
+def publish(
+    tracker: Tracker,
+    specs: Iterable[TrialSpec],
+    predicted: dict[str, int | None] | None = None,
+    predicted_step: dict[str, float | None] | None = None,
+    records_of: Callable[[str], list[Record]] | None = None,
+) -> int:
+    """Make the figures for the finished trials (records: `records_of`, else the tracker's own) and queue them
+    on the parent run as plots/NAME.png. Returns how many trials the plots cover."""
+    trials = collect(specs, records_of or tracker.records, predicted, predicted_step)
+    for t in trials:  # next to predicted_step_time_s, which the driver logged at plan time
+        if t.predicted_step_at_run_s is not None:
+            tracker.log_metrics(
+                t.spec.trial_id, {"predicted_step_time_at_run_peak_s": t.predicted_step_at_run_s}
+            )
+    figs = make_figures(trials)
+    for name, fig in figs.items():
+        tracker.log_figure("sweep", fig, f"plots/{name}.png")
+    return len(trials)
+
+
+# group -> (the planner's StepTime fields, the trace's categories)
+GROUPS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "matmuls": (("matmul_s",), ("matmul",)),
+    "attention kernel": (("attention_s",), ("attention",)),
+    "collectives": (
+        ("exposed_ring_s", "collectives_s", "exposed_fsdp_s", "tensor_s", "dcn_exposed_s"),
+        ("all_gather", "all_to_all", "collective_permute", "reduce_scatter", "all_reduce"),
+    ),
+    "host transfers": (("exposed_offload_s",), ("host_transfer",)),
+    "other, idle, overhead": (("overhead_s",), ("other_compute", "idle")),
+}
+COLOURS = ("tab:blue", "tab:orange", "tab:red", "tab:purple", "tab:gray")
+
+
+def predicted_groups(terms: Any) -> dict[str, float]:
+    """A StepTime's terms folded into GROUPS (seconds)."""
+    return {g: sum(float(getattr(terms, f)) for f in fields) for g, (fields, _) in GROUPS.items()}
+
+
+def measured_groups(p: ProfileRecord) -> dict[str, float]:
+    """A profile's seconds per step folded into GROUPS."""
+    return {g: sum(p.seconds.get(c, 0.0) for c in cats) for g, (_, cats) in GROUPS.items()}
+
+
+def figure(rows: list[tuple[str, dict[str, float], dict[str, float]]], where: str) -> Figure:
+    """rows: (trial label, predicted groups, measured groups), in the order drawn."""
+    fig = Figure(figsize=(max(7.0, 0.9 * len(rows) + 2), 4.8))
+    ax = fig.add_subplot()
+    width = 0.38
+    for i, (_, pred, meas) in enumerate(rows):
+        for x, values, hatch in ((i - width / 2, pred, "//"), (i + width / 2, meas, "")):
+            bottom = 0.0
+            for g, colour in zip(GROUPS, COLOURS, strict=True):
+                ax.bar(x, values[g], width, bottom=bottom, color=colour, hatch=hatch, edgecolor="white",
+                       label=g if i == 0 and not hatch else None)  # fmt: skip
+                bottom += values[g]
+    ax.set_xticks(range(len(rows)), [label for label, _, _ in rows], rotation=45, ha="right", fontsize=8)
+    ax.set_ylabel("seconds per step")
+    ax.set_title(f"Step time: predicted (hatched, left) vs measured (right) — {where}")
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
