@@ -26,7 +26,7 @@ from jobs.spec import ClusterSpec, DataSpec, MemorySpec, ModelSpec, StrategySpec
 from orchestrator.config import grid  # noqa: E402
 from orchestrator.config.load import group_option  # noqa: E402
 from orchestrator.plan import aot, render  # noqa: E402
-from orchestrator.plan import rules as validate
+from orchestrator.plan import rules
 
 ROOT = Path(__file__).resolve().parent.parent
 L14M = 14_680_064
@@ -63,15 +63,29 @@ def spec_for(
     data = DataSpec(kind="documents", sources=(documents,)) if documents else DataSpec()
     strat = conf("strategy", strategy) | ({"layout": layout} if layout else {})
     return TrialSpec(
-        model=ModelSpec(**m), mesh=grid.resolve_mesh(auto, strategy, m, c.devices),
-        strategy=StrategySpec(**strat), context_length=length,
-        train=TrainSpec(remat=remat, memory=memory or MemorySpec(), data=data), cluster=c,
-    )  # fmt: skip
+        model=ModelSpec(**m),
+        mesh=grid.resolve_mesh(auto, strategy, m, c.devices),
+        strategy=StrategySpec(**strat),
+        context_length=length,
+        train=TrainSpec(remat=remat, memory=memory or MemorySpec(), data=data),
+        cluster=c,
+    )
 
 
 def row_cells(cluster: str, r: aot.Comparison) -> list[str]:
-    return [cluster, r.strategy, r.mesh, f"{r.context_length:,}", r.remat, f"{r.analytic_bytes / 2**30:.1f}",
-            render.compiled_cell(r), render.peak_cell(r), render.ratio_cell(r), r.verdict, f"{r.compile_s:.0f}"]  # fmt: skip
+    return [
+        cluster,
+        r.strategy,
+        r.mesh,
+        f"{r.context_length:,}",
+        r.remat,
+        f"{r.analytic_bytes / 2**30:.1f}",
+        render.compiled_cell(r),
+        render.peak_cell(r),
+        render.ratio_cell(r),
+        r.verdict,
+        f"{r.compile_s:.0f}",
+    ]
 
 
 def planner_mib(r: aot.Comparison, factor: float = 1.0) -> int:
@@ -131,17 +145,22 @@ def main(argv: list[str]) -> int:
         "--ulysses", default="auto", help="context_ulysses degree (usp, double_ring); auto: mesh=auto's"
     )
     ap.add_argument(
-        "--at-plan", action="store_true",
+        "--at-plan",
+        action="store_true",
         help="also compile each point as if HBM were the planner's figure: does the compiler fit it there?",
-    )  # fmt: skip
+    )
     ap.add_argument(
-        "--at-mib", nargs="*", type=int, default=[],
+        "--at-mib",
+        nargs="*",
+        type=int,
+        default=[],
         help="also compile each point as if HBM were this many MiB (does it fit there?)",
-    )  # fmt: skip
+    )
     ap.add_argument(
-        "--band", action="store_true",
+        "--band",
+        action="store_true",
         help="also compile each point at planner/0.95 and planner/1.15 MiB: is analytic / needed in [0.95, 1.15]?",
-    )  # fmt: skip
+    )
     ap.add_argument("--documents", default="", help="packed documents from this source (e.g. data/stdlib)")
     ap.add_argument("--layout", default="", help="strategy.layout (default: the strategy's own)")
     ap.add_argument("--refresh", action="store_true", help="compile again even if cached")
@@ -149,8 +168,19 @@ def main(argv: list[str]) -> int:
     if not aot.available():
         print("error: needs libtpu: pip install -e '.[tpu]'", file=sys.stderr)
         return 2
-    head = ["cluster", "strategy", "mesh", "context", "remat", "analytic GiB", "compiled GiB",
-            "compiler's peak", "analytic / peak", "verdict", "compile s"]  # fmt: skip
+    head = [
+        "cluster",
+        "strategy",
+        "mesh",
+        "context",
+        "remat",
+        "analytic GiB",
+        "compiled GiB",
+        "compiler's peak",
+        "analytic / peak",
+        "verdict",
+        "compile s",
+    ]
     head += ["at the planner's HBM"] if a.at_plan else []
     head += [f"at {m:,} MiB" for m in a.at_mib]
     head += ["analytic / needed (capped)"] if a.band else []
@@ -172,7 +202,7 @@ def main(argv: list[str]) -> int:
                     a.documents,
                     a.layout,
                 )
-                bad = validate.problems(spec)
+                bad = rules.problems(spec)
                 if bad:  # not a compile question: say why once, in the log
                     print(f"skip {cluster} {strategy} {length:,}: {bad[0].message}", file=sys.stderr)
                     continue
@@ -181,8 +211,12 @@ def main(argv: list[str]) -> int:
                     aot.compiled_memory(spec, refresh=True)
                 [r] = aot.compare([spec])
                 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB (Linux)
-                print(f"{cluster} {strategy} {length:,}: {r.verdict} ({time.perf_counter() - t0:.0f} s; "
-                      f"host peak RSS so far {rss:.1f} GiB)", file=sys.stderr, flush=True)  # fmt: skip
+                print(
+                    f"{cluster} {strategy} {length:,}: {r.verdict} ({time.perf_counter() - t0:.0f} s; "
+                    f"host peak RSS so far {rss:.1f} GiB)",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 done.append((cluster, r))
                 cells = row_cells(cluster, r)
                 if a.at_plan:
@@ -194,12 +228,16 @@ def main(argv: list[str]) -> int:
     ratios = [(r.ratio, c, r) for c, r in done if r.ratio is not None and r.status == "compiled"]
     if ratios:
         worst = max(ratios, key=lambda t: abs(t[0] - 1.0))
-        print(f"\nWorst analytic / compiler's peak: {worst[0]:.2f} ({worst[1]} {worst[2].strategy} "
-              f"{worst[2].context_length:,}).")  # fmt: skip
+        print(
+            f"\nWorst analytic / compiler's peak: {worst[0]:.2f} ({worst[1]} {worst[2].strategy} "
+            f"{worst[2].context_length:,})."
+        )
     for c, r in done:
         if r.context_length == L14M:
-            print(f"14M: {c} {r.strategy} {r.mesh}: compiled {render.compiled_cell(r)} ({r.verdict}), "
-                  f"analytic {r.analytic_bytes / 2**30:.1f} GiB; {r.reason}")  # fmt: skip
+            print(
+                f"14M: {c} {r.strategy} {r.mesh}: compiled {render.compiled_cell(r)} ({r.verdict}), "
+                f"analytic {r.analytic_bytes / 2**30:.1f} GiB; {r.reason}"
+            )
     return 0
 
 

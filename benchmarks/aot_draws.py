@@ -30,8 +30,12 @@ from orchestrator.plan.aot import cache  # noqa: E402
 from orchestrator.plan.aot import result as draws
 
 ROOT = Path(__file__).resolve().parent.parent
-POINTS = ["tpu7x_128:double_ring:14680064", "tpu7x_128:ring:14680064", "v5p_128:usp:4194304",
-          "tpu7x_128:ring:1048576"]  # fmt: skip
+POINTS = [
+    "tpu7x_128:double_ring:14680064",
+    "tpu7x_128:ring:14680064",
+    "v5p_128:usp:4194304",
+    "tpu7x_128:ring:1048576",
+]
 # The two calling scripts of docs/results/aot.md: the same module, compiled to different peaks.
 CALLERS = {
     "python -c, one field": "print(aot.compile_memory(s).compiler_peak_bytes)",
@@ -49,8 +53,12 @@ def caller_peak(spec, model: str, cluster: str, strategy: str, length: int, rema
     path = str(cache.cache_path(spec)).removesuffix(".json") + f".caller{caller}.json"
     if (text := storage.read_text(path)) is not None:
         return int(json.loads(text)["compiler_peak_bytes"])
-    code = _PRELUDE.format(root=str(ROOT), model=model, cluster=cluster, strategy=strategy, length=length,
-                           remat=remat) + list(CALLERS.values())[caller]  # fmt: skip
+    code = (
+        _PRELUDE.format(
+            root=str(ROOT), model=model, cluster=cluster, strategy=strategy, length=length, remat=remat
+        )
+        + list(CALLERS.values())[caller]
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     peak = int(done.stdout.strip().splitlines()[-1])
     storage.write_text(path, json.dumps({"compiler_peak_bytes": peak, "caller": list(CALLERS)[caller]}))
@@ -103,12 +111,22 @@ def main(argv: list[str]) -> int:
         each += [None] * (a.draws - len(each))  # a failed point: no figure per draw
         if callers_for:
             run = p in callers_for
-            each += [caller_peak(spec, a.model, cluster, strategy, length, a.remat, c) if run else None
-                     for c in range(len(CALLERS))]  # fmt: skip
+            each += [
+                caller_peak(spec, a.model, cluster, strategy, length, a.remat, c) if run else None
+                for c in range(len(CALLERS))
+            ]
         figures = [b for b in each if b]
         spread = f"{max(figures) / min(figures) - 1:.1%}" if figures else "-"
-        cells = [cluster, strategy, f"{length:,}", gib(memory.total(spec)), *(gib(b) for b in each), spread,
-                 gib(draws.judged_bytes(r.result)), r.verdict if r.status != "failed" else r.reason[:80]]  # fmt: skip
+        cells = [
+            cluster,
+            strategy,
+            f"{length:,}",
+            gib(memory.total(spec)),
+            *(gib(b) for b in each),
+            spread,
+            gib(draws.judged_bytes(r.result)),
+            r.verdict if r.status != "failed" else r.reason[:80],
+        ]
         out.append("| " + " | ".join(cells) + " |")
     took = f"{len(specs)} points x {a.draws} draws in {time.perf_counter() - t0:.0f} s (cache hits included)"
     if a.page:

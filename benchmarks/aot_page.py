@@ -14,8 +14,19 @@ from dataclasses import dataclass
 from benchmarks.aot import BAND, conf
 from jobs.spec import ClusterSpec
 
-HEAD = ["cluster", "strategy", "mesh", "context", "remat", "analytic GiB", "compiled GiB", "compiler's peak",
-        "analytic / peak", "verdict", "compile s"]  # fmt: skip
+HEAD = [
+    "cluster",
+    "strategy",
+    "mesh",
+    "context",
+    "remat",
+    "analytic GiB",
+    "compiled GiB",
+    "compiler's peak",
+    "analytic / peak",
+    "verdict",
+    "compile s",
+]
 BAND_HEAD = [
     "cluster",
     "strategy",
@@ -106,8 +117,10 @@ def summary(rows: list[Row], band: list[Row]) -> str:
     out = []
     if compiled:
         ratios = [(r.num("analytic / peak"), r) for r in compiled]
-        out.append(f"- **Analytic / compiler's peak, remat full: {_range(ratios)}**, over the {len(compiled)} "
-                   "points the compiler compiled.")  # fmt: skip
+        out.append(
+            f"- **Analytic / compiler's peak, remat full: {_range(ratios)}**, over the {len(compiled)} "
+            "points the compiler compiled."
+        )
         long = [(v, r) for v, r in ratios if r.num("context") >= 14 * 2**20]
         if long:
             out.append(f"- At 14,680,064 tokens: {_range(long)}.")
@@ -115,24 +128,32 @@ def summary(rows: list[Row], band: list[Row]) -> str:
             (r.num("analytic GiB") / r.num("compiled GiB"), r) for r in compiled if r.num("context") >= 2**20
         ]
         if sums:
-            out.append(f"- Against the sum (compiled GiB) the planner is {_range(sums)} at 1M tokens and more: "
-                       "the sum's temporaries carry allocator slack that no buffer model follows.")  # fmt: skip
+            out.append(
+                f"- Against the sum (compiled GiB) the planner is {_range(sums)} at 1M tokens and more: "
+                "the sum's temporaries carry allocator slack that no buffer model follows."
+            )
     if refused:
         agree = [r for r in refused if r.num("analytic GiB") > hbm[r.cluster]]
         names = "; ".join(r.label for r in refused)
         if len(agree) == len(refused):
-            out.append(f"- The compiler refuses {names}; the planner's figure is over the chip's HBM at each, so "
-                       "it says infeasible there too.")  # fmt: skip
+            out.append(
+                f"- The compiler refuses {names}; the planner's figure is over the chip's HBM at each, so "
+                "it says infeasible there too."
+            )
         else:
-            out.append(f"- The compiler refuses {names}; the planner says each fits but "
-                       f"{'; '.join(r.label for r in refused if r not in agree)}.")  # fmt: skip
+            out.append(
+                f"- The compiler refuses {names}; the planner says each fits but "
+                f"{'; '.join(r.label for r in refused if r not in agree)}."
+            )
     strict = [r for r in compiled if r.num("analytic GiB") > hbm[r.cluster]]
     for r in strict:
         peak, total = r.cells["compiler's peak"], r.num("compiled GiB")
         over = f" (its sum, {total:.1f} GiB, over the chip)" if total > hbm[r.cluster] else ""
-        out.append(f"- Stricter than the compiler: {r.label}, the planner's {r.cells['analytic GiB']} GiB is over "
-                   f"the {hbm[r.cluster]:.0f} GiB it plans for, while the compiler fits it with a peak of {peak}"
-                   f"{over}; only `aot=true` says `run` there.")  # fmt: skip
+        out.append(
+            f"- Stricter than the compiler: {r.label}, the planner's {r.cells['analytic GiB']} GiB is over "
+            f"the {hbm[r.cluster]:.0f} GiB it plans for, while the compiler fits it with a peak of {peak}"
+            f"{over}; only `aot=true` says `run` there."
+        )
     if band:
         bounds = [(_band_bounds(r), r) for r in band]
         lo_ok = [(lo >= BAND[0] - 0.005, hi <= BAND[1] + 0.005, r) for (lo, hi), r in bounds]  # 2-digit cells

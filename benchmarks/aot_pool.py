@@ -26,8 +26,8 @@ from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec,
 from orchestrator import provenance  # noqa: E402
 from orchestrator.config.load import group_option  # noqa: E402
 from orchestrator.plan import aot  # noqa: E402
-from orchestrator.plan.aot import pool
-from orchestrator.plan.aot import target as hostmem  # noqa: E402
+from orchestrator.plan.aot import pool  # noqa: E402
+from orchestrator.plan.aot import target  # noqa: E402
 
 # (cluster, strategy, mesh): tpu7x 2x2x1 is 4 chips = 8 devices, v5p 2x2x1 4 megacore devices
 POINTS = [
@@ -45,9 +45,13 @@ def spec(cluster: str, strategy: str, mesh: MeshSpec, length: int, model: str = 
     c = replace(ClusterSpec(**group_option("cluster", cluster)), topology="2x2x1", address="")
     s = replace(StrategySpec(**group_option("strategy", strategy)), block_q=256, block_kv=256)
     return TrialSpec(
-        model=ModelSpec(**group_option("model", model)), mesh=mesh, strategy=s, context_length=length,
-        train=TrainSpec(remat="full"), cluster=c,
-    )  # fmt: skip
+        model=ModelSpec(**group_option("model", model)),
+        mesh=mesh,
+        strategy=s,
+        context_length=length,
+        train=TrainSpec(remat="full"),
+        cluster=c,
+    )
 
 
 def timed(
@@ -61,15 +65,19 @@ def timed(
 def head_lines(cores: int, gib: float) -> list[str]:
     """Compiles at once on a head node: min(cores, Ray memory / per-compile estimate), for full-size points."""
     memory = gib * 2**30 * RAY_MEMORY_SHARE
-    lines = [f"Head node: {cores} cores, {gib:.0f} GiB, Ray memory {RAY_MEMORY_SHARE:.0%} of it = "
-             f"{memory / 2**30:.1f} GiB (assumed: Ray's default object store share, nothing else running)."]  # fmt: skip
+    lines = [
+        f"Head node: {cores} cores, {gib:.0f} GiB, Ray memory {RAY_MEMORY_SHARE:.0%} of it = "
+        f"{memory / 2**30:.1f} GiB (assumed: Ray's default object store share, nothing else running)."
+    ]
     for n in HEAD_POINTS:
-        est = hostmem.compile_host_bytes(
+        est = target.compile_host_bytes(
             spec("tpu7x_128", "ring", MeshSpec(context=8), n, "llama3_1_8b_long")
         )
         at_once = min(cores, int(memory // est))
-        lines.append(f"  llama3_1_8b_long at {n:>10,} tokens: estimate {est / 2**30:.2f} GiB -> "
-                     f"min({cores}, {memory / 2**30:.1f} / {est / 2**30:.2f}) = {at_once} at once")  # fmt: skip
+        lines.append(
+            f"  llama3_1_8b_long at {n:>10,} tokens: estimate {est / 2**30:.2f} GiB -> "
+            f"min({cores}, {memory / 2**30:.1f} / {est / 2**30:.2f}) = {at_once} at once"
+        )
     return lines
 
 

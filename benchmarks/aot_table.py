@@ -22,7 +22,7 @@ from benchmarks.aot import LENGTHS, at_plan_cell, band_cell, cap_cell, row_cells
 from jobs import strategies  # noqa: E402
 from orchestrator import provenance  # noqa: E402
 from orchestrator.plan import aot, memory  # noqa: E402
-from orchestrator.plan import rules as validate
+from orchestrator.plan import rules
 
 # The page's models, each with the context_ulysses degrees looked up (mesh=auto's, and one more split).
 PAGE_MODELS = [("llama3_1_8b_long", ["auto", "2"]), ("llama3_1_8b", ["auto", "4"])]
@@ -38,7 +38,7 @@ def cached(model: str, remats: list[str], ulysses: list[str]):
                 for remat in remats:
                     for u in ulysses:
                         spec = spec_for(model, cluster, name, length, remat, ulysses=u)
-                        if validate.problems(spec) or not aot.cached_any(spec):
+                        if rules.problems(spec) or not aot.cached_any(spec):
                             continue  # an invalid point has no program; an uncached one need not be lowered
                         path = aot.cache_path(spec)
                         if not path.exists() or path in seen:
@@ -67,8 +67,9 @@ def read(source: str) -> str:
     """A file, or a git object like 52e8041:README.md (the tables as they were at that commit)."""
     if Path(source).exists() or ":" not in source:
         return Path(source).read_text()
-    return subprocess.run(["git", "show", source], cwd=provenance.ROOT, capture_output=True, text=True,
-                          check=True).stdout  # fmt: skip
+    return subprocess.run(
+        ["git", "show", source], cwd=provenance.ROOT, capture_output=True, text=True, check=True
+    ).stdout
 
 
 def write_page(a: argparse.Namespace, argv: list[str]) -> int:
@@ -92,8 +93,11 @@ def write_page(a: argparse.Namespace, argv: list[str]) -> int:
         rows, band = page_rows()
         made, refresh = now, None
     if not rows:
-        print(f"error: no cached compiles under {aot.cache_dir()} or in the --from tables: nothing to write; "
-              "compile with benchmarks/aot.py, or give --from", file=sys.stderr)  # fmt: skip
+        print(
+            f"error: no cached compiles under {aot.cache_dir()} or in the --from tables: nothing to write; "
+            "compile with benchmarks/aot.py, or give --from",
+            file=sys.stderr,
+        )
         return 1
     body = aot_page.body(rows, band)
     path = provenance.write_page(a.page, aot_page.TITLE, made, aot_page.NOTE, body, refresh=refresh)
@@ -138,9 +142,11 @@ def main(argv: list[str]) -> int:
             print("| " + " | ".join(cells) + " |")
             continue
         comp = row.compiled_bytes or 0
-        print(f"{cluster:10} {spec.strategy.name:11} {spec.mesh.label():28} {spec.context_length:>10,} "
-              f"{spec.train.remat:8} analytic {row.analytic_bytes / 2**30:6.1f} compiled {comp / 2**30:6.1f} "
-              f"({row.status:10}) ratio {row.ratio or float('nan'):.2f}")  # fmt: skip
+        print(
+            f"{cluster:10} {spec.strategy.name:11} {spec.mesh.label():28} {spec.context_length:>10,} "
+            f"{spec.train.remat:8} analytic {row.analytic_bytes / 2**30:6.1f} compiled {comp / 2**30:6.1f} "
+            f"({row.status:10}) ratio {row.ratio or float('nan'):.2f}"
+        )
         if a.terms:
             b = memory.breakdown(spec)
             print("    " + ", ".join(f"{k} {v / 2**30:.1f}" for k, v in b.items() if v > 2**28))

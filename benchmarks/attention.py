@@ -153,8 +153,20 @@ def main() -> None:
         print(
             f"{name:<12}{label:<14}{layout:<12}{kern:<8}{sec * 1e3:>10.1f}{cpu * 1e3:>9.0f}{sec / base:>9.2f}{comp:>11.1f}{mb:>10.1f}{100 * work:>7.1f}"
         )
-        table.append([name, label, layout, kern, f"{sec * 1e3:.0f}", f"{cpu * 1e3:.0f}", f"{sec / base:.2f}",
-                      f"{comp:.1f}", f"{mb:.1f}", f"{100 * work:.1f} %"])  # fmt: skip
+        table.append(
+            [
+                name,
+                label,
+                layout,
+                kern,
+                f"{sec * 1e3:.0f}",
+                f"{cpu * 1e3:.0f}",
+                f"{sec / base:.2f}",
+                f"{comp:.1f}",
+                f"{mb:.1f}",
+                f"{100 * work:.1f} %",
+            ]
+        )
 
     for strategy, shape, layout in rows:
         if not keep(strategy, layout):
@@ -214,8 +226,11 @@ def main() -> None:
         print(line)
     notes += ratios
     if a.page:
-        made = replace(made, machine=f"{made.machine}, jax {jax.__version__}, {len(jax.devices())} simulated "
-                       f"{jax.devices()[0].platform.upper()} devices sharing those cores")  # fmt: skip
+        made = replace(
+            made,
+            machine=f"{made.machine}, jax {jax.__version__}, {len(jax.devices())} simulated "
+            f"{jax.devices()[0].platform.upper()} devices sharing those cores",
+        )
         body = page_body(setup, a, table, notes)
         print(f"wrote {provenance.write_page(a.page, 'Attention benchmark', made, NOTE, body)}")
 
@@ -231,8 +246,18 @@ device."""
 
 
 def page_body(setup: str, a: argparse.Namespace, table: list[list[str]], notes: list[str]) -> str:
-    head = ["strategy", "mesh", "layout", "kernel", "wall ms", "CPU ms", "× dense", "compile s", "MiB/device",
-            "busiest device's share of the scores"]  # fmt: skip
+    head = [
+        "strategy",
+        "mesh",
+        "layout",
+        "kernel",
+        "wall ms",
+        "CPU ms",
+        "× dense",
+        "compile s",
+        "MiB/device",
+        "busiest device's share of the scores",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     lines += ["| " + " | ".join(r) + " |" for r in table]
     return f"""\

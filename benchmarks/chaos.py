@@ -30,9 +30,16 @@ from servers import start_mlflow_server  # noqa: E402
 
 from orchestrator import provenance  # noqa: E402
 
-GRID = ["-m", "strategy=all_gather,ulysses,ring,usp,double_ring", "context_length=256,512,768,1024",
-        "train.steps=4", "train.dtype=float32", "run.checkpoint_every=1", "progress=plain",
-        "gate.enabled=false"]  # fmt: skip
+GRID = [
+    "-m",
+    "strategy=all_gather,ulysses,ring,usp,double_ring",
+    "context_length=256,512,768,1024",
+    "train.steps=4",
+    "train.dtype=float32",
+    "run.checkpoint_every=1",
+    "progress=plain",
+    "gate.enabled=false",
+]
 STEPS = 4
 PLACED = re.compile(r"\] (.+?): attempt \d+ on (?:\S+: )?0=pid (\d+)@")
 
@@ -41,8 +48,14 @@ class Driver:
     """`python -m orchestrator` in the background, its output read line by line."""
 
     def __init__(self, args: list[str], cwd: Path, env: dict[str, str]):
-        self.proc = subprocess.Popen([sys.executable, "-m", "orchestrator", *args], cwd=cwd, env=env, text=True,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator", *args],
+            cwd=cwd,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
         self.lines: list[str] = []
         self.pos = 0
         threading.Thread(target=self._read, daemon=True).start()
@@ -118,12 +131,20 @@ def check(client: MlflowClient, sweep_id: str, ref: dict[str, list]) -> dict:
     steps_ok = all(len(v) == 1 and [s for s, _ in v[0][2]] == list(range(STEPS)) for v in got.values())
     orphans = sum(1 for v in got.values() for status, st, _ in v if st == "RUNNING" or status != "finished")
     same = all(
-        len(got.get(t, [])) == 1 and all(abs(a[1] - b[1]) <= 1e-6 * max(1.0, abs(b[1]))
-                                         for a, b in zip(got[t][0][2], ref[t][0][2], strict=True))
+        len(got.get(t, [])) == 1
+        and all(
+            abs(a[1] - b[1]) <= 1e-6 * max(1.0, abs(b[1]))
+            for a, b in zip(got[t][0][2], ref[t][0][2], strict=True)
+        )
         for t in ref
-    )  # fmt: skip
-    return {"trials": len(got), "duplicate runs": dup, "every step once": steps_ok, "orphans": orphans,
-            "losses equal": same}  # fmt: skip
+    )
+    return {
+        "trials": len(got),
+        "duplicate runs": dup,
+        "every step once": steps_ok,
+        "orphans": orphans,
+        "losses equal": same,
+    }
 
 
 NOTE = """
@@ -167,14 +188,22 @@ def main(argv: list[str]) -> int:
         server.stop()
     cols = list(rows[0])
     table = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    table += ["| " + " | ".join(f"{r[c]:.0f}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |"
-              for r in rows]  # fmt: skip
+    table += [
+        "| " + " | ".join(f"{r[c]:.0f}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |"
+        for r in rows
+    ]
     body = "\n".join(table)
     print(body)
     if a.page:
         print(f"wrote {provenance.write_page(a.page, 'Chaos soak', made, NOTE, body)}")
-    ok = all(r["exit"] == 0 and r["duplicate runs"] == 0 and r["every step once"] and not r["orphans"]
-             and r["losses equal"] for r in rows)  # fmt: skip
+    ok = all(
+        r["exit"] == 0
+        and r["duplicate runs"] == 0
+        and r["every step once"]
+        and not r["orphans"]
+        and r["losses equal"]
+        for r in rows
+    )
     return 0 if ok else 1
 
 

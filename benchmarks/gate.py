@@ -38,7 +38,7 @@ sys.path[:0] = [str(ROOT)]
 
 from mlflow import MlflowClient  # noqa: E402
 
-from orchestrator import provenance
+from orchestrator import provenance  # noqa: E402
 from orchestrator.results import gate as regress  # noqa: E402
 
 EXP = "cp_scaling"
@@ -56,8 +56,14 @@ def sweep(
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
     env |= {"PYTHONPATH": str(ROOT)} | ({"CP_ORCH_INJECT_SLEEP_S": f"{sleep_s:.3f}"} if sleep_s else {})
     args = ["+sweep=smoke", f"sweep.id={sweep_id}", "progress=plain", f"tracking.uri={store}", *overrides]
-    out = subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=where, env=env, capture_output=True,
-                         text=True, timeout=1800)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "orchestrator", *args],
+        cwd=where,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     lines = out.stdout.splitlines()
     start = next((i for i, ln in enumerate(lines) if "regression gate" in ln), len(lines))
     if out.returncode not in (0, regress.EXIT_REGRESSION):
@@ -105,8 +111,10 @@ def main(argv: list[str]) -> int:
     )
     a = ap.parse_args(argv)
     made = provenance.current("python benchmarks/gate.py", argv, load=True)
-    table = ["| sweep | exit | trial | baseline runs | median tokens/s | now | band (± spread) | verdict |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    table = [
+        "| sweep | exit | trial | baseline runs | median tokens/s | now | band (± spread) | verdict |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     ok, quiet = True, []
     with tempfile.TemporaryDirectory(prefix="gate-bench-") as tmp:
         where, store = Path(tmp), f"sqlite:///{tmp}/mlflow.db"

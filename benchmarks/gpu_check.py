@@ -53,8 +53,17 @@ def meta(argv: list[str], dry_run: bool, budget_s: float) -> dict[str, Any]:
 def run_kernels(rec: Recorder, dry_run: bool, attempts: int = 3) -> None:
     """Sections 1-3 in a child process that adds them to the JSON itself. A child that dies (a crash in a
     kernel takes the process) loses the item it was running, recorded as such; the next child goes on."""
-    cmd = [sys.executable, str(KERNELS), "--out", str(rec.path), "--t0", str(rec.t0),
-           "--budget-s", str(rec.budget_s), *(["--dry-run"] if dry_run else [])]  # fmt: skip
+    cmd = [
+        sys.executable,
+        str(KERNELS),
+        "--out",
+        str(rec.path),
+        "--t0",
+        str(rec.t0),
+        "--budget-s",
+        str(rec.budget_s),
+        *(["--dry-run"] if dry_run else []),
+    ]
     exits: list[int | str] = []
     for _ in range(attempts):
         try:
@@ -140,8 +149,10 @@ def item_line(key: str, it: dict[str, Any]) -> str:
 def table(data: dict[str, Any]) -> str:
     """The JSON as plain text, one line per item."""
     m = data.get("meta", {})
-    lines = [f"gpu_check {m.get('date', '')} commit {m.get('commit', '')} dry_run={m.get('dry_run')} "
-             f"elapsed {m.get('elapsed_s')}s"]  # fmt: skip
+    lines = [
+        f"gpu_check {m.get('date', '')} commit {m.get('commit', '')} dry_run={m.get('dry_run')} "
+        f"elapsed {m.get('elapsed_s')}s"
+    ]
     for sec in SECTIONS:
         body = data.get(sec, {})
         lines.append(sec + (f": ERROR {body['error']}" if "error" in body else ""))
@@ -163,8 +174,10 @@ def table(data: dict[str, Any]) -> str:
 def compare(path: Path, out_dir: Path | None) -> int:
     """Planner (analytic bytes, predicted step) beside every measured trial of sections 4-5."""
     data = json.loads(path.read_text())
-    rows = ["trial                          measured step / MFU      planner step / MFU       "
-            "runtime peak   compiled     planner bytes"]  # fmt: skip
+    rows = [
+        "trial                          measured step / MFU      planner step / MFU       "
+        "runtime peak   compiled     planner bytes"
+    ]
     spec = None
     for name, it in trials_mod.trial_items(data):
         if "spec" not in it:

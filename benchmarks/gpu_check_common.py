@@ -32,9 +32,17 @@ SKIPPED = {"skipped": "time"}
 
 # conf/model/tiny.yaml's values (this script may run where Hydra is not installed; the test compares them)
 TINY = ModelSpec(
-    name="tiny", vocab=256, embed=64, layers=2, q_heads=8, kv_heads=4, head_dim=16, mlp=192,
-    rope_theta=10000.0, norm_eps=1e-5,
-)  # fmt: skip
+    name="tiny",
+    vocab=256,
+    embed=64,
+    layers=2,
+    q_heads=8,
+    kv_heads=4,
+    head_dim=16,
+    mlp=192,
+    rope_theta=10000.0,
+    norm_eps=1e-5,
+)
 ONE_B = ModelSpec(
     name="llama_1b", vocab=32000, embed=2048, layers=16, q_heads=16, kv_heads=8, head_dim=128, mlp=8192
 )
@@ -61,15 +69,37 @@ class Sizes:
 
 
 GPU = Sizes(
-    parity_L=4096, chunks=4, parity_heads=(8, 2, 128), wide_L=4096, strategy_L=4096,
-    speed_L=(8192, 32768, 131072), speed_heads=(32, 8, 128), xla_L=8192, tiny_L=2048, big_L=32768,
-    big_model=ONE_B, steps=6, trial_kernel="auto", budget_s=480.0,
-)  # fmt: skip
+    parity_L=4096,
+    chunks=4,
+    parity_heads=(8, 2, 128),
+    wide_L=4096,
+    strategy_L=4096,
+    speed_L=(8192, 32768, 131072),
+    speed_heads=(32, 8, 128),
+    xla_L=8192,
+    tiny_L=2048,
+    big_L=32768,
+    big_model=ONE_B,
+    steps=6,
+    trial_kernel="auto",
+    budget_s=480.0,
+)
 DRY = Sizes(
-    parity_L=256, chunks=2, parity_heads=(4, 2, 32), wide_L=256, strategy_L=256, speed_L=(256, 512, 1024),
-    speed_heads=(4, 2, 32), xla_L=256, tiny_L=256, big_L=512, big_model=TINY, steps=3, trial_kernel="flash",
+    parity_L=256,
+    chunks=2,
+    parity_heads=(4, 2, 32),
+    wide_L=256,
+    strategy_L=256,
+    speed_L=(256, 512, 1024),
+    speed_heads=(4, 2, 32),
+    xla_L=256,
+    tiny_L=256,
+    big_L=512,
+    big_model=TINY,
+    steps=3,
+    trial_kernel="flash",
     budget_s=240.0,
-)  # fmt: skip
+)
 
 
 def error_of(e: BaseException) -> dict[str, str]:

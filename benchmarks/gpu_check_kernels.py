@@ -34,19 +34,27 @@ def api_checks(fa) -> dict[str, Any]:
     """tests/test_kernels_flash.py::test_private_api_shape's assertions, each recorded instead of raised."""
     import jax.extend.core
 
-    rule_head = ["scale", "seed", "dropout_rate", "variadic_args", "mask_type", "layout",
-                 "sliding_window_length", "is_training"]  # fmt: skip
+    rule_head = [
+        "scale",
+        "seed",
+        "dropout_rate",
+        "variadic_args",
+        "mask_type",
+        "layout",
+        "sliding_window_length",
+        "is_training",
+    ]
     checks = {
         "module present": lambda: fa is not None,
         "dot_product_attention(scale, mask_type, qkv_layout, return_residual)": lambda: (
             {"scale", "mask_type", "qkv_layout", "return_residual"}
             <= set(inspect.signature(fa.dot_product_attention).parameters)
-        ),  # fmt: skip
+        ),
         "MaskType CAUSAL, NO_MASK": lambda: {"CAUSAL", "NO_MASK"} <= set(fa.MaskType.__members__),
         "AttentionLayout.BTNH == 0": lambda: fa.AttentionLayout.BTNH.value == 0,
         "_dot_product_attention_bwd_rule's first 8 parameters": lambda: (
             list(inspect.signature(fa._dot_product_attention_bwd_rule).parameters)[:8] == rule_head
-        ),  # fmt: skip
+        ),
         "_dot_product_attention_bwd_p_wrapper is a Primitive": lambda: isinstance(
             fa._dot_product_attention_bwd_p_wrapper, jax.extend.core.Primitive
         ),
@@ -71,12 +79,16 @@ def env() -> dict[str, Any]:
         jaxlib_version = f"unknown ({type(e).__name__})"
     fa, dev = flash_kernel._fa, jax.devices()[0]
     out: dict[str, Any] = {
-        "jax": jax.__version__, "jaxlib": jaxlib_version, "backend": jax.default_backend(),
-        "devices": [str(d) for d in jax.devices()], "device_kind": dev.device_kind,
-        "compute_capability": getattr(dev, "compute_capability", None), "python": sys.version.split()[0],
+        "jax": jax.__version__,
+        "jaxlib": jaxlib_version,
+        "backend": jax.default_backend(),
+        "devices": [str(d) for d in jax.devices()],
+        "device_kind": dev.device_kind,
+        "compute_capability": getattr(dev, "compute_capability", None),
+        "python": sys.version.split()[0],
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "bytes_limit": (dev.memory_stats() or {}).get("bytes_limit"),
-    }  # fmt: skip
+    }
     try:
         out["cudnn_version"] = fa.check_cudnn_version()
     except Exception as e:  # noqa: BLE001 - no cuDNN (a CPU host) is a finding, not a failure

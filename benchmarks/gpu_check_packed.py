@@ -64,9 +64,18 @@ def packed_probe(L: int, heads: tuple[int, int, int], M: int = 4) -> dict[str, A
 
     def cudnn(q, k, v):
         return fa.dot_product_attention(
-            q, k, v, q_seqlen=lens, kv_seqlen=lens, q_offsets=offs, kv_offsets=offs, scale=D**-0.5,
-            mask_type=fa.MaskType.PADDING_CAUSAL, qkv_layout="BTNH", return_residual=True,
-        )  # fmt: skip
+            q,
+            k,
+            v,
+            q_seqlen=lens,
+            kv_seqlen=lens,
+            q_offsets=offs,
+            kv_offsets=offs,
+            scale=D**-0.5,
+            mask_type=fa.MaskType.PADDING_CAUSAL,
+            qkv_layout="BTNH",
+            return_residual=True,
+        )
 
     out, stats = jax.jit(cudnn)(q, k, v)
     segj = jnp.asarray(seg)
@@ -82,8 +91,15 @@ def packed_probe(L: int, heads: tuple[int, int, int], M: int = 4) -> dict[str, A
     }
     stats_err = {name: err(s, lse) for name, s in stats_readings(stats, offsets, lengths).items()}
     return {
-        "L": L, "heads": list(heads), "documents": M, "lengths": lengths[0].tolist(),
-        "stats_shape": list(stats.shape), "out_error": err(out, want), "grad_errors": grads,
-        "stats_error_by_reading": stats_err, "stats_reading": min(stats_err, key=stats_err.get),
-        "within_tol": bool(max(err(out, want), *grads.values()) < BF16_TOL), "tolerance": BF16_TOL,
-    }  # fmt: skip
+        "L": L,
+        "heads": list(heads),
+        "documents": M,
+        "lengths": lengths[0].tolist(),
+        "stats_shape": list(stats.shape),
+        "out_error": err(out, want),
+        "grad_errors": grads,
+        "stats_error_by_reading": stats_err,
+        "stats_reading": min(stats_err, key=stats_err.get),
+        "within_tol": bool(max(err(out, want), *grads.values()) < BF16_TOL),
+        "tolerance": BF16_TOL,
+    }

@@ -22,9 +22,15 @@ ROOT = Path(__file__).resolve().parent.parent
 # The H200's HBM, "141 GB HBM3e" (AI Wiki, "NVIDIA H200", https://aiwiki.ai/wiki/nvidia_h200); its dense bf16
 # peak is jobs/flops.py's.
 H200_1 = ClusterSpec(
-    name="h200_1", kind="local", platform="gpu", accelerator="h200", hosts=1, devices_per_host=1,
-    peak_tflops_per_device=flops.PEAK_TFLOPS_PER_DEVICE["h200"], hbm_bytes_per_device=int(141e9),
-)  # fmt: skip
+    name="h200_1",
+    kind="local",
+    platform="gpu",
+    accelerator="h200",
+    hosts=1,
+    devices_per_host=1,
+    peak_tflops_per_device=flops.PEAK_TFLOPS_PER_DEVICE["h200"],
+    hbm_bytes_per_device=int(141e9),
+)
 BASE = "big"  # section 5 compares against this section-4 trial
 HOST = MemorySpec(host=("optimizer", "params"))  # jobs/spec.py HOST_STATE: train state in pinned host memory
 OFFLOAD = MemorySpec(offload=("layer_input",))  # each layer's input residual to host between fwd and bwd
@@ -46,8 +52,15 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
     steps = [r for r in records if r.get("kind") == "step"]
     summary = next((r for r in records if r.get("kind") == "summary"), {})
     peaks = [r["peak_bytes_in_use"] for r in [*steps, summary] if r.get("peak_bytes_in_use") is not None]
-    keys = ("compile_s", "platform", "peak_tflops_per_device", "tflops_per_device_per_step", "argument_bytes",
-            "temp_bytes", "compiled_bytes_per_device")  # fmt: skip
+    keys = (
+        "compile_s",
+        "platform",
+        "peak_tflops_per_device",
+        "tflops_per_device_per_step",
+        "argument_bytes",
+        "temp_bytes",
+        "compiled_bytes_per_device",
+    )
     out = {k: start.get(k) for k in keys}
     out["kernel_fallbacks"] = start.get("kernel_fallbacks") or []
     out |= {k: summary.get(k) for k in ("step_time_median_s", "mfu", "tokens_per_s", "final_loss")}
@@ -106,8 +119,11 @@ def trials(rec: Recorder, s: Sizes, out_dir: Path, api_ok: bool, dry_run: bool) 
     env = child_env(dry_run)
     kernel = s.trial_kernel if api_ok else "xla"
     rec.data.setdefault("trials", {})["kernel"] = kernel if api_ok else "xla (private cuDNN API check failed)"
-    tiny = rec.run("trials", "tiny", lambda: run_trial(trial_spec(s, False, kernel), out_dir, "tiny",
-                                                       rec.hard_left(), env))  # fmt: skip
+    tiny = rec.run(
+        "trials",
+        "tiny",
+        lambda: run_trial(trial_spec(s, False, kernel), out_dir, "tiny", rec.hard_left(), env),
+    )
     if "error" in tiny and "killed" not in tiny["error"] and kernel != "xla":
         kernel = "xla"
         rec.data["trials"]["kernel"] = "xla (the tiny trial failed with the flash kernel)"
@@ -130,8 +146,12 @@ def planner_figures(spec: TrialSpec) -> dict[str, Any]:
     from orchestrator.plan import memory, steptime
 
     st = steptime.step_time(spec)
-    return {"planner_bytes": memory.total(spec), "planner_step_s": st.step_s, "planner_mfu": st.mfu,
-            "planner_limiter": st.limiter}  # fmt: skip
+    return {
+        "planner_bytes": memory.total(spec),
+        "planner_step_s": st.step_s,
+        "planner_mfu": st.mfu,
+        "planner_limiter": st.limiter,
+    }
 
 
 def add_planner(rec: Recorder) -> None:

@@ -27,12 +27,20 @@ from orchestrator import provenance  # noqa: E402
 
 def overrides(args, sweep_id: str, seeds: list[int]) -> list[str]:
     return [
-        "+sweep=smoke", "sweep.axes.strategy=[ring]", f"sweep.axes.context_length=[{args.length}]",
-        f"+sweep.axes.train.seed=[{','.join(map(str, seeds))}]", "~sweep.set", f"train.steps={args.steps}",
-        "train.dtype=float32", f"cluster.concurrency={args.concurrency}", "progress=plain", f"sweep.id={sweep_id}",
+        "+sweep=smoke",
+        "sweep.axes.strategy=[ring]",
+        f"sweep.axes.context_length=[{args.length}]",
+        f"+sweep.axes.train.seed=[{','.join(map(str, seeds))}]",
+        "~sweep.set",
+        f"train.steps={args.steps}",
+        "train.dtype=float32",
+        f"cluster.concurrency={args.concurrency}",
+        "progress=plain",
+        f"sweep.id={sweep_id}",
         # a fixed peak skips the per-trial CPU matmul peak measurement (MFU is not what this measures)
-        "cluster.peak_tflops_per_device=1.0", "gate.enabled=false",
-    ]  # fmt: skip
+        "cluster.peak_tflops_per_device=1.0",
+        "gate.enabled=false",
+    ]
 
 
 def summarise(trials: list[dict], total: float, conc: int) -> dict:
@@ -78,13 +86,20 @@ def ours(args, seeds: list[int], sweep_id: str) -> dict:
         (att,) = json.loads(Path(path).read_text())
         steps = sorted(client.get_metric_history(r.info.run_id, "step_time_s"), key=lambda m: m.step)
         host0 = min(att["hosts"], key=lambda h: h["process_id"])
-        trials.append({
-            "submitted": att["submitted"], "ended": att["ended"], "process_start": host0["t"],
-            # the job's own clock, as Tune's figure is (tune.report's time.time()); the driver's receipt below
-            "first_step": att.get("first_step_in_job", att["first_step"]), "first_step_at_driver": att["first_step"],
-            "compile_s": r.data.metrics["compile_s"], "step0_s": steps[0].value,
-            "job_s": att["ended"] - host0["t"], "last_step": steps[-1].timestamp / 1000,  # the record's t_ms
-        })  # fmt: skip
+        trials.append(
+            {
+                "submitted": att["submitted"],
+                "ended": att["ended"],
+                "process_start": host0["t"],
+                # the job's own clock, as Tune's figure is (tune.report's time.time()); the driver's receipt below
+                "first_step": att.get("first_step_in_job", att["first_step"]),
+                "first_step_at_driver": att["first_step"],
+                "compile_s": r.data.metrics["compile_s"],
+                "step0_s": steps[0].value,
+                "job_s": att["ended"] - host0["t"],
+                "last_step": steps[-1].timestamp / 1000,  # the record's t_ms
+            }
+        )
     return summarise(trials, total, args.concurrency)
 
 
@@ -101,8 +116,17 @@ def tune_trial(config: dict) -> None:
         if rec["kind"] == "start":
             compile_s = rec["compile_s"]
         elif rec["kind"] == "step":
-            tune.report({"loss": rec["loss"], "step": rec["step"], "step_time_s": rec["step_time_s"],
-                         "t_enter": t_enter, "t_start": t_start, "t_now": time.time(), "compile_s": compile_s})  # fmt: skip
+            tune.report(
+                {
+                    "loss": rec["loss"],
+                    "step": rec["step"],
+                    "step_time_s": rec["step_time_s"],
+                    "t_enter": t_enter,
+                    "t_start": t_start,
+                    "t_now": time.time(),
+                    "compile_s": compile_s,
+                }
+            )
 
 
 def tune_reference(args, specs, workdir: Path) -> dict:
@@ -138,12 +162,18 @@ def tune_reference(args, specs, workdir: Path) -> dict:
         df = res.metrics_dataframe
         first, last = df.iloc[0], df.iloc[-1]
         m = marks.get(res.metrics["trial_id"], {})
-        trials.append({
-            "submitted": m.get("started", first["t_start"]), "ended": m.get("ended", last["t_now"]),
-            "process_start": first["t_enter"], "first_step": first["t_now"], "compile_s": first["compile_s"],
-            "step0_s": first["step_time_s"], "job_s": last["t_now"] - first["t_enter"],
-            "last_step": last["t_now"],
-        })  # fmt: skip
+        trials.append(
+            {
+                "submitted": m.get("started", first["t_start"]),
+                "ended": m.get("ended", last["t_now"]),
+                "process_start": first["t_enter"],
+                "first_step": first["t_now"],
+                "compile_s": first["compile_s"],
+                "step0_s": first["step_time_s"],
+                "job_s": last["t_now"] - first["t_enter"],
+                "last_step": last["t_now"],
+            }
+        )
     return summarise(trials, total, args.concurrency)
 
 
@@ -178,12 +208,16 @@ def report(name: str, r: dict, conc: int) -> dict:
         f"  slot handoff, a trial's last step -> the next one's first step, minus its compile and step 0 "
         f"(jobs' clocks): median {out['handoff_median_s']:.2f} s, max {out['handoff_max_s']:.2f} s"
     )
-    print(f"  per-trial overhead, submit -> first step, minus compile and step 0: median {out['overhead_median_s']:.2f} s,"
-          f" max {out['overhead_max_s']:.2f} s  (of which submit -> job process running: median "
-          f"{out['submit_to_process_median_s']:.2f} s; compile from the persistent cache: median "
-          f"{out['compile_median_s']:.2f} s)")  # fmt: skip
-    print(f"  sweep span {out['span_s']:.1f} s vs ideal {ideal:.1f} s (sum of submit->end trial times / {conc}):"
-          f" x{out['span_over_ideal']:.3f}; vs in-process job time only: x{out['span_over_ideal_in_process']:.3f}")  # fmt: skip
+    print(
+        f"  per-trial overhead, submit -> first step, minus compile and step 0: median {out['overhead_median_s']:.2f} s,"
+        f" max {out['overhead_max_s']:.2f} s  (of which submit -> job process running: median "
+        f"{out['submit_to_process_median_s']:.2f} s; compile from the persistent cache: median "
+        f"{out['compile_median_s']:.2f} s)"
+    )
+    print(
+        f"  sweep span {out['span_s']:.1f} s vs ideal {ideal:.1f} s (sum of submit->end trial times / {conc}):"
+        f" x{out['span_over_ideal']:.3f}; vs in-process job time only: x{out['span_over_ideal_in_process']:.3f}"
+    )
     print(f"  whole call incl. tracking setup and teardown: {out['total_s']:.1f} s")
     return out
 
@@ -204,9 +238,14 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="overhead-"))
     os.chdir(work)
     # Workers inherit the driver's environment on a local Ray: one shared persistent compilation cache.
-    os.environ |= {"JAX_COMPILATION_CACHE_DIR": str(work / "jax-cache"), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-                   "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0", "JAX_PLATFORMS": "cpu",
-                   "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "PYTHONPATH": str(ROOT)}  # fmt: skip
+    os.environ |= {
+        "JAX_COMPILATION_CACHE_DIR": str(work / "jax-cache"),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+        "PYTHONPATH": str(ROOT),
+    }
     import ray
 
     ray.init(address="local", num_cpus=args.concurrency, include_dashboard=False, log_to_driver=False)
@@ -214,7 +253,9 @@ def main() -> int:
     ours(argparse.Namespace(**{**vars(args), "concurrency": 1}), [10_000], "warmup")
     seeds = list(range(args.trials))
     res = report(
-        "ours (orchestrator.launch.executor + MLflow Tracker)", ours(args, seeds, "overhead"), args.concurrency
+        "ours (orchestrator.launch.executor + MLflow Tracker)",
+        ours(args, seeds, "overhead"),
+        args.concurrency,
     )
     results = {"ours": res}
     if not args.skip_tune:
@@ -222,8 +263,11 @@ def main() -> int:
         from orchestrator.config.load import load
 
         specs = expand(load(overrides(args, "tune", seeds)))
-        results["Ray Tune"] = report("Ray Tune reference (function trainable, MLflowLoggerCallback)",
-                                     tune_reference(args, specs, work), args.concurrency)  # fmt: skip
+        results["Ray Tune"] = report(
+            "Ray Tune reference (function trainable, MLflowLoggerCallback)",
+            tune_reference(args, specs, work),
+            args.concurrency,
+        )
     tune_handoff = results.get("Ray Tune", res)["handoff_median_s"]
     ok = res["handoff_median_s"] <= tune_handoff and res["span_over_ideal"] <= 1.10
     print(f"\ntargets ({TARGETS}): {'met' if ok else 'NOT met'}")
@@ -245,27 +289,47 @@ TARGETS = "slot handoff median at most Ray Tune's, span at most 1.10 × ideal"
 
 # (row label, key in report()'s dict, format, what it means)
 ROWS = [
-    ("slot handoff, median", "handoff_median_s", "{:.2f} s",
-     "a trial's last step → the first step of the trial that took its slot, minus that trial's compile and "
-     "step 0; the jobs' own clocks, so the same measure for both"),
+    (
+        "slot handoff, median",
+        "handoff_median_s",
+        "{:.2f} s",
+        "a trial's last step → the first step of the trial that took its slot, minus that trial's compile and "
+        "step 0; the jobs' own clocks, so the same measure for both",
+    ),
     ("slot handoff, max", "handoff_max_s", "{:.2f} s", "the worst handoff"),
-    ("per-trial overhead, median", "overhead_median_s", "{:.2f} s",
-     "submit → first step (the job's clock), minus compile and step 0; Tune's submit is its trial-start "
-     "callback, which can fire after the trial's process is already running"),
+    (
+        "per-trial overhead, median",
+        "overhead_median_s",
+        "{:.2f} s",
+        "submit → first step (the job's clock), minus compile and step 0; Tune's submit is its trial-start "
+        "callback, which can fire after the trial's process is already running",
+    ),
     ("per-trial overhead, max", "overhead_max_s", "{:.2f} s", "the worst trial"),
-    ("submit → job process running, median", "submit_to_process_median_s", "{:.2f} s",
-     "until the trial's process started"),
+    (
+        "submit → job process running, median",
+        "submit_to_process_median_s",
+        "{:.2f} s",
+        "until the trial's process started",
+    ),
     ("compile from the persistent cache, median", "compile_median_s", "{:.2f} s", "as the job measured it"),
-    ("first step's record to the driver, median", "to_driver_median_s", "{:.2f} s",
-     "ours: the stream's round trip, outside the overhead above (both measure the first step by the job's clock)"),
+    (
+        "first step's record to the driver, median",
+        "to_driver_median_s",
+        "{:.2f} s",
+        "ours: the stream's round trip, outside the overhead above (both measure the first step by the job's clock)",
+    ),
     ("trial, median", "trial_median_s", "{:.2f} s", "submit → end of one trial"),
     ("sweep span", "span_s", "{:.1f} s", "first submit → last trial's end"),
     ("ideal span", "ideal_s", "{:.1f} s", "sum of the trials' submit → end times / concurrency"),
     ("span / ideal", "span_over_ideal", "{:.3f} ×", "1.0 = no time lost between trials"),
-    ("span / in-process ideal", "span_over_ideal_in_process", "{:.3f} ×",
-     "against the trials' time inside their job process only"),
+    (
+        "span / in-process ideal",
+        "span_over_ideal_in_process",
+        "{:.3f} ×",
+        "against the trials' time inside their job process only",
+    ),
     ("whole call", "total_s", "{:.1f} s", "including tracking setup and teardown"),
-]  # fmt: skip
+]
 
 
 def page_body(args, results: dict[str, dict], ok: bool) -> str:

@@ -38,8 +38,14 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--corpus", default="data/stdlib")
     a = ap.parse_args(argv)
-    base = ["strategy=ring", f"context_length={a.length}", f"train.steps={a.steps}", "train.dtype=float32",
-            "model.vocab=4096", "cluster.max_step_seconds=1000"]  # fmt: skip
+    base = [
+        "strategy=ring",
+        f"context_length={a.length}",
+        f"train.steps={a.steps}",
+        "train.dtype=float32",
+        "model.vocab=4096",
+        "cluster.max_step_seconds=1000",
+    ]
     docs = ["train.data.kind=documents", f"train.data.sources=[{a.corpus}]"]
     print(f"| layout | unpacked s/step | packed s/step | speedup |  (ring, L={a.length:,}, 8 CPU devices)")
     print("|---|---|---|---|")

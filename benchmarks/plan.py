@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from orchestrator.config import grid
 from orchestrator.config.load import load
 from orchestrator.plan import plan
-from orchestrator.plan import rules as validate
+from orchestrator.plan import rules
 
 BUDGET_S = 2.0
 POINTS = 1000
@@ -38,7 +38,7 @@ def main() -> int:
     t1 = time.perf_counter()
     specs = grid.expand(cfg)
     t2 = time.perf_counter()
-    problems = validate.validate(specs)
+    problems = rules.validate(specs)
     t3 = time.perf_counter()
     rows = plan(specs)
     t4 = time.perf_counter()
@@ -46,9 +46,9 @@ def main() -> int:
     total = t4 - t1
     print(f"compose (once, Hydra)     {t1 - t0:6.3f} s")
     print(f"expand {len(specs):,} points       {t2 - t1:6.3f} s   ({len(strategies)} strategies)")
-    print(f"validate ({len(problems)} problems)  {t3 - t2:6.3f} s")
+    print(f"rules ({len(problems)} problems)  {t3 - t2:6.3f} s")
     print(f"plan                      {t4 - t3:6.3f} s   {counts}")
-    print(f"expand + validate + plan  {total:6.3f} s   (budget {BUDGET_S} s)")
+    print(f"expand + rules + plan  {total:6.3f} s   (budget {BUDGET_S} s)")
     print(over_hbm_cost(cfg))
     return 0 if total < BUDGET_S and len(specs) == len(strategies) * len(lengths) else 1
 

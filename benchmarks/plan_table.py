@@ -91,10 +91,13 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every table, e.g. model=llama3_1_8b")
     ap.add_argument(
-        "--section", action="append", default=None, metavar="OVERRIDES",
+        "--section",
+        action="append",
+        default=None,
+        metavar="OVERRIDES",
         help="with --page: one table under these space-separated overrides (repeatable; default: SECTIONS, "
         "v5p_128 remat full and offload, tpu7x_128 remat full)",
-    )  # fmt: skip
+    )
     provenance.add_page_argument(ap, "plans")
     a = ap.parse_args(argv)
     if not a.page:

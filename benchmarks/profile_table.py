@@ -63,15 +63,23 @@ def rows(client: MlflowClient, sweep_id: str, experiment: str) -> list[dict]:
             traced = _traced_step(client, r)
             before = [v for s, v in hist if 0 < s < (traced or 0)]  # step 0 is the warm-up
             after = [v for s, v in hist if traced is not None and s > traced]
-            out.append({
-                "strategy": spec.strategy.name, "L": spec.context_length, "mesh": spec.mesh.label(),
-                "measured": meas, "measured_step": m["measured/step_s"], "median": m.get("final_step_time_median_s"),
-                "predicted": rb.predicted_groups(st), "predicted_step": st.step_s,
-                "measured_limiter": r.data.tags.get("measured_limiter", ""), "predicted_limiter": st.limiter,
-                "before": statistics.median(before) if before else float("nan"),
-                "traced": dict(hist).get(traced, float("nan")) if traced is not None else float("nan"),
-                "after": statistics.median(after) if after else float("nan"),
-            })  # fmt: skip
+            out.append(
+                {
+                    "strategy": spec.strategy.name,
+                    "L": spec.context_length,
+                    "mesh": spec.mesh.label(),
+                    "measured": meas,
+                    "measured_step": m["measured/step_s"],
+                    "median": m.get("final_step_time_median_s"),
+                    "predicted": rb.predicted_groups(st),
+                    "predicted_step": st.step_s,
+                    "measured_limiter": r.data.tags.get("measured_limiter", ""),
+                    "predicted_limiter": st.limiter,
+                    "before": statistics.median(before) if before else float("nan"),
+                    "traced": dict(hist).get(traced, float("nan")) if traced is not None else float("nan"),
+                    "after": statistics.median(after) if after else float("nan"),
+                }
+            )
     return sorted(out, key=lambda x: (x["L"], x["strategy"]))
 
 
@@ -83,16 +91,31 @@ def _traced_step(client: MlflowClient, run) -> int | None:
 
 def table(rs: list[dict]) -> str:
     groups = list(rb.GROUPS)
-    short = {"matmuls": "mm", "attention kernel": "attn", "collectives": "coll", "host transfers": "host",
-             "other, idle, overhead": "other"}  # fmt: skip
-    head = ["strategy", "L", "step s measured / predicted", *(f"{short[g]} meas / pred" for g in groups),
-            "measured limiter", "predicted limiter", "before / traced / after s"]  # fmt: skip
+    short = {
+        "matmuls": "mm",
+        "attention kernel": "attn",
+        "collectives": "coll",
+        "host transfers": "host",
+        "other, idle, overhead": "other",
+    }
+    head = [
+        "strategy",
+        "L",
+        "step s measured / predicted",
+        *(f"{short[g]} meas / pred" for g in groups),
+        "measured limiter",
+        "predicted limiter",
+        "before / traced / after s",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rs:
         cells = [r["strategy"], f"{r['L']:,}", f"{r['measured_step']:.3f} / {r['predicted_step']:.3f}"]
         cells += [f"{r['measured'][g]:.3f} / {r['predicted'][g]:.3f}" for g in groups]
-        cells += [r["measured_limiter"], r["predicted_limiter"].split(" (")[0],
-                  f"{r['before']:.3f} / {r['traced']:.3f} / {r['after']:.3f}"]  # fmt: skip
+        cells += [
+            r["measured_limiter"],
+            r["predicted_limiter"].split(" (")[0],
+            f"{r['before']:.3f} / {r['traced']:.3f} / {r['after']:.3f}",
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -98,18 +98,30 @@ def points(rows: list[pub.Published] | None = None) -> list[Point]:
 def _terms(spec: TrialSpec) -> dict[str, float]:
     t = steptime.step_time(spec)
     return {
-        "matmuls": t.matmul_s, "attention kernel": t.attention_s, "exposed ring transfer": t.exposed_ring_s,
-        "K/V collectives": t.collectives_s, "exposed FSDP gathers": t.exposed_fsdp_s,
-        "tensor all-reduces": t.tensor_s, "offload bandwidth": t.exposed_offload_s,
-        "exposed DCN transfer": t.dcn_exposed_s, "fixed per-step cost": t.overhead_s,
-    }  # fmt: skip
+        "matmuls": t.matmul_s,
+        "attention kernel": t.attention_s,
+        "exposed ring transfer": t.exposed_ring_s,
+        "K/V collectives": t.collectives_s,
+        "exposed FSDP gathers": t.exposed_fsdp_s,
+        "tensor all-reduces": t.tensor_s,
+        "offload bandwidth": t.exposed_offload_s,
+        "exposed DCN transfer": t.dcn_exposed_s,
+        "fixed per-step cost": t.overhead_s,
+    }
 
 
 def differ(c: Choice, x: Recipe) -> list[str]:
     a, b = c.spec, x.spec
-    return [w for w, d in (("strategy", a.strategy.name != b.strategy.name),
-                           ("layout", a.strategy.layout != b.strategy.layout), ("mesh", a.mesh != b.mesh),
-                           ("policy", c.policy.key != x.policy.key)) if d]  # fmt: skip
+    return [
+        w
+        for w, d in (
+            ("strategy", a.strategy.name != b.strategy.name),
+            ("layout", a.strategy.layout != b.strategy.layout),
+            ("mesh", a.mesh != b.mesh),
+            ("policy", c.policy.key != x.policy.key),
+        )
+        if d
+    ]
 
 
 def same(c: Choice, x: Recipe) -> bool:
@@ -156,15 +168,24 @@ def configs(pt: Point) -> list[list[Recipe]]:
 
 def _recipe_cells(xs: list[Recipe]) -> tuple[str, str, str]:
     x, p = xs[0], xs[0].plan
-    own = f"{p.predicted_mfu:.1%}, {gib(p.predicted_hbm_bytes_per_device)} ({p.verdict})" if (
-        p.predicted_mfu is not None and p.predicted_hbm_bytes_per_device is not None
-    ) else f"— ({p.verdict})"  # fmt: skip
+    own = (
+        f"{p.predicted_mfu:.1%}, {gib(p.predicted_hbm_bytes_per_device)} ({p.verdict})"
+        if (p.predicted_mfu is not None and p.predicted_hbm_bytes_per_device is not None)
+        else f"— ({p.verdict})"
+    )
     pubs = " / ".join(f"{y.published:.1%}" + (" **held out**" if y.row.held_out else "") for y in xs)
     return _layout(x.spec, x.policy), own, pubs
 
 
-HEAD = ["point", "recipe (layout, policy)", "planner on the recipe (MFU, HBM/device, verdict)", "published MFU",
-        "recommender's pick", "pick: MFU, HBM/device", "why the pick"]  # fmt: skip
+HEAD = [
+    "point",
+    "recipe (layout, policy)",
+    "planner on the recipe (MFU, HBM/device, verdict)",
+    "published MFU",
+    "recommender's pick",
+    "pick: MFU, HBM/device",
+    "why the pick",
+]
 
 
 def cells(pt: Point) -> list[str]:

@@ -33,9 +33,18 @@ from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 EXPERIMENT = "cp_scaling"
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
-FLAGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-dev-shm-usage", "--hide-scrollbars"]  # fmt: skip
+FLAGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    "--hide-scrollbars",
+]
 # The chart cards in view, their metric keys, or null until every one has its plotly traces drawn (cards out
 # of view are not drawn until scrolled to, so they are not waited for).
 CARDS_DRAWN = """const cards = [...document.querySelectorAll("[data-testid='experiment-view-compare-runs-card']")]
@@ -49,8 +58,15 @@ def run_sweep(uri: str, workdir: Path, sweep: str = "smoke") -> None:
     """A sweep through the real CLI, in `workdir` (its journal and Ray logs stay out of the repo)."""
     if sweep == "quickstart":  # its corpus, built by python -m jobs.data.documents.corpus --out data/stdlib
         (workdir / "data").symlink_to(ROOT / "data", target_is_directory=True)
-    cmd = [sys.executable, "-m", "orchestrator", f"+sweep={sweep}", "tracking=server", f"tracking.uri={uri}",
-           "progress=plain"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "orchestrator",
+        f"+sweep={sweep}",
+        "tracking=server",
+        f"tracking.uri={uri}",
+        "progress=plain",
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     log = workdir / "sweep.log"
     with open(log, "w") as f:
@@ -90,8 +106,10 @@ class Dashboard:
         os.environ.setdefault("SE_OFFLINE", "true")  # Selenium Manager must not look for a driver online
         self.d = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
         # the viewport itself, not the window around it, is what lands in the PNG
-        self.d.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
-                               {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False})  # fmt: skip
+        self.d.execute_cdp_cmd(
+            "Emulation.setDeviceMetricsOverride",
+            {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": False},
+        )
         self.uri = uri.rstrip("/")
         self.wait = WebDriverWait(self.d, timeout)
         self.assistant_wait = 10.0  # the panel opens itself once, on the first page; after that it stays shut
@@ -167,9 +185,12 @@ def take(uri: str, out: Path, width: int, height: int, sweep_id: str = "") -> li
                     f"{plot}.png"
                 ).click()  # a second artifact route on the same page keeps the first file
                 ui.text(f"plots/{plot}.png")  # the viewer's header: this file is the one shown
-                ui.wait.until(lambda d: d.execute_script(
-                    "return [...document.images].some(i => i.src.startsWith('blob:') && i.complete && i.naturalWidth)"
-                ), f"plots/{plot}.png did not load")  # fmt: skip
+                ui.wait.until(
+                    lambda d: d.execute_script(
+                        "return [...document.images].some(i => i.src.startsWith('blob:') && i.complete && i.naturalWidth)"
+                    ),
+                    f"plots/{plot}.png did not load",
+                )
                 made.append((ui.shot(out / f"dashboard-{name}.png"), f"sweep run, plots/{plot}.png"))
 
             ui.open(f"/experiments/{eid}/runs/{cid}/model-metrics")
@@ -178,8 +199,12 @@ def take(uri: str, out: Path, width: int, height: int, sweep_id: str = "") -> li
                 (ui.shot(out / "dashboard-trial-charts.png"), f"trial run {child}, {', '.join(keys)} charts")
             )
             keys = ui.charts("^loss_by_position/")
-            made.append((ui.shot(out / "dashboard-trial-loss-by-position.png"), f"trial run {child}, "
-                         f"{', '.join(keys)} charts"))  # fmt: skip
+            made.append(
+                (
+                    ui.shot(out / "dashboard-trial-loss-by-position.png"),
+                    f"trial run {child}, {', '.join(keys)} charts",
+                )
+            )
         finally:
             ui.close()
     return made

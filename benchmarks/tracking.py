@@ -57,8 +57,10 @@ def main() -> int:
             server.stop()
     n = a.points // len(KEYS) * len(KEYS)
     ok = got == n and stored < 3.0
-    print(f"tracking: {n:,} metric points to {a.uri} in {stored:.2f} s ({n / stored:,.0f} points/s); "
-          f"caller blocked {enqueue * 1e3:.0f} ms; {got:,} stored; target < 3 s: {'PASS' if ok else 'FAIL'}")  # fmt: skip
+    print(
+        f"tracking: {n:,} metric points to {a.uri} in {stored:.2f} s ({n / stored:,.0f} points/s); "
+        f"caller blocked {enqueue * 1e3:.0f} ms; {got:,} stored; target < 3 s: {'PASS' if ok else 'FAIL'}"
+    )
     return 0 if ok else 1
 
 

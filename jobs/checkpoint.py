@@ -64,8 +64,11 @@ class Checkpointer:
         # Finish the step first: orbax's multi-host save runs its own cross-process sync, which must not
         # interleave with the step's in-flight collectives (that deadlocked gloo on CPU).
         jax.block_until_ready(state)
-        args = ocp.args.Composite(state=ocp.args.StandardSave(state), records=ocp.args.JsonSave(records),
-                                  data=ocp.args.JsonSave(data or {}))  # fmt: skip
+        args = ocp.args.Composite(
+            state=ocp.args.StandardSave(state),
+            records=ocp.args.JsonSave(records),
+            data=ocp.args.JsonSave(data or {}),
+        )
         self.mgr.save(step, args=args, force=True)
         self.mgr.wait_until_finished()
         if self.mirror:

@@ -72,8 +72,14 @@ def remat_policy(remat: str, memory: MemorySpec = PRESET_ONLY) -> Callable | Non
 def init_params(model: ModelSpec, key: jax.Array) -> dict:
     """fp32 parameters; the layer dimension leads every per-layer array."""
     E, N, Hq, Hkv, D, M, V = (
-        model.embed, model.layers, model.q_heads, model.kv_heads, model.head_dim, model.mlp, model.vocab,
-    )  # fmt: skip
+        model.embed,
+        model.layers,
+        model.q_heads,
+        model.kv_heads,
+        model.head_dim,
+        model.mlp,
+        model.vocab,
+    )
     ks = jax.random.split(key, 9)
 
     def normal(k, shape, fan_in):
@@ -168,11 +174,19 @@ def forward(
         v = constrain(jnp.einsum("ble,ehd->blhd", h, p["wv"].astype(dtype)), heads)
         q, k = rope(q, pos_BxL, model.rope_theta), rope(k, pos_BxL, model.rope_theta)
         o = attention(
-            q, k, v,
-            strategy=strategy.name, mesh=mesh, causal=True, layout=strategy.layout,
-            kernel=strategy.kernel, block_q=strategy.block_q, block_kv=strategy.block_kv,
-            segment_ids=segment_ids_BxL, positions=row_pos_BxL,
-        )  # fmt: skip
+            q,
+            k,
+            v,
+            strategy=strategy.name,
+            mesh=mesh,
+            causal=True,
+            layout=strategy.layout,
+            kernel=strategy.kernel,
+            block_q=strategy.block_q,
+            block_kv=strategy.block_kv,
+            segment_ids=segment_ids_BxL,
+            positions=row_pos_BxL,
+        )
         o = checkpoint_name(o, "attn_out")
         x_BxLxE = constrain(x_BxLxE + jnp.einsum("blhd,hde->ble", o, p["wo"].astype(dtype)), act)
         h = rms_norm(x_BxLxE, p["mlp_norm"], model.norm_eps)
@@ -197,8 +211,14 @@ def loss_fn(params: dict, batch: dict, **kw) -> tuple[jax.Array, tuple[jax.Array
 
     The [B, L/P, V] logits never exist whole: each device unembeds its local sequence in chunks of
     LOSS_CHUNK tokens under remat (at 14M tokens over 64 devices they would be ~270 GiB per device)."""
-    x_BxLxE = forward(params, batch["tokens"], batch["positions"], segment_ids_BxL=batch.get("segment_ids"),
-                      row_pos_BxL=batch.get("row_positions"), **kw)  # fmt: skip
+    x_BxLxE = forward(
+        params,
+        batch["tokens"],
+        batch["positions"],
+        segment_ids_BxL=batch.get("segment_ids"),
+        row_pos_BxL=batch.get("row_positions"),
+        **kw,
+    )
     B, L, E = x_BxLxE.shape
     P = strategies.get(kw["strategy"].name).cp(dict(kw["mesh"].shape))
     Ll = L // P

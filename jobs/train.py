@@ -18,7 +18,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jobs import flops
-from jobs.attention.kernels import flash as flash_kernel
+from jobs.attention.kernels import flash
 from jobs.data import Batches
 from jobs.data.buckets import bucket_labels
 from jobs.faults import Faults
@@ -121,7 +121,7 @@ def train(spec: TrialSpec) -> Iterator[Record]:
     batches = Batches(spec)  # fails early on a missing data file
     init_fn, step_fn = make_train_step(spec, mesh)
     t0 = time.perf_counter()
-    flash_kernel.FALLBACKS.clear()  # what this trace adds is this trial's (a cache hit still traces)
+    flash.FALLBACKS.clear()  # what this trace adds is this trial's (a cache hit still traces)
     compiled = step_fn.lower(*abstract_args(spec, mesh)).compile()
     compile_s = time.perf_counter() - t0
     peak, peak_source = peak_tflops(spec)
@@ -158,7 +158,7 @@ def train(spec: TrialSpec) -> Iterator[Record]:
             resumed_from_step=first,
             **mem,
             **slice_record(mesh, spec.mesh.dcn, slices),
-            kernel_fallbacks=list(flash_kernel.FALLBACKS) or None,
+            kernel_fallbacks=list(flash.FALLBACKS) or None,
         ).to_dict()
         # The checkpoint's records: the driver may never have received them (it drops steps it holds).
         yield from (r.to_dict() for r in history)

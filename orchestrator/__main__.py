@@ -29,12 +29,14 @@ def main(argv: list[str]) -> int:
         specs = expand(cfg)
         if options.recommend:
             if options.sweep is not None or len(specs) != 1:
-                raise ConfigError("recommend=true answers for one point: drop +sweep=... and -m sweep overrides, "
-                                  "or run dry_run=true to plan the grid")  # fmt: skip
-            from orchestrator.cli import commands as recommend_cli
+                raise ConfigError(
+                    "recommend=true answers for one point: drop +sweep=... and -m sweep overrides, "
+                    "or run dry_run=true to plan the grid"
+                )
+            from orchestrator.cli import commands
 
-            found = recommend_cli.answer(specs[0], list(args.overrides), options.top, options.search)
-            return recommend_cli.show(found, options.output, options if options.aot else None)
+            found = commands.answer(specs[0], list(args.overrides), options.top, options.search)
+            return commands.show(found, options.output, options if options.aot else None)
         from orchestrator.plan import plan, render_table, to_json
 
         rows = plan(specs)
@@ -83,10 +85,16 @@ def _report_invalid(specs: list, rows: list) -> None:
     so a script reads one error and a person still sees every problem at once."""
     from orchestrator.plan.rules import point_label
 
-    bad = [f"grid point {point_label(s)} (trial {r.trial_id}) is invalid: {r.reason}"
-           for s, r in zip(specs, rows, strict=True) if r.verdict == "invalid"]  # fmt: skip
-    print(f"error: {bad[0]}; {len(bad)} of {len(rows)} grid points are invalid, nothing launched — fix them, "
-          "or pass skip_invalid=true to run the valid ones", file=sys.stderr)  # fmt: skip
+    bad = [
+        f"grid point {point_label(s)} (trial {r.trial_id}) is invalid: {r.reason}"
+        for s, r in zip(specs, rows, strict=True)
+        if r.verdict == "invalid"
+    ]
+    print(
+        f"error: {bad[0]}; {len(bad)} of {len(rows)} grid points are invalid, nothing launched — fix them, "
+        "or pass skip_invalid=true to run the valid ones",
+        file=sys.stderr,
+    )
     for line in bad[1:]:
         print(f"  also {line}", file=sys.stderr)
 
@@ -106,9 +114,15 @@ def _aot(specs: list, rows: list, options: Options) -> tuple[dict, int]:
     console = Console(width=max(Console().width, 140))
     # on a Ray pool (aot.pool): options.aot_workers at once, on the shared cache options.aot_cache
     try:
-        compared = aot.compare(valid, options.aot_topology or None, workers=options.aot_workers,
-                               cache=options.aot_cache, progress=options.progress, console=console,
-                               draws=options.aot_draws)  # fmt: skip
+        compared = aot.compare(
+            valid,
+            options.aot_topology or None,
+            workers=options.aot_workers,
+            cache=options.aot_cache,
+            progress=options.progress,
+            console=console,
+            draws=options.aot_draws,
+        )
     except ConnectionError as e:  # a cluster.address that was named and does not answer
         print(f"error: aot=true: no Ray to compile on: {e}", file=sys.stderr)
         return {}, 2

@@ -13,7 +13,7 @@ from orchestrator.launch.attempt import RetryBudgets
 from orchestrator.launch.executor import execute
 from orchestrator.results import gate as regress
 from orchestrator.results import report
-from orchestrator.tracking import layout as profiles
+from orchestrator.tracking import layout
 from orchestrator.tracking import open_tracker, recording
 from orchestrator.tracking.leases import SoleLeases
 from orchestrator.ui.progress import SweepProgress
@@ -79,12 +79,17 @@ def run(options: Options, specs: list[TrialSpec], rows: list) -> int:
     delivered = tracker.flush(timeout=300)
     tracker.close_journal()  # removed when all was delivered; else a rerun of the sweep replays it
     if not delivered:
-        log.error("tracking store unreachable: %d writes not delivered (journaled for a rerun of sweep %s)",
-                  len(tracker.ops), sweep_id)  # fmt: skip
+        log.error(
+            "tracking store unreachable: %d writes not delivered (journaled for a rerun of sweep %s)",
+            len(tracker.ops),
+            sweep_id,
+        )
         return 1
     others = f", {len(by_other)} run by another driver" if by_other else ""
-    print(f"sweep {sweep_id}: {sum(o == 'finished' for o in outcomes.values())} finished, "
-          f"{len(failed)} failed, {len(done)} skipped (already finished){others}")  # fmt: skip
+    print(
+        f"sweep {sweep_id}: {sum(o == 'finished' for o in outcomes.values())} finished, "
+        f"{len(failed)} failed, {len(done)} skipped (already finished){others}"
+    )
     print(f"dashboard: {tracker.dashboard_hint()}")
     if not recording(options.tracking):  # tracking=none: no store holds a baseline for the gate
         return 1 if failed else 0
@@ -110,7 +115,7 @@ def _describe(tracker, spec: TrialSpec, row, sweep_id: str) -> None:
     tracker.start_trial(spec, sweep_id, predicted_bytes=row.predicted_hbm_bytes_per_device)
     if row.predicted_step_s is not None:  # next to the measured final_step_time_median_s
         tracker.log_metrics(spec.trial_id, {"predicted_step_time_s": row.predicted_step_s})
-        profiles.log_predicted(tracker, spec)  # its terms, beside what a profile measures
+        layout.log_predicted(tracker, spec)  # its terms, beside what a profile measures
 
 
 def _run_leased(options: Options, cluster, tracker, progress: SweepProgress, sweep_id: str, runnable: list):
@@ -129,8 +134,11 @@ def _run_leased(options: Options, cluster, tracker, progress: SweepProgress, swe
     try:
         leases.start()
     except Exception as e:  # noqa: BLE001 - the store went away after the preflight: run, unguarded
-        log.warning("trial leases unavailable (%s: %s): this driver runs its trials without them",
-                    type(e).__name__, str(e)[:200])  # fmt: skip
+        log.warning(
+            "trial leases unavailable (%s: %s): this driver runs its trials without them",
+            type(e).__name__,
+            str(e)[:200],
+        )
         leases = SoleLeases()
     try:
         mine, held = _claim(leases, runnable, progress, tracker)

@@ -128,6 +128,10 @@ def write_page(
 def add_page_argument(ap: argparse.ArgumentParser, name: str) -> None:
     """`--page [PATH]`: write the results page (default docs/results/<name>.md) instead of printing."""
     ap.add_argument(
-        "--page", nargs="?", const=name, default=None, metavar="PATH",
+        "--page",
+        nargs="?",
+        const=name,
+        default=None,
+        metavar="PATH",
         help=f"write the results page (default docs/results/{name}.md) through orchestrator.provenance",
-    )  # fmt: skip
+    )

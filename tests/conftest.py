@@ -40,9 +40,13 @@ def run_cli(args: list[str], cwd: Path, timeout: float = 600, env: dict | None =
     full_env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
     full_env |= {"PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", "orchestrator", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+        [sys.executable, "-m", "orchestrator", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
         env=full_env,
-    )  # fmt: skip
+    )
 
 
 @pytest.fixture
@@ -86,12 +90,12 @@ def no_ray_no_mlflow(tmp_path_factory):
 @pytest.fixture
 def pinned_cpu_peak(monkeypatch):
     """cluster=local plans with the host's measured matmul rate; pin it so verdicts do not follow the load."""
-    from orchestrator.plan import hardware as peak
+    from orchestrator.plan import hardware
 
-    monkeypatch.setenv(peak.CPU_PEAK_ENV, str(peak.NOMINAL_CPU_TFLOPS))
-    peak.measured_cpu_tflops.cache_clear()
+    monkeypatch.setenv(hardware.CPU_PEAK_ENV, str(hardware.NOMINAL_CPU_TFLOPS))
+    hardware.measured_cpu_tflops.cache_clear()
     yield
-    peak.measured_cpu_tflops.cache_clear()
+    hardware.measured_cpu_tflops.cache_clear()
 
 
 @pytest.fixture(scope="session")

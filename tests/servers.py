@@ -125,8 +125,20 @@ class Server:
         self.backend = backend or f"sqlite:///{tmp / 'server.db'}"  # or postgresql://... (tests/postgres.py)
         self.log = tmp / "mlflow-server.log"
         dest = artifacts_destination or (tmp / "mlartifacts").as_uri()
-        self.cmd = [str(BIN / "mlflow"), "server", "--backend-store-uri", self.backend, "--host", "127.0.0.1",
-                    "--port", str(self.port), "--workers", str(workers), "--artifacts-destination", dest]  # fmt: skip
+        self.cmd = [
+            str(BIN / "mlflow"),
+            "server",
+            "--backend-store-uri",
+            self.backend,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--workers",
+            str(workers),
+            "--artifacts-destination",
+            dest,
+        ]
         # the GenAI job runner (a runner and three huey consumers) only costs start-up time here
         self.env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **(env or {})}
         self.proc: subprocess.Popen | None = None

@@ -43,9 +43,13 @@ def tiny_spec(hbm: int, length: int = 2048, **model) -> TrialSpec:
     cluster = replace(ClusterSpec(**conf("cluster", "tpu7x_128")), topology="2x2x1", hbm_bytes_per_device=hbm)
     strategy = replace(StrategySpec(**conf("strategy", "ring")), block_q=256, block_kv=256)
     return TrialSpec(
-        model=replace(ModelSpec(**conf("model", "tiny")), **model), mesh=MeshSpec(context=8),
-        strategy=strategy, context_length=length, train=TrainSpec(remat="full"), cluster=cluster,
-    )  # fmt: skip
+        model=replace(ModelSpec(**conf("model", "tiny")), **model),
+        mesh=MeshSpec(context=8),
+        strategy=strategy,
+        context_length=length,
+        train=TrainSpec(remat="full"),
+        cluster=cluster,
+    )
 
 
 def test_compiler_rejection_keeps_the_compilers_figures():
@@ -72,16 +76,29 @@ def test_compiler_rejection_keeps_the_compilers_figures():
 
 # Entries as .cache/aot holds them (indent=1, unset keys left out, the oldest without a status): they must load.
 OLD_COMPILED = {
-    "trial_id": "0123456789ab", "topology": "tpu7x:4x4x4", "status": "compiled", "argument_bytes": 1_131_000_000,
-    "output_bytes": 1_130_000_000, "alias_bytes": 1_129_000_000, "temp_bytes": 85_000_000_000,
-    "compile_s": 201.37, "peak_bytes": 86_132_000_000, "compiler_peak_bytes": 80_000_000_000,
+    "trial_id": "0123456789ab",
+    "topology": "tpu7x:4x4x4",
+    "status": "compiled",
+    "argument_bytes": 1_131_000_000,
+    "output_bytes": 1_130_000_000,
+    "alias_bytes": 1_129_000_000,
+    "temp_bytes": 85_000_000_000,
+    "compile_s": 201.37,
+    "peak_bytes": 86_132_000_000,
+    "compiler_peak_bytes": 80_000_000_000,
     "host_temp_bytes": 30_064_771_072,
-}  # fmt: skip
+}
 OLD_REJECTED = {
-    "trial_id": "0123456789ab", "topology": "v5:4x4x4", "status": "rejected", "error": "RESOURCE_EXHAUSTED: ...",
-    "required_bytes": 161_705_403_596, "available_bytes": 101_737_037_824, "required_for": "HLO temporaries",
-    "largest_buffers": ["Size: 58.13G", "Shape: f32[126,1,57344,16,256]"], "compile_s": 93.2,
-}  # fmt: skip
+    "trial_id": "0123456789ab",
+    "topology": "v5:4x4x4",
+    "status": "rejected",
+    "error": "RESOURCE_EXHAUSTED: ...",
+    "required_bytes": 161_705_403_596,
+    "available_bytes": 101_737_037_824,
+    "required_for": "HLO temporaries",
+    "largest_buffers": ["Size: 58.13G", "Shape: f32[126,1,57344,16,256]"],
+    "compile_s": 93.2,
+}
 OLD_CAPPED = {
     "cap_mib": 47700,
     **OLD_REJECTED,
@@ -228,9 +245,13 @@ def small_llama(layers: int, length: int) -> TrialSpec:
     cluster = replace(ClusterSpec(**conf("cluster", "tpu7x_128")), topology="2x2x1")
     model = replace(ModelSpec(**conf("model", "llama3_1_8b_long")), layers=layers)
     return TrialSpec(
-        model=model, mesh=MeshSpec(context=8), strategy=StrategySpec(**conf("strategy", "ring")),
-        context_length=length, train=TrainSpec(remat="full"), cluster=cluster,
-    )  # fmt: skip
+        model=model,
+        mesh=MeshSpec(context=8),
+        strategy=StrategySpec(**conf("strategy", "ring")),
+        context_length=length,
+        train=TrainSpec(remat="full"),
+        cluster=cluster,
+    )
 
 
 @pytest.mark.slow

@@ -17,10 +17,12 @@ def fit(peak_gib: float) -> CompileResult:
 
 def spec() -> TrialSpec:
     return TrialSpec(
-        model=ModelSpec(**group_option("model", "tiny")), mesh=MeshSpec(context=8),
-        strategy=StrategySpec(**group_option("strategy", "ring")), context_length=2048,
+        model=ModelSpec(**group_option("model", "tiny")),
+        mesh=MeshSpec(context=8),
+        strategy=StrategySpec(**group_option("strategy", "ring")),
+        context_length=2048,
         cluster=ClusterSpec(**group_option("cluster", "tpu7x_128")),  # 192 GB of HBM a chip
-    )  # fmt: skip
+    )
 
 
 def test_the_largest_peak_is_judged_and_every_draw_is_kept():
@@ -33,8 +35,9 @@ def test_the_largest_peak_is_judged_and_every_draw_is_kept():
 
 
 def test_a_refusal_beats_a_fit_and_a_failure_beats_both():
-    refused = CompileResult(trial_id="t", status="rejected", required_bytes=int(200 * GIB),
-                            available_bytes=int(192 * GIB))  # fmt: skip
+    refused = CompileResult(
+        trial_id="t", status="rejected", required_bytes=int(200 * GIB), available_bytes=int(192 * GIB)
+    )
     got = draws.worst([fit(180), refused])
     assert got.status == "rejected" and got.draw_bytes == (int(180 * GIB), int(200 * GIB))
     assert verdict(spec(), got)[0] == "infeasible"

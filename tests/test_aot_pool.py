@@ -29,9 +29,13 @@ def small(strategy: str = "ring", mesh: MeshSpec = RING8, length: int = 2048, **
     c = replace(ClusterSpec(**group_option("cluster", "tpu7x_128")), topology="2x2x1", address="")
     s = replace(StrategySpec(**group_option("strategy", strategy)), block_q=256, block_kv=256)
     return TrialSpec(
-        model=replace(ModelSpec(**group_option("model", "tiny")), **model), mesh=mesh, strategy=s,
-        context_length=length, train=TrainSpec(remat="full"), cluster=c,
-    )  # fmt: skip
+        model=replace(ModelSpec(**group_option("model", "tiny")), **model),
+        mesh=mesh,
+        strategy=s,
+        context_length=length,
+        train=TrainSpec(remat="full"),
+        cluster=c,
+    )
 
 
 def broken() -> TrialSpec:

@@ -97,10 +97,18 @@ def test_one_batch_rule_for_the_planner_and_the_job():
     assert words.startswith("batch 6 is split into grad_accum=2") and "6 % 8 = 6" in words
     assert cp_rules.batch_problem(8, 2, 2, grad_accum=2) is None
     model = ModelSpec(name="t", vocab=64, embed=32, layers=1, q_heads=4, kv_heads=4, head_dim=8, mlp=64)
-    spec = TrialSpec(model, MeshSpec(data=2, fsdp=2, context=2), StrategySpec(), context_length=64,
-                     train=TrainSpec(batch=6, grad_accum=2))  # fmt: skip
+    spec = TrialSpec(
+        model,
+        MeshSpec(data=2, fsdp=2, context=2),
+        StrategySpec(),
+        context_length=64,
+        train=TrainSpec(batch=6, grad_accum=2),
+    )
     assert any(p.message == words for p in validate.problems(spec))
     with pytest.raises(ValueError, match=re.escape(words)):
         check(spec)
-    assert not [p for p in validate.problems(replace(spec, train=TrainSpec(batch=8, grad_accum=2)))
-                if p.rule.startswith("batch")]  # fmt: skip
+    assert not [
+        p
+        for p in validate.problems(replace(spec, train=TrainSpec(batch=8, grad_accum=2)))
+        if p.rule.startswith("batch")
+    ]

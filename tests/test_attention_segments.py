@@ -114,9 +114,17 @@ MESHES = {  # strategy -> P -> mesh
     "all_gather": {P: {"context": P} for P in (2, 4, 8)},
     "ulysses": {P: {"context": P} for P in (2, 4, 8)},
     "ring": {P: {"context": P} for P in (2, 4, 8)},
-    "usp": {2: {"context": 2}, 4: {"context": 2, "context_ulysses": 2}, 8: {"context": 4, "context_ulysses": 2}},
-    "double_ring": {2: {"context_ulysses": 2}, 4: {"context": 2, "context_ulysses": 2}, 8: {"context": 2, "context_ulysses": 4}},
-}  # fmt: skip
+    "usp": {
+        2: {"context": 2},
+        4: {"context": 2, "context_ulysses": 2},
+        8: {"context": 4, "context_ulysses": 2},
+    },
+    "double_ring": {
+        2: {"context_ulysses": 2},
+        4: {"context": 2, "context_ulysses": 2},
+        8: {"context": 2, "context_ulysses": 4},
+    },
+}
 LAYOUTS = ("contiguous", "zigzag", "balanced")
 FAST = {  # (strategy, P, layout): one per strategy and layout at least, the rest in the slow matrix
     ("ring", 4, "contiguous"),
@@ -235,12 +243,17 @@ def count_hops(strategy, mesh_shape, layout, seg_BxL) -> tuple[dict, int]:
 SHORT_DOCS = ((8, 12, 6, 14, 9, 13, 5, 11, 14, 10, 7, 12), (10, 4, 4, 13, 12, 7, 11, 14, 6, 9, 13, 12))
 
 
-@pytest.mark.parametrize("strategy,mesh_shape,layout", [
-    ("ring", {"context": 8}, "contiguous"),
-    pytest.param("ring", {"context": 8}, "balanced", marks=pytest.mark.slow),
-    pytest.param("ring", {"context": 4}, "zigzag", marks=pytest.mark.slow),
-    pytest.param("double_ring", {"context": 2, "context_ulysses": 4}, "contiguous", marks=pytest.mark.slow),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "strategy,mesh_shape,layout",
+    [
+        ("ring", {"context": 8}, "contiguous"),
+        pytest.param("ring", {"context": 8}, "balanced", marks=pytest.mark.slow),
+        pytest.param("ring", {"context": 4}, "zigzag", marks=pytest.mark.slow),
+        pytest.param(
+            "double_ring", {"context": 2, "context_ulysses": 4}, "contiguous", marks=pytest.mark.slow
+        ),
+    ],
+)
 def test_invisible_hops_skip_their_kernel(strategy, mesh_shape, layout):
     """Every device runs a kernel on exactly the hops whose K/V block a local query sees, fwd and bwd."""
     seg = segments(128, SHORT_DOCS)
@@ -261,13 +274,22 @@ def test_one_document_runs_every_visible_hop():
 @pytest.mark.parametrize(
     "kw,match",
     [
-        (dict(layout="balanced"), r"layout=balanced is a data-dependent token order: pass positions and segment_ids"),
+        (
+            dict(layout="balanced"),
+            r"layout=balanced is a data-dependent token order: pass positions and segment_ids",
+        ),
         (dict(layout="balanced", segment_ids=True), r"pass positions \("),
-        (dict(layout="balanced", segment_ids=True, positions=True, kernel="splash"), r"splash cannot run layout=balanced"),
+        (
+            dict(layout="balanced", segment_ids=True, positions=True, kernel="splash"),
+            r"splash cannot run layout=balanced",
+        ),
         (dict(layout="contiguous", segment_ids="short"), r"must be \[B, L\] = \[1, 64\], got \[1, 32\]"),
-        (dict(layout="spiral", segment_ids=True), r"unknown layout 'spiral'; use one of contiguous, zigzag, balanced"),
+        (
+            dict(layout="spiral", segment_ids=True),
+            r"unknown layout 'spiral'; use one of contiguous, zigzag, balanced",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_packed_inputs_raise_value_error(kw, match):
     mesh = small_mesh({"context": 2})
     q, k, v, _ = make_inputs(1, 64, 4, 2, 8)

@@ -55,8 +55,15 @@ def test_resolved_policy_is_what_the_id_and_params_say(cp_scaling_auto):
 
 
 def test_auto_as_a_sweep_axis_names_the_resolved_preset():
-    got = specs(["+sweep=smoke", "+sweep.axes.train.remat=[full,auto]", "cluster=v5p_128",
-                 "model=llama3_1_8b", "sweep.axes.context_length=[262144]"])  # fmt: skip
+    got = specs(
+        [
+            "+sweep=smoke",
+            "+sweep.axes.train.remat=[full,auto]",
+            "cluster=v5p_128",
+            "model=llama3_1_8b",
+            "sweep.axes.context_length=[262144]",
+        ]
+    )
     assert got and all(dict(s.axes)["train.remat"] == s.train.remat != "auto" for s in got)
 
 

@@ -19,10 +19,13 @@ def dense_work(seg_L, perm, P, block):
     m = mask[perm][:, perm]
     entries = m.reshape(P, Ll, L).sum(axis=(1, 2))
     tiles = [
-        sum(m[r * Ll + q : min(r * Ll + q + block, (r + 1) * Ll), k : k + block].any()
-            for q in range(0, Ll, block) for k in range(0, L, block))
+        sum(
+            m[r * Ll + q : min(r * Ll + q + block, (r + 1) * Ll), k : k + block].any()
+            for q in range(0, Ll, block)
+            for k in range(0, L, block)
+        )
         for r in range(P)
-    ]  # fmt: skip
+    ]
     return entries, np.array(tiles)
 
 

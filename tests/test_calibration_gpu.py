@@ -26,7 +26,7 @@ from orchestrator.calibrate.published_gpu import (
 )
 from orchestrator.calibrate.published_tpu import model
 from orchestrator.plan import plan_one
-from orchestrator.plan import rules as validate
+from orchestrator.plan import rules
 from orchestrator.plan.search import recommend
 from orchestrator.plan.steptime import step_time
 
@@ -46,7 +46,7 @@ def two_nodes(name: str = "dgx_h100") -> ClusterSpec:
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r.label.replace(" ", "_"))
 def test_every_row_builds_a_valid_spec_and_prices(row):
     s = row.spec
-    assert validate.problems(s) == [], row.label
+    assert rules.problems(s) == [], row.label
     assert s.cluster.platform == "gpu" and s.cluster.hosts == 1 and s.mesh.size == row.chips_devices
     assert (s.cluster.slices_per_trial > 1) == bool(s.mesh.dcn)  # a replica over nodes lays context across
     st = step_time(s, offload=row.offload)
@@ -153,9 +153,13 @@ def test_page_has_every_row_the_constants_and_the_flop_check():
 # -- the planner and the recommender on two DGX H100 nodes -------------------------------------------------------
 def spec(strategy: str, mesh: MeshSpec, length: int = L1M) -> TrialSpec:
     return TrialSpec(
-        model=model("llama3_1_8b"), mesh=mesh, strategy=StrategySpec(name=strategy, layout="zigzag"),
-        context_length=length, train=TrainSpec(remat="full"), cluster=two_nodes(),
-    )  # fmt: skip
+        model=model("llama3_1_8b"),
+        mesh=mesh,
+        strategy=StrategySpec(name=strategy, layout="zigzag"),
+        context_length=length,
+        train=TrainSpec(remat="full"),
+        cluster=two_nodes(),
+    )
 
 
 def test_plan_two_nodes_with_the_ring_across_them():
@@ -176,8 +180,14 @@ def test_composed_two_node_point_plans_with_its_dcn_exposure():
     from orchestrator.config.grid import expand
     from orchestrator.config.load import load
 
-    words = ["cluster=dgx_h100", "cluster.slices_per_trial=2", "mesh.dcn=context", "model=llama3_1_8b",
-             "strategy=ring", f"context_length={L1M}"]  # fmt: skip
+    words = [
+        "cluster=dgx_h100",
+        "cluster.slices_per_trial=2",
+        "mesh.dcn=context",
+        "model=llama3_1_8b",
+        "strategy=ring",
+        f"context_length={L1M}",
+    ]
     (s,) = expand(load(words))
     assert s.mesh == MeshSpec(context=16, dcn="context") and s.cluster.devices == 16
     row = plan_one(s)

@@ -33,8 +33,9 @@ def test_flags_go_anywhere_and_take_their_values():
     a = cli.parse_args(
         ["strategy=ring,usp", "-m", "--cfg", "job", "context_length=1", "--resolve", "-p", "model"]
     )
-    assert a == cli.Args(("strategy=ring,usp", "context_length=1"), multirun=True, cfg="job", resolve=True,
-                         package="model")  # fmt: skip
+    assert a == cli.Args(
+        ("strategy=ring,usp", "context_length=1"), multirun=True, cfg="job", resolve=True, package="model"
+    )
     assert cli.parse_args(["--multirun", "-c=all"]) == cli.Args(multirun=True, cfg="all")
     assert cli.parse_args(["--info"]).info == "all"  # Hydra's --info alone
     assert cli.parse_args(["--info", "defaults-tree", "x=1"]) == cli.Args(("x=1",), info="defaults-tree")
@@ -61,18 +62,28 @@ def test_multirun_plans_the_same_trials_as_the_sweep_file(tmp_path, capsys):
         "name: t\nid: ''\naxes:\n  strategy: [ring, usp]\n  context_length: [1024, 2048]\nzip: []\nset: {}\n"
     )
     from_file = expand(load(["+sweep=t"], conf), conf)
-    code, out, err = _run(capsys, ["-m", "strategy=ring,usp", "context_length=1024,2048", "dry_run=true",
-                                   "output=json"])  # fmt: skip
+    code, out, err = _run(
+        capsys, ["-m", "strategy=ring,usp", "context_length=1024,2048", "dry_run=true", "output=json"]
+    )
     assert code == 0, err
     planned = json.loads(out)
     assert [r["trial_id"] for r in planned] == [s.trial_id for s in from_file]
     assert len({s.trial_id for s in from_file}) == 4
     assert [(r["strategy"], r["context_length"]) for r in planned] == [
-        ("ring", 1024), ("ring", 2048), ("usp", 1024), ("usp", 2048)
-    ]  # fmt: skip
+        ("ring", 1024),
+        ("ring", 2048),
+        ("usp", 1024),
+        ("usp", 2048),
+    ]
     # the +sweep.axes form composes the same grid
-    inline = load(["+sweep=smoke", "sweep.axes.strategy=[ring,usp]", "sweep.axes.context_length=[1024,2048]",
-                   "~sweep.set"])  # fmt: skip
+    inline = load(
+        [
+            "+sweep=smoke",
+            "sweep.axes.strategy=[ring,usp]",
+            "sweep.axes.context_length=[1024,2048]",
+            "~sweep.set",
+        ]
+    )
     assert [s.trial_id for s in expand(inline)] == [s.trial_id for s in from_file]
 
 
@@ -82,8 +93,10 @@ def test_multirun_adds_to_and_replaces_a_sweep_files_axes():
     assert cfg.sweep.name == "smoke" and dict(cfg.sweep.set) == {"train.steps": 4}
     # strategy replaced in its place, the nested train.steps replaced by the dotted one, context_length kept
     assert {k: list(v) for k, v in cfg.sweep.axes.items()} == {
-        "strategy": ["ring", "usp"], "context_length": [512, 1024], "train.steps": [2, 3]
-    }  # fmt: skip
+        "strategy": ["ring", "usp"],
+        "context_length": [512, 1024],
+        "train.steps": [2, 3],
+    }
     specs = expand(cfg)
     assert len(specs) == 8 and {s.train.steps for s in specs} == {2, 3}
     assert cli.compose(cli.parse_args(["-m", "+sweep.id=fixed", "train.seed=0,1"])).sweep.id == "fixed"
@@ -123,9 +136,11 @@ def test_hydra_sweep_syntax():
     ]
     axes = cli.compose(cli.parse_args(args)).sweep.axes
     assert {k: list(v) for k, v in axes.items()} == {
-        "train.seed": [0, 1, 2], "strategy": ["double_ring", "ring"], "mesh": ["auto", "cp8"],
+        "train.seed": [0, 1, 2],
+        "strategy": ["double_ring", "ring"],
+        "mesh": ["auto", "cp8"],
         "train.dtype": ["float32", "bfloat16"],
-    }  # fmt: skip
+    }
 
 
 @pytest.mark.parametrize(
@@ -233,7 +248,7 @@ def test_cfg_job_with_a_sweep_shows_the_base_and_the_grid(capsys):
     assert sweep["points"][:2] == [
         {"strategy": "all_gather", "context_length": 512, "train.lr": 0.1},
         {"strategy": "all_gather", "context_length": 512, "train.lr": 0.2},
-    ]  # fmt: skip
+    ]
     code, out, _ = _run(capsys, ["--cfg", "job", "+sweep=cp_scaling"])  # ${cp_strategies:} resolved
     assert yaml.safe_load(out)["sweep"]["axes"]["strategy"][0] == "all_gather"
 
@@ -259,8 +274,15 @@ def test_info_shows_search_path_groups_and_defaults(capsys):
     listed = [
         ln.split("|")[1].strip() for ln in out.split("Defaults list")[1].splitlines() if ln.startswith("| ")
     ]
-    assert listed[1:] == ["model/tiny", "strategy/usp", "mesh/auto", "cluster/local", "tracking/local",
-                          "config", "sweep/smoke"]  # fmt: skip
+    assert listed[1:] == [
+        "model/tiny",
+        "strategy/usp",
+        "mesh/auto",
+        "cluster/local",
+        "tracking/local",
+        "config",
+        "sweep/smoke",
+    ]
     assert yaml.safe_load(out.split("\nConfig\n")[1])["sweep"]["axes"]["context_length"] == [1, 2]
     code, out, _ = _run(capsys, ["--info", "searchpath"])
     assert out.startswith("Config search path") and "Defaults" not in out
@@ -285,7 +307,7 @@ def no_jax_ray_mlflow(tmp_path_factory):
         ["-m", "strategy=ring,usp", "context_length=1024,2048", "--cfg", "job"],
         ["--info"],
         ["strategy=ring,usp"],
-    ],  # fmt: skip
+    ],
     ids=" ".join,
 )
 def test_real_cli_shows_and_starts_nothing(tmp_path, no_jax_ray_mlflow, argv):

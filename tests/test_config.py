@@ -59,8 +59,12 @@ def test_mesh_auto_resolution():
 
 def test_zip_axes():
     pts = points({"axes": {"a": [1, 2], "b": [3, 4], "c": [5, 6]}, "zip": [["a", "b"]]})
-    assert pts == [(("a", 1), ("b", 3), ("c", 5)), (("a", 1), ("b", 3), ("c", 6)),
-                   (("a", 2), ("b", 4), ("c", 5)), (("a", 2), ("b", 4), ("c", 6))]  # fmt: skip
+    assert pts == [
+        (("a", 1), ("b", 3), ("c", 5)),
+        (("a", 1), ("b", 3), ("c", 6)),
+        (("a", 2), ("b", 4), ("c", 5)),
+        (("a", 2), ("b", 4), ("c", 6)),
+    ]
 
 
 @pytest.mark.parametrize(

@@ -188,8 +188,13 @@ def test_gcs_source_on_the_emulator(shards, gcs, tmp_path):
 
 
 def trial(data: DataSpec, context=1, vocab=VOCAB, length=64) -> TrialSpec:
-    return TrialSpec(ModelSpec("tiny", vocab, 64, 2, 4, 2, 16, 128), MeshSpec(context=context), StrategySpec(),
-                     length, TrainSpec(batch=2, data=data))  # fmt: skip
+    return TrialSpec(
+        ModelSpec("tiny", vocab, 64, 2, 4, 2, 16, 128),
+        MeshSpec(context=context),
+        StrategySpec(),
+        length,
+        TrainSpec(batch=2, data=data),
+    )
 
 
 def test_spec_ids_unchanged_and_documents_round_trip():

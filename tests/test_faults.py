@@ -27,9 +27,13 @@ class Driver:
         env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")} | (env or {})
         env["PYTHONPATH"] = str(ROOT)
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator", *args], cwd=cwd, env=env, text=True,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [sys.executable, "-m", "orchestrator", *args],
+            cwd=cwd,
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
         self.lines: list[str] = []
         self.pos = 0  # wait_for looks after its previous match
         threading.Thread(target=self._read, daemon=True).start()
@@ -80,8 +84,13 @@ def _assert_every_step_once(client, run, steps: int) -> None:
 
 
 # checkpoint_every=3 saves after steps 2, 5, 8, 11; the kills are the injected faults' own events
-KILL_ARGS = ["context_length=512", "train.steps=12", "train.dtype=float32", "run.checkpoint_every=3",
-             "progress=plain"]  # fmt: skip
+KILL_ARGS = [
+    "context_length=512",
+    "train.steps=12",
+    "train.dtype=float32",
+    "run.checkpoint_every=3",
+    "progress=plain",
+]
 
 
 def _faults(tmp_path, spec: str) -> dict[str, str]:
@@ -163,8 +172,16 @@ def test_driver_killed_mid_trial_then_rerun_logs_every_step_once(tmp_path):
 
 @pytest.mark.slow
 def test_driver_sigkill_then_rerun_finishes_without_repeats(tmp_path):
-    args = ["+sweep=smoke", "sweep.axes.strategy=[all_gather,ulysses,ring]", "sweep.axes.context_length=[512]",
-            "~sweep.set", "train.steps=2", "train.dtype=float32", "progress=plain", "sweep.id=resume-me"]  # fmt: skip
+    args = [
+        "+sweep=smoke",
+        "sweep.axes.strategy=[all_gather,ulysses,ring]",
+        "sweep.axes.context_length=[512]",
+        "~sweep.set",
+        "train.steps=2",
+        "train.dtype=float32",
+        "progress=plain",
+        "sweep.id=resume-me",
+    ]
     drv = Driver(args, tmp_path)
     drv.wait_for(r": done loss=")
     drv.wait_for(r"attempt 1 on ")  # the second trial is running
@@ -229,8 +246,16 @@ def test_driver_sigkill_before_the_queue_drains_loses_no_write(tmp_path, postgre
     the trial finished and not run again."""
     server = start_mlflow_server(tmp_path / "server", backend=postgres.database("journal"))
     try:
-        args = ["cluster=local", "context_length=512", "train.steps=6", "train.dtype=float32", "progress=plain",
-                "tracking=server", f"tracking.uri={server.url}", "+sweep.id=journal"]  # fmt: skip
+        args = [
+            "cluster=local",
+            "context_length=512",
+            "train.steps=6",
+            "train.dtype=float32",
+            "progress=plain",
+            "tracking=server",
+            f"tracking.uri={server.url}",
+            "+sweep.id=journal",
+        ]
         drv = Driver(args, tmp_path)
         drv.wait_for(r"attempt 1 on ")  # its runs exist: the driver flushes them before launching
         server.stop()

@@ -28,7 +28,13 @@ LATENCY_HIDING = "--xla_gpu_enable_latency_hiding_scheduler=true"
 def test_a_gpu_node_is_a_one_host_slice_and_a_trial_reserves_whole_nodes():
     c = FAKE_GPU
     assert (c.kind, c.platform, c.hosts, c.devices_per_host, c.slices, c.slices_per_trial) == (
-        "fake_gpu", "cpu", 1, 4, 2, 1)  # fmt: skip
+        "fake_gpu",
+        "cpu",
+        1,
+        4,
+        2,
+        1,
+    )
     assert (c.hosts_per_trial, c.devices, clusters.concurrency(c)) == (1, 4, 2)  # Ray not up: slices // 1
     two = dataclasses.replace(c, slices_per_trial=2)
     assert (two.hosts_per_trial, two.devices, clusters.concurrency(two)) == (2, 8, 1)
@@ -46,8 +52,11 @@ def test_cluster_env_round_trips_through_the_spec_and_reaches_the_hosts():
     (plain,) = expand(load(["cluster=local_fake_gpu"]))
     assert plain.cluster.env == () and plain.trial_id == spec.trial_id  # execution only: not in the id
     # CPU underneath keeps its simulated devices; the user's XLA flags come after them
-    assert spec.cluster.host_env() == {"JAX_PLATFORMS": "cpu", "NCCL_SOCKET_IFNAME": "eth0",
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count=4 {LATENCY_HIDING}"}  # fmt: skip
+    assert spec.cluster.host_env() == {
+        "JAX_PLATFORMS": "cpu",
+        "NCCL_SOCKET_IFNAME": "eth0",
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count=4 {LATENCY_HIDING}",
+    }
     assert clusters.worker_env(spec.cluster)["NCCL_SOCKET_IFNAME"] == "eth0"  # each host task's runtime_env
     gpu = dataclasses.replace(spec.cluster, platform="gpu")
     assert gpu.host_env() == {"NCCL_SOCKET_IFNAME": "eth0", "XLA_FLAGS": LATENCY_HIDING}
@@ -119,8 +128,14 @@ def test_gpu_nodes_are_reserved_whole_on_distinct_nodes_or_not_at_all():
 
 # --- the trial over two fake GPU nodes, through the CLI ----------------------------------------------------
 
-TRIAL = ["strategy=ring", "context_length=512", "train.steps=3", "train.dtype=float32", "progress=plain",
-         "gate.enabled=false"]  # fmt: skip
+TRIAL = [
+    "strategy=ring",
+    "context_length=512",
+    "train.steps=3",
+    "train.dtype=float32",
+    "progress=plain",
+    "gate.enabled=false",
+]
 # what a node can inherit from an earlier job: an attempt must not see it
 STALE_ENV = {"JAX_COORDINATOR_ADDRESS": "10.9.9.9:1234", "JAX_LOCAL_DEVICE_IDS": "0"}
 
@@ -140,8 +155,14 @@ def test_two_node_gpu_trial_trains_like_one_process_across_a_lost_node(tmp_path)
         "CP_ORCH_INJECT_FAULTS": "kill:1:1:after_report",
         "CP_ORCH_INJECT_DIR": str(tmp_path / "faults"),
     }
-    args = [*TRIAL, "cluster=local_fake_gpu", "cluster.slices_per_trial=2", "mesh.dcn=context",
-            "retries.preemption=6", "+sweep.id=fake-gpu"]  # fmt: skip
+    args = [
+        *TRIAL,
+        "cluster=local_fake_gpu",
+        "cluster.slices_per_trial=2",
+        "mesh.dcn=context",
+        "retries.preemption=6",
+        "+sweep.id=fake-gpu",
+    ]
     res = run_cli(args, cwd=tmp_path, env=STALE_ENV | faults)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "preempted: retrying" in res.stdout and (tmp_path / "faults" / "kill-1-1-after_report").exists()

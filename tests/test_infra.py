@@ -51,8 +51,11 @@ def validate(doc: dict) -> None:
     jsonschema.validate(doc, RAYCLUSTER, cls=jsonschema.Draft202012Validator)
     spec = doc["spec"]
     for t in [spec["headGroupSpec"]["template"]] + [g["template"] for g in spec.get("workerGroupSpecs", [])]:
-        kv.validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"}, "template": t},
-                    K8S_VERSION, strict=True)  # fmt: skip
+        kv.validate(
+            {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"}, "template": t},
+            K8S_VERSION,
+            strict=True,
+        )
 
 
 def containers(doc: dict) -> list[dict]:

@@ -29,11 +29,18 @@ def test_cronjob_command_is_the_documented_command():
 def test_submit_runs_the_documented_submission():
     c = cron_container()
     env = {e["name"]: e["value"] for e in c["env"] if "value" in e}
-    r = subprocess.run([str(INFRA / "cron" / "submit.sh"), "--print", *c["command"][1:]], capture_output=True,
-                       text=True, env=os.environ | env | {"SWEEP_SLOT": "20250101"}, timeout=30)  # fmt: skip
+    r = subprocess.run(
+        [str(INFRA / "cron" / "submit.sh"), "--print", *c["command"][1:]],
+        capture_output=True,
+        text=True,
+        env=os.environ | env | {"SWEEP_SLOT": "20250101"},
+        timeout=30,
+    )
     assert r.returncode == 0, r.stderr
     assert shlex.split(r.stdout) == shlex.split(documented("cronjob-submission"))
-    assert "--submission-id cp-scaling-20250101 " in r.stdout and r.stdout.strip().endswith("sweep.id=cp-scaling-20250101")  # fmt: skip
+    assert "--submission-id cp-scaling-20250101 " in r.stdout and r.stdout.strip().endswith(
+        "sweep.id=cp-scaling-20250101"
+    )
 
 
 def test_cronjob_sweep_composes_and_plans(tmp_path):
@@ -105,15 +112,20 @@ def _job_summary():
         ("FAILED", 3, 3),
         ("FAILED", None, 4),
         ("STOPPED", None, 4),
-    ],  # fmt: skip
+    ],
 )
 def test_cron_exit_code_is_the_orchestrators(status, driver, code):
     assert _job_summary().exit_code(status, driver) == code
 
 
 def test_cron_summary_reads_the_orchestrators_last_lines():
-    logs = "noise\n{not json}\nsweep s-1: 3 finished, 1 failed, 0 skipped (already finished)\n" \
-           'dashboard: http://mlflow:5000/#/experiments/1\n{"gate": "regression", "max_drop": 0.05}\n'  # fmt: skip
+    logs = (
+        "noise\n{not json}\nsweep s-1: 3 finished, 1 failed, 0 skipped (already finished)\n"
+        'dashboard: http://mlflow:5000/#/experiments/1\n{"gate": "regression", "max_drop": 0.05}\n'
+    )
     out = _job_summary().from_logs(logs)
-    assert out["result"].startswith("sweep s-1: 3 finished") and out["sweep"] == {"gate": "regression", "max_drop": 0.05}  # fmt: skip
+    assert out["result"].startswith("sweep s-1: 3 finished") and out["sweep"] == {
+        "gate": "regression",
+        "max_drop": 0.05,
+    }
     assert out["dashboard"] == "http://mlflow:5000/#/experiments/1"

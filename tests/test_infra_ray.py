@@ -47,19 +47,41 @@ def _stop(proc: subprocess.Popen, grace: float = 15.0) -> None:
 def ray_head():
     """(job API URL, GCS address, env for clients) of a private single-node Ray with token auth."""
     temp = tempfile.mkdtemp(prefix="rayinfra", dir="/tmp")  # short: Ray's unix sockets live under it
-    ports = {k: free_port() for k in ("gcs", "dash", "agent_http", "agent_grpc", "metrics", "rtenv", "nm", "om", "client")}  # fmt: skip
+    ports = {
+        k: free_port()
+        for k in ("gcs", "dash", "agent_http", "agent_grpc", "metrics", "rtenv", "nm", "om", "client")
+    }
     token = secrets.token_hex(16)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "XLA_"))}
     # The head's environment is the job driver's: as on the cluster's head pod, no accelerator for the driver.
-    env |= {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token, "JAX_PLATFORMS": "cpu",
-            "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}", "PYTHONPATH": str(ROOT)}  # fmt: skip
-    cmd = [str(BIN / "ray"), "start", "--head", "--block", "--disable-usage-stats", "--node-ip-address=127.0.0.1",
-           f"--port={ports['gcs']}", "--include-dashboard=true", "--dashboard-host=127.0.0.1",
-           f"--dashboard-port={ports['dash']}", f"--dashboard-agent-listen-port={ports['agent_http']}",
-           f"--dashboard-agent-grpc-port={ports['agent_grpc']}", f"--metrics-export-port={ports['metrics']}",
-           f"--runtime-env-agent-port={ports['rtenv']}", f"--node-manager-port={ports['nm']}",
-           f"--object-manager-port={ports['om']}", f"--ray-client-server-port={ports['client']}",
-           "--num-cpus=2", f"--temp-dir={temp}"]  # fmt: skip
+    env |= {
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN": token,
+        "JAX_PLATFORMS": "cpu",
+        "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+        "PYTHONPATH": str(ROOT),
+    }
+    cmd = [
+        str(BIN / "ray"),
+        "start",
+        "--head",
+        "--block",
+        "--disable-usage-stats",
+        "--node-ip-address=127.0.0.1",
+        f"--port={ports['gcs']}",
+        "--include-dashboard=true",
+        "--dashboard-host=127.0.0.1",
+        f"--dashboard-port={ports['dash']}",
+        f"--dashboard-agent-listen-port={ports['agent_http']}",
+        f"--dashboard-agent-grpc-port={ports['agent_grpc']}",
+        f"--metrics-export-port={ports['metrics']}",
+        f"--runtime-env-agent-port={ports['rtenv']}",
+        f"--node-manager-port={ports['nm']}",
+        f"--object-manager-port={ports['om']}",
+        f"--ray-client-server-port={ports['client']}",
+        "--num-cpus=2",
+        f"--temp-dir={temp}",
+    ]
     log = open(Path(temp) / "ray_start.log", "wb")  # noqa: SIM115 - lives as long as the head
     proc = subprocess.Popen(
         cmd, env=env, cwd=temp, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -80,8 +102,13 @@ def _wait_for_jobs(url: str, env: dict, proc: subprocess.Popen, log: Path, timeo
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"ray start exited {proc.returncode}:\n{log.read_text()[-3000:]}")
-        r = subprocess.run([str(BIN / "ray"), "job", "submit", "--address", url, "--", "true"],
-                           env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+        r = subprocess.run(
+            [str(BIN / "ray"), "job", "submit", "--address", url, "--", "true"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if r.returncode == 0:
             return
         time.sleep(2)
@@ -103,12 +130,32 @@ def submit(env: dict, args: list[str], **extra: str) -> tuple[subprocess.Complet
 def test_token_auth_is_enforced_and_ray_cli_only_says_failed(ray_head):
     url, _, env = ray_head
     no_token = {k: v for k, v in env.items() if k != "RAY_AUTH_TOKEN"} | {"RAY_AUTH_MODE": "disabled"}
-    r = subprocess.run([str(BIN / "ray"), "job", "list", "--address", url], env=no_token, capture_output=True,
-                       text=True, timeout=120)  # fmt: skip
+    r = subprocess.run(
+        [str(BIN / "ray"), "job", "list", "--address", url],
+        env=no_token,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode != 0 and "Authentication" in r.stdout + r.stderr
     # Why submit.sh reads driver_exit_code back: the CLI maps any entrypoint failure to 1.
-    r = subprocess.run([str(BIN / "ray"), "job", "submit", "--address", url, "--", "python", "-c",
-                        "import sys; sys.exit(3)"], env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    r = subprocess.run(
+        [
+            str(BIN / "ray"),
+            "job",
+            "submit",
+            "--address",
+            url,
+            "--",
+            "python",
+            "-c",
+            "import sys; sys.exit(3)",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 1
 
 
@@ -131,8 +178,14 @@ def test_nightly_submission_runs_once_per_slot_and_resumes(ray_head, tmp_path):
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     # The smoke sweep at one length (2 trials) keeps this test short on 2 cores; the brackets also check that
     # overrides reach the driver intact through `ray job submit` (it shell-quotes the entrypoint).
-    args = ["+sweep=smoke", "sweep.axes.context_length=[512]", "cluster=local", f"cluster.address={gcs}",
-            f"tracking.uri={store}", "progress=plain"]  # fmt: skip
+    args = [
+        "+sweep=smoke",
+        "sweep.axes.context_length=[512]",
+        "cluster=local",
+        f"cluster.address={gcs}",
+        f"tracking.uri={store}",
+        "progress=plain",
+    ]
     slot = {"RAY_DASHBOARD_URL": url, "SWEEP_SLOT": "20250101"}
 
     t0 = time.monotonic()
@@ -146,7 +199,9 @@ def test_nightly_submission_runs_once_per_slot_and_resumes(ray_head, tmp_path):
 
     def runs() -> tuple[list, list]:
         rs = client.search_runs([exp.experiment_id])
-        return [x for x in rs if x.data.tags.get("kind") == "sweep"], [x for x in rs if x.data.tags.get("kind") == "trial"]  # fmt: skip
+        return [x for x in rs if x.data.tags.get("kind") == "sweep"], [
+            x for x in rs if x.data.tags.get("kind") == "trial"
+        ]
 
     parents, trials = runs()
     assert len(trials) == 2 and all(t.data.tags["status"] == "finished" for t in trials)

@@ -42,9 +42,13 @@ def test_splash_compiles_to_mosaic(strategy, cluster, mesh, kernel):
     c = replace(ClusterSpec(**conf("cluster", cluster)), topology="2x2x1")
     s = replace(StrategySpec(**conf("strategy", strategy)), kernel=kernel, block_q=256, block_kv=256)
     spec = TrialSpec(
-        model=ModelSpec(**conf("model", "tiny")), mesh=mesh, strategy=s, context_length=4096,
-        train=TrainSpec(remat="full"), cluster=c,
-    )  # fmt: skip
+        model=ModelSpec(**conf("model", "tiny")),
+        mesh=mesh,
+        strategy=s,
+        context_length=4096,
+        train=TrainSpec(remat="full"),
+        cluster=c,
+    )
     devices = aot.devices(spec)
     assert len(devices) == mesh.size
     text = lower_train_step(spec, make_mesh(spec.mesh, devices)).compile().as_text()
@@ -67,9 +71,13 @@ def test_long_hop_splash_fits_vmem_and_smem(accel):
 
     name, chip = {"tpu7x": ("tpu7x:2x2x1", "default"), "v5p": ("v5:2x2x1", "megacore")}[accel]
     dev = topologies.get_topology_desc(
-        platform="tpu", topology_name=name, chip_config_name=chip, chips_per_host_bounds=(2, 2, 1),
-        num_slices=1, wrap=(False, False, False),
-    ).devices[0]  # fmt: skip
+        platform="tpu",
+        topology_name=name,
+        chip_config_name=chip,
+        chips_per_host_bounds=(2, 2, 1),
+        num_slices=1,
+        wrap=(False, False, False),
+    ).devices[0]
     L, sd = 458_752, SingleDeviceSharding(dev)
     q = jax.ShapeDtypeStruct((1, L, 4, 256), jnp.bfloat16, sharding=sd)
     kv = jax.ShapeDtypeStruct((1, L, 1, 256), jnp.bfloat16, sharding=sd)
@@ -99,9 +107,13 @@ def test_packed_documents_compile_with_splash_segment_ids(strategy, mesh):
     c = replace(ClusterSpec(**conf("cluster", "tpu7x_128")), topology="2x2x1")
     s = replace(StrategySpec(**conf("strategy", strategy)), kernel="auto", block_q=256, block_kv=256)
     spec = TrialSpec(
-        model=ModelSpec(**conf("model", "tiny")), mesh=mesh, strategy=s, context_length=4096,
-        train=TrainSpec(remat="full", data=DataSpec(kind="documents", sources=("corpus",))), cluster=c,
-    )  # fmt: skip
+        model=ModelSpec(**conf("model", "tiny")),
+        mesh=mesh,
+        strategy=s,
+        context_length=4096,
+        train=TrainSpec(remat="full", data=DataSpec(kind="documents", sources=("corpus",))),
+        cluster=c,
+    )
     m = make_mesh(spec.mesh, aot.devices(spec))
     assert "segment_ids" in abstract_args(spec, m)[1]
     text = lower_train_step(spec, m).compile().as_text()

@@ -25,8 +25,15 @@ def test_private_api_shape():
     assert {"CAUSAL", "NO_MASK"} <= set(fa.MaskType.__members__) and fa.AttentionLayout.BTNH.value == 0
     rule = list(inspect.signature(fa._dot_product_attention_bwd_rule).parameters)
     assert rule[:8] == [
-        "scale", "seed", "dropout_rate", "variadic_args", "mask_type", "layout", "sliding_window_length", "is_training"
-    ], rule  # fmt: skip
+        "scale",
+        "seed",
+        "dropout_rate",
+        "variadic_args",
+        "mask_type",
+        "layout",
+        "sliding_window_length",
+        "is_training",
+    ], rule
     assert isinstance(fa._dot_product_attention_bwd_p_wrapper, jax.extend.core.Primitive)
 
 
@@ -66,8 +73,15 @@ def test_a_trial_reports_its_kernel_fallback():
     from orchestrator.config.grid import expand
     from orchestrator.config.load import load
 
-    args = ["model=tiny", "strategy=ring", "strategy.kernel=flash", "context_length=256", "train.steps=1",
-            "train.dtype=bfloat16", "cluster=local"]  # fmt: skip
+    args = [
+        "model=tiny",
+        "strategy=ring",
+        "strategy.kernel=flash",
+        "context_length=256",
+        "train.steps=1",
+        "train.dtype=bfloat16",
+        "cluster=local",
+    ]
     (spec,) = expand(load(args))
     start = next(r for r in train(spec) if r["kind"] == "start")
     if HAS_GPU:

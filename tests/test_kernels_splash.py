@@ -123,7 +123,10 @@ def test_auto_is_xla_on_cpu(strategy, L):
 
 
 @pytest.mark.parametrize("dkv", [False, True], ids=["fwd", "dkv"])
-@pytest.mark.parametrize("q_len,kv_len,block,offset", [(2048, 2048, 256, 0), (1024, 2048, 256, 512), (2048, 2048, 512, -512), (1024, 4096, 256, 1024)])  # fmt: skip
+@pytest.mark.parametrize(
+    "q_len,kv_len,block,offset",
+    [(2048, 2048, 256, 0), (1024, 2048, 256, 512), (2048, 2048, 512, -512), (1024, 4096, 256, 1024)],
+)
 def test_block_masks_give_jax_block_map(q_len, kv_len, block, offset, dkv):
     """The cheap block masks yield exactly the block map (every MaskInfo array, dtype included) jax builds
     from its own CausalMask / FullMask."""
@@ -134,9 +137,12 @@ def test_block_masks_give_jax_block_map(q_len, kv_len, block, offset, dkv):
         return mi._process_mask(sm.MultiHeadMask([mask] * 2), (block, block), dkv)
 
     pairs = [
-        (sm.CausalMask((q_len, kv_len), offset=offset), splash_api.BlockCausalMask((q_len, kv_len), offset=offset)),
+        (
+            sm.CausalMask((q_len, kv_len), offset=offset),
+            splash_api.BlockCausalMask((q_len, kv_len), offset=offset),
+        ),
         (sm.FullMask((q_len, kv_len)), splash_api.BlockFullMask((q_len, kv_len))),
-    ]  # fmt: skip
+    ]
     for stock, cheap in pairs:
         (want, want_fn), (got, got_fn) = info(stock), info(cheap)
         assert (want_fn is None) == (got_fn is None)

@@ -101,8 +101,11 @@ def test_dead_holders_lose_their_leases(sql_store, tmp_path, monkeypatch):
     gone.wait()
     host = driver_token().rpartition("-")[0].rpartition("-")[0]
     now = int(time.time())
-    holders = {"t0": (f"{host}-{gone.pid}-dead00", now), "t1": ("elsewhere-1-aaaaaa", now - 3600),
-               "t2": ("elsewhere-2-bbbbbb", now)}  # fmt: skip
+    holders = {
+        "t0": (f"{host}-{gone.pid}-dead00", now),
+        "t1": ("elsewhere-1-aaaaaa", now - 3600),
+        "t2": ("elsewhere-2-bbbbbb", now),
+    }
     for t, (token, beat) in holders.items():
         client.log_param(ids[t], "lease_1", token)
         client.set_tag(ids["sweep"], f"driver.{token}", str(beat))

@@ -38,8 +38,10 @@ def test_local_multihost_matches_local_loss_curves(tmp_path):
     multi = losses_by_trial(MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}"), "mh")
     # the reference: the same grid on one process with 8 devices (this one), no Ray; the cluster is
     # execution, not identity, so its trials have the multi-host ones' ids
-    single = {s.trial_id: [r["loss"] for r in train(s) if r["kind"] == "step"]
-              for s in expand(load([*GRID, "cluster=local"]))}  # fmt: skip
+    single = {
+        s.trial_id: [r["loss"] for r in train(s) if r["kind"] == "step"]
+        for s in expand(load([*GRID, "cluster=local"]))
+    }
     assert set(single) == set(multi) and len(single) == 2
     for tid, curve in single.items():
         assert len(curve) == 3 and len(multi[tid]) == 3

@@ -51,10 +51,25 @@ def _processes_along(grid: list, axis: int) -> list[set[int]]:
 
 
 def test_hybrid_mesh_lays_the_dcn_axis_across_slices():
-    port, env = free_port(), {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu",
-                              "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}  # fmt: skip
-    procs = [subprocess.Popen([sys.executable, "-c", MESH_WORKER, str(i), str(port)], env=env, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for i in range(4)]  # fmt: skip
+    port, env = (
+        free_port(),
+        {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "JAX_PLATFORMS": "cpu",
+            "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+        },
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", MESH_WORKER, str(i), str(port)],
+            env=env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for i in range(4)
+    ]
     outs = [p.communicate(timeout=300)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), "\n".join(o[-2000:] for o in outs)
     (line,) = [ln for ln in outs[0].splitlines() if ln.startswith("MESH ")]
@@ -93,13 +108,21 @@ def test_hybrid_mesh_on_tpu_topology_devices_matches_jax():
     from jax.experimental import mesh_utils
     from jax.experimental.topologies import get_topology_desc
 
-    topo = get_topology_desc(platform="tpu", topology_name="v5:2x2x1", chip_config_name="megacore",
-                             chips_per_host_bounds=(2, 2, 1), num_slices=2, wrap=(False, False, False))  # fmt: skip
+    topo = get_topology_desc(
+        platform="tpu",
+        topology_name="v5:2x2x1",
+        chip_config_name="megacore",
+        chips_per_host_bounds=(2, 2, 1),
+        num_slices=2,
+        wrap=(False, False, False),
+    )
     devices = topo.devices
     assert sorted({d.slice_index for d in devices}) == [0, 1]
     ids = lambda grid: np.vectorize(lambda d: d.id)(grid).tolist()
-    for shape, dcn in [(MeshSpec(context=8, dcn="context"), (1, 1, 2, 1, 1)),
-                       (MeshSpec(data=2, context=4, dcn="data"), (2, 1, 1, 1, 1))]:  # fmt: skip
+    for shape, dcn in [
+        (MeshSpec(context=8, dcn="context"), (1, 1, 2, 1, 1)),
+        (MeshSpec(data=2, context=4, dcn="data"), (2, 1, 1, 1, 1)),
+    ]:
         ici = tuple(n // d for n, d in zip(shape.shape().values(), dcn, strict=True))
         want = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices)
         assert ids(make_mesh(shape, devices[::-1], slices=2).devices) == ids(want)
@@ -114,14 +137,24 @@ def test_hosts_are_numbered_slice_major_by_tpu_worker_id():
     probes = [{"worker_id": w, "slice": s} for s, w in [("b", "1"), ("b", "0"), ("a", "1"), ("a", "0")]]
     assert host_order(probes, 2) == [1, 0, 3, 2]  # slices in reservation order, worker ids within each
     assert host_order([{"worker_id": "", "slice": ""}] * 4, 2) == [0, 1, 2, 3]  # local: bundle order
-    assert megascale_env("10.0.0.2", 2, 1) == {"MEGASCALE_COORDINATOR_ADDRESS": "10.0.0.2:8081",
-        "MEGASCALE_PORT": "8081", "MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "1"}  # fmt: skip
+    assert megascale_env("10.0.0.2", 2, 1) == {
+        "MEGASCALE_COORDINATOR_ADDRESS": "10.0.0.2:8081",
+        "MEGASCALE_PORT": "8081",
+        "MEGASCALE_NUM_SLICES": "2",
+        "MEGASCALE_SLICE_ID": "1",
+    }
 
 
 # --- the two-slice trial on CPU -------------------------------------------------------------------------------
 
-TRIAL = ["strategy=ring", "context_length=512", "train.steps=3", "train.dtype=float32", "progress=plain",
-         "gate.enabled=false"]  # fmt: skip
+TRIAL = [
+    "strategy=ring",
+    "context_length=512",
+    "train.steps=3",
+    "train.dtype=float32",
+    "progress=plain",
+    "gate.enabled=false",
+]
 
 
 def _trial(client: MlflowClient, sweep_id: str):
@@ -188,8 +221,12 @@ def test_two_slice_trial_trains_like_one_process_across_a_lost_host(tmp_path):
 
 
 # what a node can inherit from an old multislice job or `ray start` (Ray #62893): an attempt must not see them
-STALE_ENV = {"MEGASCALE_COORDINATOR_ADDRESS": "10.9.9.9:8081", "MEGASCALE_NUM_SLICES": "4",
-             "MEGASCALE_TRANSPORT_TYPE": "grpc", "JAX_COORDINATOR_ADDRESS": "10.9.9.9:1234"}  # fmt: skip
+STALE_ENV = {
+    "MEGASCALE_COORDINATOR_ADDRESS": "10.9.9.9:8081",
+    "MEGASCALE_NUM_SLICES": "4",
+    "MEGASCALE_TRANSPORT_TYPE": "grpc",
+    "JAX_COORDINATOR_ADDRESS": "10.9.9.9:1234",
+}
 
 
 @pytest.mark.slow
@@ -203,8 +240,14 @@ def test_fake_tpu_trial_spans_two_slices_and_its_retry_starts_clean(tmp_path):
         "CP_ORCH_INJECT_FAULTS": "kill:3:1:after_report",
         "CP_ORCH_INJECT_DIR": str(tmp_path / "faults"),
     }
-    args = [*TRIAL, "cluster=local_fake_tpu", "cluster.slices_per_trial=2", "mesh.dcn=context",
-            "retries.preemption=6", "+sweep.id=fake-two-slices"]  # fmt: skip
+    args = [
+        *TRIAL,
+        "cluster=local_fake_tpu",
+        "cluster.slices_per_trial=2",
+        "mesh.dcn=context",
+        "retries.preemption=6",
+        "+sweep.id=fake-two-slices",
+    ]
     res = run_cli(args, cwd=tmp_path, env=STALE_ENV | faults)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "preempted: retrying" in res.stdout and (tmp_path / "faults" / "kill-3-1-after_report").exists()
@@ -225,8 +268,12 @@ def test_fake_tpu_trial_spans_two_slices_and_its_retry_starts_clean(tmp_path):
         assert [h["slice_id"] for h in hosts] == [0, 0, 1, 1]
         coordinator = f"{hosts[0]['node_ip']}:8081"  # slice 0's worker 0 in THIS attempt
         for h in hosts:
-            assert h["megascale"] == {"MEGASCALE_COORDINATOR_ADDRESS": coordinator, "MEGASCALE_PORT": "8081",
-                                      "MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": str(h["slice_id"])}  # fmt: skip
+            assert h["megascale"] == {
+                "MEGASCALE_COORDINATOR_ADDRESS": coordinator,
+                "MEGASCALE_PORT": "8081",
+                "MEGASCALE_NUM_SLICES": "2",
+                "MEGASCALE_SLICE_ID": str(h["slice_id"]),
+            }
             # inherited and not the attempt's own: removed before jax started (the rest were overridden)
             assert h["scrubbed"] == ["JAX_COORDINATOR_ADDRESS", "MEGASCALE_TRANSPORT_TYPE"], h
     # jax.distributed's coordinator is probed per attempt: the retry never dials the killed attempt's port
@@ -251,8 +298,16 @@ def test_two_slice_reservation_is_all_or_nothing():
     from orchestrator.launch.attempt import Cancelled
     from orchestrator.launch.placement import Reservation, live_placement_groups
 
-    c = ClusterSpec(name="fake", kind="fake_tpu", accelerator="v5p", hosts=2, devices_per_host=4, slices=2,
-                    topology="2x2x2", slices_per_trial=2)  # fmt: skip
+    c = ClusterSpec(
+        name="fake",
+        kind="fake_tpu",
+        accelerator="v5p",
+        hosts=2,
+        devices_per_host=4,
+        slices=2,
+        topology="2x2x2",
+        slices_per_trial=2,
+    )
     assert not ray.is_initialized()  # a Ray of another test would be joined instead of the fake slices
     clusters.connect(c)
     try:

@@ -31,10 +31,13 @@ def spec(
     strategy: str, mesh: MeshSpec, length: int = L1M, c: ClusterSpec | None = None, **train
 ) -> TrialSpec:
     return TrialSpec(
-        model=ModelSpec(**conf("model", "llama3_1_8b_long")), mesh=mesh,
+        model=ModelSpec(**conf("model", "llama3_1_8b_long")),
+        mesh=mesh,
         strategy=StrategySpec(name=strategy, layout=strategies.get(strategy).default_layout),
-        context_length=length, train=TrainSpec(**{"remat": "full", **train}), cluster=c or cluster(),
-    )  # fmt: skip
+        context_length=length,
+        train=TrainSpec(**{"remat": "full", **train}),
+        cluster=c or cluster(),
+    )
 
 
 def multislice_problem(s: TrialSpec) -> str:
@@ -142,8 +145,11 @@ def test_multislice_sweep_dry_run_plans_every_point(name):
     across = [r for s, r in zip(specs, rows, strict=True) if s.mesh.dcn == "context"]
     assert across and all(r.dcn_exposed_s is not None for r in across if r.verdict == "run")
     # 28M tokens: two slices with the ring across them fit, in half the layer inputs one slice holds.
-    at = {(s.cluster.slices_per_trial, s.mesh.dcn, s.strategy.name, s.train.remat): r
-          for s, r in zip(specs, rows, strict=True) if s.context_length == 29_360_128}  # fmt: skip
+    at = {
+        (s.cluster.slices_per_trial, s.mesh.dcn, s.strategy.name, s.train.remat): r
+        for s, r in zip(specs, rows, strict=True)
+        if s.context_length == 29_360_128
+    }
     remat = "full" if name == "tpu7x_128" else "offload"
     assert at[(2, "context", "ring", remat)].verdict == "run"
     one, two = at[(1, "", "ring", remat)], at[(2, "context", "ring", remat)]
@@ -172,10 +178,13 @@ def test_aot_compiles_for_two_slices(tmp_path, monkeypatch):
     monkeypatch.setenv("CP_AOT_CACHE", str(tmp_path))
     c = cluster("v5p_128", slices=2, topology="2x2x1")  # two 4-chip v5p slices: 8 devices
     tiny = TrialSpec(
-        model=ModelSpec(**conf("model", "tiny")), mesh=MeshSpec(context=8, dcn="context"),
-        strategy=StrategySpec(name="ring", block_q=256, block_kv=256), context_length=2048,
-        train=TrainSpec(remat="full"), cluster=c,
-    )  # fmt: skip
+        model=ModelSpec(**conf("model", "tiny")),
+        mesh=MeshSpec(context=8, dcn="context"),
+        strategy=StrategySpec(name="ring", block_q=256, block_kv=256),
+        context_length=2048,
+        train=TrainSpec(remat="full"),
+        cluster=c,
+    )
     assert aot.topology_tag(tiny) == "v5:2x2x1x2slices"
     one = replace(tiny, cluster=replace(c, slices_per_trial=1))
     assert aot.topology_tag(one) == "v5:2x2x1"  # same trial id, another program: the tag keeps them apart

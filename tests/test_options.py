@@ -16,7 +16,7 @@ from orchestrator.config import schema
 from orchestrator.config import schema as errors
 from orchestrator.config.grid import expand
 from orchestrator.config.load import Loaded, load, load_typed
-from orchestrator.plan import rules as validate
+from orchestrator.plan import rules
 
 
 def _defaults(cls: type, prefix: str = "") -> dict:
@@ -84,7 +84,7 @@ def test_config_error_has_its_own_module_and_no_cycle():
 def test_rules_across_keys_are_the_planners():
     """train.memory against train.remat: a grid point the planner marks invalid, with the schema's words."""
     (spec,) = expand(load(["train.remat=save_attn", "train.memory.offload=[attn_out]"]))
-    (p,) = validate.problems(spec)
+    (p,) = rules.problems(spec)
     assert p.rule == "memory policy" and p.message == (
         "train.memory.offload=['attn_out'] names attn_out, but train.remat=save_attn already saves it in HBM; "
         "allowed: each residual saved or offloaded, not both — drop it, or use train.remat=full"
@@ -93,14 +93,14 @@ def test_rules_across_keys_are_the_planners():
         spec.train, remat="full", memory=MemorySpec(save=("attn_out",), offload=("attn_out",))
     )
     none = dataclasses.replace(spec.train, remat="none", memory=MemorySpec(save=("mlp_act",)))
-    msgs = [validate.problems(dataclasses.replace(spec, train=t))[0].message for t in (both, none)]
+    msgs = [rules.problems(dataclasses.replace(spec, train=t))[0].message for t in (both, none)]
     assert (
         "train.memory.offload also names it" in msgs[0]
         and "drop attn_out from one of the two lists" in msgs[0]
     )
     assert msgs[1].startswith("train.memory.save=['mlp_act'] needs a remat policy, but train.remat=none")
     (fine,) = expand(load(["train.remat=offload", "train.memory.save=[attn_out]"]))
-    assert validate.problems(fine) == []
+    assert rules.problems(fine) == []
 
 
 def test_one_reader_of_a_group_option():

@@ -31,10 +31,13 @@ def spec(
 ) -> TrialSpec:
     c = ClusterSpec(**conf("cluster", cluster))
     return TrialSpec(
-        model=ModelSpec(**conf("model", model)), mesh=mesh or MeshSpec(context=c.devices),
-        strategy=StrategySpec(**conf("strategy", strategy)), context_length=length,
-        train=TrainSpec(**train), cluster=c,
-    )  # fmt: skip
+        model=ModelSpec(**conf("model", model)),
+        mesh=mesh or MeshSpec(context=c.devices),
+        strategy=StrategySpec(**conf("strategy", strategy)),
+        context_length=length,
+        train=TrainSpec(**train),
+        cluster=c,
+    )
 
 
 USP = {
@@ -233,8 +236,11 @@ def test_analytic_never_below_tpu_compiler():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="tiny model, xla kernel: the analytic model over-predicts all_gather and "
-                   "usp (2.7, 3.0 x the compiler's peak) and ring (2.5): the xla kernel's tile term; strict, so a fix shows")  # fmt: skip
+@pytest.mark.xfail(
+    strict=True,
+    reason="tiny model, xla kernel: the analytic model over-predicts all_gather and "
+    "usp (2.7, 3.0 x the compiler's peak) and ring (2.5): the xla kernel's tile term; strict, so a fix shows",
+)
 def test_analytic_vs_tpu_compiler():
     """The analytic model against the real TPU compiler's memory_analysis on a v5p 2x2x1 slice (4 devices).
 

@@ -16,8 +16,15 @@ def _runs(tmp_path, sweep_id: str) -> tuple[MlflowClient, str, list, list]:
 
 
 def test_planned_sweep_to_14m_on_tpu7x_without_a_tpu(tmp_path):
-    args = ["+sweep=cp_scaling", "cluster=tpu7x_128", "model=llama3_1_8b_long", "dry_run=true", "record=true",
-            "sweep.id=plan14m", "skip_invalid=true"]  # fmt: skip
+    args = [
+        "+sweep=cp_scaling",
+        "cluster=tpu7x_128",
+        "model=llama3_1_8b_long",
+        "dry_run=true",
+        "record=true",
+        "sweep.id=plan14m",
+        "skip_invalid=true",
+    ]
     res = run_cli(args, cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "recorded the plan as sweep plan14m-plan" in res.stdout
@@ -39,7 +46,9 @@ def test_planned_sweep_to_14m_on_tpu7x_without_a_tpu(tmp_path):
     steps = {m.step for m in client.get_metric_history(parent.info.run_id, "predicted_mfu/ring")}
     assert 14680064 in steps and min(steps) <= 131072  # stepped by context length, up to 14M
     assert {a.path for a in client.list_artifacts(parent.info.run_id, "plots")} == {
-        "plots/planned_mfu_vs_context.png", "plots/planned_memory_vs_context.png"}  # fmt: skip
+        "plots/planned_mfu_vs_context.png",
+        "plots/planned_memory_vs_context.png",
+    }
 
 
 @pytest.mark.slow
@@ -71,8 +80,14 @@ def test_a_planned_point_logs_the_compilers_peak_beside_the_sum():
     from orchestrator.plan import aot
     from orchestrator.results.planned import point_metrics
 
-    row = SimpleNamespace(predicted_hbm_bytes_per_device=3e9, predicted_step_s=1.0, predicted_mfu=0.5,
-                          roofline_mfu=0.6, tflops_per_device_per_step=1.0, chip_hours=2.0)  # fmt: skip
+    row = SimpleNamespace(
+        predicted_hbm_bytes_per_device=3e9,
+        predicted_step_s=1.0,
+        predicted_mfu=0.5,
+        roofline_mfu=0.6,
+        tflops_per_device_per_step=1.0,
+        chip_hours=2.0,
+    )
     got = point_metrics(row, aot.CompileResult(peak_bytes=127e9, compiler_peak_bytes=93e9))
     assert got["compiled_bytes_per_device"] == 127e9 and got["compiler_peak_bytes_per_device"] == 93e9
     assert got["predicted_chip_hours"] == 2.0

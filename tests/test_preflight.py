@@ -15,27 +15,32 @@ def stale_ray_tmpdir(tmp_path) -> dict:
 def no_credentials(tmp_path) -> dict:
     """No key file, no gcloud ADC (a fresh HOME), and a metadata server that refuses at once (as off GCP)."""
     dead = f"127.0.0.1:{free_port()}"
-    return {"HOME": str(tmp_path), "GOOGLE_APPLICATION_CREDENTIALS": "", "STORAGE_EMULATOR_HOST": "",
-            "GCE_METADATA_HOST": dead, "GCE_METADATA_IP": dead}  # fmt: skip
+    return {
+        "HOME": str(tmp_path),
+        "GOOGLE_APPLICATION_CREDENTIALS": "",
+        "STORAGE_EMULATOR_HOST": "",
+        "GCE_METADATA_HOST": dead,
+        "GCE_METADATA_IP": dead,
+    }
 
 
 FAULTS = {
     "tracking server down": (
         lambda tmp: (["tracking=server", f"tracking.uri=http://127.0.0.1:{free_port()}"], {}),
         "tracking server http://127.0.0.1:",
-    ),  # fmt: skip
+    ),
     "no Ray at the address": (
         lambda tmp: (["cluster=v5p_128", f"cluster.address=127.0.0.1:{free_port()}"], {}),
         "the Ray head at 127.0.0.1:",
-    ),  # fmt: skip
+    ),
     "stale Ray address file": (
         lambda tmp: (["cluster=v5p_128"], stale_ray_tmpdir(tmp)),
         "ray_current_cluster) does not answer",
-    ),  # fmt: skip
+    ),
     "gs:// without credentials": (
         lambda tmp: (["run.checkpoint_dir=gs://cp-ckpt/runs"], no_credentials(tmp)),
         "gs://cp-ckpt/runs needs Google Cloud credentials",
-    ),  # fmt: skip
+    ),
 }
 
 

@@ -24,12 +24,17 @@ from orchestrator.config.grid import expand
 from orchestrator.config.load import load
 from orchestrator.config.schema import ConfigError
 from orchestrator.plan.steptime import StepTime
-from orchestrator.tracking import layout as profiles
+from orchestrator.tracking import layout
 
 # tiny model, K,V gathered over 8 devices (all_gather compiles in half ring's time); a pinned peak spares
 # each attempt the CPU matmul probe
-TRIAL = ["strategy=all_gather", "context_length=256", "train.steps=4", "cluster.peak_tflops_per_device=0.01",
-         "run.profile_steps=[2]"]  # fmt: skip
+TRIAL = [
+    "strategy=all_gather",
+    "context_length=256",
+    "train.steps=4",
+    "cluster.peak_tflops_per_device=0.01",
+    "run.profile_steps=[2]",
+]
 
 
 def _traced(f, *args):
@@ -77,8 +82,18 @@ def test_a_real_trace_of_a_gather_a_matmul_and_attention_adds_up_to_its_wall_tim
 def test_exposed_and_overlapped_collective_time_on_one_device():
     """µs: an all-gather 0-10 with a dot 5-8 beside it, then a while loop 10-20 whose body runs a fusion 12-14."""
     ops = [("all-gather.1", 0, 10), ("dot.2", 5, 3), ("while.3", 10, 10), ("fusion.4", 12, 2)]
-    events = [{"ph": "X", "pid": 1, "tid": 1, "ts": ts, "dur": dur, "name": n,
-               "args": {"hlo_op": n, "device_ordinal": "0"}} for n, ts, dur in ops]  # fmt: skip
+    events = [
+        {
+            "ph": "X",
+            "pid": 1,
+            "tid": 1,
+            "ts": ts,
+            "dur": dur,
+            "name": n,
+            "args": {"hlo_op": n, "device_ordinal": "0"},
+        }
+        for n, ts, dur in ops
+    ]
     b = tb.breakdown({"traceEvents": events})
     s = {k: v * 1e6 for k, v in b.seconds.items() if v * 1e6 > 1e-6}  # µs, the categories that got any
     assert s == pytest.approx({"all_gather": 5 + 1.5 + 2, "matmul": 1.5, "other_compute": 2 + 2 + 6})
@@ -100,15 +115,15 @@ def test_profile_keys_are_checked_and_stay_out_of_the_trial_id():
 
 
 def test_every_category_and_planner_term_has_its_metric_name():
-    assert set(tb.CATEGORIES) <= set(profiles.MEASURED)
+    assert set(tb.CATEGORIES) <= set(layout.MEASURED)
     assert all(
-        name == f"measured/{k}" + ("" if k.endswith("_s") else "_s") for k, name in profiles.MEASURED.items()
+        name == f"measured/{k}" + ("" if k.endswith("_s") else "_s") for k, name in layout.MEASURED.items()
     )
     fields = {
         f.name for f in dataclasses.fields(StepTime) if typing.get_type_hints(StepTime)[f.name] is float
     }
-    assert set(profiles.PREDICTED) <= fields and all(
-        v == f"predicted/{k}" for k, v in profiles.PREDICTED.items()
+    assert set(layout.PREDICTED) <= fields and all(
+        v == f"predicted/{k}" for k, v in layout.PREDICTED.items()
     )
 
 
@@ -161,11 +176,11 @@ def test_a_profiled_cli_trial_puts_its_trace_and_breakdown_on_its_run(tmp_path):
     assert {"measured/step_s", "measured/all_gather_s", "measured/idle_s"} <= set(metrics)
     assert [m.step for m in client.get_metric_history(rid, "measured/step_s")] == [2]
     assert metrics["measured/all_gather_s"] > 0 and metrics["measured/attention_s"] > 0
-    assert sum(metrics[profiles.MEASURED[c]] for c in tb.CATEGORIES) == pytest.approx(
+    assert sum(metrics[layout.MEASURED[c]] for c in tb.CATEGORIES) == pytest.approx(
         metrics["measured/step_s"]
     )
     assert metrics["predicted/step_s"] == pytest.approx(metrics["predicted_step_time_s"])
-    assert set(profiles.PREDICTED.values()) <= set(metrics)
+    assert set(layout.PREDICTED.values()) <= set(metrics)
     assert tags["measured_limiter"].endswith("of the step") and "of the step" in tags["predicted_limiter"]
     log = client.download_artifacts(rid, "trial_log.txt", str(tmp_path))
     # the breakdown joins the trial's records (the end-of-sweep plot reads it); its files went to artifacts only

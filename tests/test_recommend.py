@@ -99,8 +99,14 @@ def test_cli_errors_exit_2(tmp_path, no_ray_no_mlflow, args, words):
 def test_recommend_aot_compiles_the_listed_answers(tmp_path):
     """recommend=true aot=true: the top answers compiled for the TPU topology on the Ray pool, in the JSON."""
     pytest.importorskip("libtpu")
-    small = ["model=tiny", "cluster=tpu7x_128", "cluster.topology=2x2x1", "cluster.hosts=1", "cluster.address=",
-             "context_length=4096"]  # fmt: skip
+    small = [
+        "model=tiny",
+        "cluster=tpu7x_128",
+        "cluster.topology=2x2x1",
+        "cluster.hosts=1",
+        "cluster.address=",
+        "context_length=4096",
+    ]
     args = ["recommend=true", *small, "top=2", "aot=true", "aot_workers=2", "output=json", "progress=plain"]
     res = run_cli(args, cwd=tmp_path, timeout=600, env={"CP_AOT_CACHE": str(tmp_path / "aot")})
     assert res.returncode == 0, res.stderr[-3000:]

@@ -19,18 +19,57 @@ from orchestrator.launch.attempt import Event, RetryBudgets
 from orchestrator.tracking import NullTracker
 from orchestrator.tracking.layout import START_METRICS, STEP_METRICS, SUMMARY_METRICS, record_points
 
-MEM = {"argument_bytes": 10, "output_bytes": 20, "alias_bytes": 5, "temp_bytes": 100,
-       "compiled_bytes_per_device": 125}  # fmt: skip
+MEM = {
+    "argument_bytes": 10,
+    "output_bytes": 20,
+    "alias_bytes": 5,
+    "temp_bytes": 100,
+    "compiled_bytes_per_device": 125,
+}
 # The keys jobs/train.py writes, in its order (checkpoints and the standalone output hold these).
-START = {"kind": "start", "trial_id": "abc", "devices": 8, "processes": 2, "platform": "cpu", "compile_s": 3.5,
-         "restore_s": 0.0, "peak_tflops_per_device": 0.02, "peak_source": "cpu_measured_float32",
-         "tflops_per_device_per_step": 0.001, "resumed_from_step": 0, **MEM, "slices": 2,
-         "dcn_processes": [[0], [1]]}  # fmt: skip
-STEP = {"kind": "step", "step": 3, "t_ms": 1_700_000_000_000, "loss": 5.5, "grad_norm": 1.25, "step_time_s": 0.5,
-        "tokens_per_s": 512.0, "tflops_per_s_per_device": 0.002, "mfu": 0.1, "peak_bytes_in_use": None}  # fmt: skip
-SUMMARY = {"kind": "summary", "steps": 4, "final_loss": 5.0, "steps_run": 4, "attempt_from_step": 0,
-           "timed_from_step": 1, "timed_to_step": 3, "step_time_median_s": 0.5, "tokens_per_s": 512.0,
-           "tflops_per_s_per_device": 0.002, "mfu": 0.1, "peak_bytes_in_use": None, **MEM}  # fmt: skip
+START = {
+    "kind": "start",
+    "trial_id": "abc",
+    "devices": 8,
+    "processes": 2,
+    "platform": "cpu",
+    "compile_s": 3.5,
+    "restore_s": 0.0,
+    "peak_tflops_per_device": 0.02,
+    "peak_source": "cpu_measured_float32",
+    "tflops_per_device_per_step": 0.001,
+    "resumed_from_step": 0,
+    **MEM,
+    "slices": 2,
+    "dcn_processes": [[0], [1]],
+}
+STEP = {
+    "kind": "step",
+    "step": 3,
+    "t_ms": 1_700_000_000_000,
+    "loss": 5.5,
+    "grad_norm": 1.25,
+    "step_time_s": 0.5,
+    "tokens_per_s": 512.0,
+    "tflops_per_s_per_device": 0.002,
+    "mfu": 0.1,
+    "peak_bytes_in_use": None,
+}
+SUMMARY = {
+    "kind": "summary",
+    "steps": 4,
+    "final_loss": 5.0,
+    "steps_run": 4,
+    "attempt_from_step": 0,
+    "timed_from_step": 1,
+    "timed_to_step": 3,
+    "step_time_median_s": 0.5,
+    "tokens_per_s": 512.0,
+    "tflops_per_s_per_device": 0.002,
+    "mfu": 0.1,
+    "peak_bytes_in_use": None,
+    **MEM,
+}
 
 
 @pytest.mark.parametrize("d", [START, STEP, SUMMARY], ids=["start", "step", "summary"])
@@ -124,7 +163,7 @@ def test_the_executor_types_a_batch_at_the_seam():
     ex = executor.Executor([spec], tracker, progress, 1, RetryBudgets(), "")
     batch = [*fake_records(spec), {"kind": "eval", "loss": 1.0}]  # a newer job's kind: skipped
     ex._on_records(Event(spec.trial_id, 1, "records", records=batch), spec, {})
-    (_, logged, _), = tracker.logged  # fmt: skip
+    ((_, logged, _),) = tracker.logged
     assert [type(r) for r in logged] == [StartRecord, StepRecord, StepRecord, SummaryRecord]
     assert ex.summaries[spec.trial_id] == logged[-1]
     assert progress.updates[0]["note"] == "compiled in 3.0 s" and progress.updates[-1]["step"] == 2

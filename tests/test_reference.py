@@ -45,7 +45,9 @@ def test_every_schema_and_conf_key_has_a_meaning():
     keys = [*reference.schema(), *reference.yaml_keys()]
     assert "train.memory.save" in keys and "cluster.attention_block_half" in keys and "sweep.axes" in keys
     missing = reference.missing_docs(keys)
-    assert not missing, f"add a one-line meaning to orchestrator/config/schema.py DOCS for: {', '.join(missing)}"
+    assert not missing, (
+        f"add a one-line meaning to orchestrator/config/schema.py DOCS for: {', '.join(missing)}"
+    )
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,9 @@ def test_an_undocumented_key_is_caught_in_the_schema_and_in_conf(tmp_path):
 def test_no_meaning_for_a_key_that_no_longer_exists():
     keys = reference.schema()
     stale = reference.stale_docs(keys)
-    assert not stale, f"orchestrator/config/schema.py describes keys the schema no longer has: {', '.join(stale)}"
+    assert not stale, (
+        f"orchestrator/config/schema.py describes keys the schema no longer has: {', '.join(stale)}"
+    )
     assert reference.stale_docs(keys, {**DOCS, "train.gone": "x"}) == ["train.gone"]
 
 
@@ -207,7 +211,9 @@ def test_the_planned_runs_on_the_page_are_what_planrecord_writes(planned):
 
 def test_every_name_on_the_mlflow_page_is_written_by_the_code(planned):
     known = literals() | {f"final_{k}" for k in FINAL} | {base(n) for v in planned.values() for n in v}
-    plots = {f"plots/{k}.png" for k in dict_keys(ROOT / "orchestrator" / "results" / "report.py", "make_figures")}
+    plots = {
+        f"plots/{k}.png" for k in dict_keys(ROOT / "orchestrator" / "results" / "report.py", "make_figures")
+    }
     known |= plots | set(trial_params(spec_with_memory()))
     listed = {n for names in page_names().values() for n in names}
     unknown = sorted(n for n in listed if base(n) not in known)
@@ -224,4 +230,6 @@ def test_every_name_the_trial_runs_get_is_on_the_mlflow_page():
     parent = {base(n) for n in names["Parent run (sweep)", "Metrics"]}
     assert parent == dict_keys(ROOT / "orchestrator" / "launch" / "executor.py", "summary_metrics")
     plots = {n for n in names["Parent run (sweep)", "Artifacts"] if n.startswith("plots/")}
-    assert plots == {f"plots/{k}.png" for k in dict_keys(ROOT / "orchestrator" / "results" / "report.py", "make_figures")}
+    assert plots == {
+        f"plots/{k}.png" for k in dict_keys(ROOT / "orchestrator" / "results" / "report.py", "make_figures")
+    }

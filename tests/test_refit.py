@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
 from orchestrator.calibrate import refit
-from orchestrator.calibrate import tpu as calibration
+from orchestrator.calibrate import tpu
 from orchestrator.calibrate.fit import with_constants
 from orchestrator.config.load import CONF_DIR, group_option, load
 from orchestrator.plan.steptime import step_time
@@ -23,8 +23,13 @@ from orchestrator.tracking.layout import trial_params
 pytestmark = pytest.mark.usefixtures("pinned_cpu_peak")
 
 EXP, SWEEP = "cp_scaling", "cp_scaling-20261202-000000"
-POINTS = [("ring", MeshSpec(context=8)), ("ulysses", MeshSpec(context=8)), ("all_gather", MeshSpec(context=8)),
-          ("usp", MeshSpec(context=2, context_ulysses=4)), ("double_ring", MeshSpec(context=4, context_ulysses=2))]  # fmt: skip
+POINTS = [
+    ("ring", MeshSpec(context=8)),
+    ("ulysses", MeshSpec(context=8)),
+    ("all_gather", MeshSpec(context=8)),
+    ("usp", MeshSpec(context=2, context_ulysses=4)),
+    ("double_ring", MeshSpec(context=4, context_ulysses=2)),
+]
 LENGTHS = (512, 1024, 2048, 4096)
 PLAN_PEAK = 0.01  # the rate the planner measured (CP_PLAN_CPU_TFLOPS pins it in tests)
 # The "host" the trials ran on: local's matmul rate (a 1.0 efficiency of the probe), a slower attention kernel
@@ -42,8 +47,14 @@ def specs() -> list[tuple[TrialSpec, float]]:
     for i, (name, mesh) in enumerate(POINTS):
         for j, length in enumerate(LENGTHS):
             strategy = StrategySpec(**group_option("strategy", name))
-            spec = TrialSpec(model=model, mesh=mesh, strategy=strategy, context_length=length,
-                             train=TrainSpec(remat="full", steps=8), cluster=cluster)  # fmt: skip
+            spec = TrialSpec(
+                model=model,
+                mesh=mesh,
+                strategy=strategy,
+                context_length=length,
+                train=TrainSpec(remat="full", steps=8),
+                cluster=cluster,
+            )
             out.append((spec, 0.010 + 0.001 * ((i + j) % 5)))  # the probe moves from trial to trial
     return out
 
@@ -64,14 +75,21 @@ def log_sweep(
     finished = specs()[:points]
     for n, (spec, peak) in enumerate([*finished, finished[0], finished[0]]):
         status = "failed" if n == len(finished) else "finished"
-        tags = {"kind": "trial", "trial_id": spec.trial_id, "sweep_id": sweep_id, "status": status,
-                "mlflow.parentRunId": parent.info.run_id}  # fmt: skip
+        tags = {
+            "kind": "trial",
+            "trial_id": spec.trial_id,
+            "sweep_id": sweep_id,
+            "status": status,
+            "mlflow.parentRunId": parent.info.run_id,
+        }
         rid = client.create_run(eid, tags=tags).info.run_id
         measured = step_time(with_constants(at(spec, peak), TRUE)).step_s
-        metrics = [Metric("peak_tflops_per_device", peak, 0, 1),  # a start record: per attempt
-                   Metric("final_step_time_median_s", measured, 0, 0),
-                   Metric("predicted_step_time_s", step_time(spec, peak=PLAN_PEAK).step_s, 0, 0),
-                   Metric("predicted_step_time_at_run_peak_s", step_time(spec, peak=peak).step_s, 0, 0)]  # fmt: skip
+        metrics = [
+            Metric("peak_tflops_per_device", peak, 0, 1),  # a start record: per attempt
+            Metric("final_step_time_median_s", measured, 0, 0),
+            Metric("predicted_step_time_s", step_time(spec, peak=PLAN_PEAK).step_s, 0, 0),
+            Metric("predicted_step_time_at_run_peak_s", step_time(spec, peak=peak).step_s, 0, 0),
+        ]
         params = [Param(k, v) for k, v in trial_params(spec).items()]
         client.log_batch(rid, metrics=metrics[:1] if n > len(finished) else metrics, params=params)
         client.log_text(rid, spec.to_json(), "trial_spec.json")
@@ -104,7 +122,7 @@ def test_reads_the_finished_trials_at_their_own_peak(sweep):
 @pytest.fixture(scope="module")
 def published() -> list[tuple[str, float, float]]:
     """The published table before any refit ran in this process."""
-    return [(c.row.label, c.predicted, c.published) for c in calibration.table()]
+    return [(c.row.label, c.predicted, c.published) for c in tpu.table()]
 
 
 @pytest.fixture(scope="module")
@@ -139,9 +157,9 @@ def test_writes_a_cluster_config_hydra_composes(sweep, tmp_path, capsys):
     shutil.copytree(CONF_DIR, conf)
     out = conf / "cluster" / "local_fit.yaml"
     args = ["--from-sweep", SWEEP, "--uri", sweep, "--hold-out-from", "2048", "--out", str(out)]
-    assert calibration.main(args) == 0
+    assert tpu.main(args) == 0
     printed = capsys.readouterr().out
-    assert "calibration (L < 2,048), 10 trials" in printed and "held out (L >= 2,048), 10 trials" in printed
+    assert "tpu (L < 2,048), 10 trials" in printed and "held out (L >= 2,048), 10 trials" in printed
     text = out.read_text()
     said = (
         SWEEP,
@@ -163,15 +181,21 @@ def test_writes_a_cluster_config_hydra_composes(sweep, tmp_path, capsys):
 
 
 def test_an_unknown_sweep_is_one_error_line(sweep, capsys):
-    assert calibration.main(["--from-sweep", "nope", "--uri", sweep, "--out", "/nonexistent/x.yaml"]) == 2
+    assert tpu.main(["--from-sweep", "nope", "--uri", sweep, "--out", "/nonexistent/x.yaml"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: sweep 'nope' has no finished trial")
 
 
 def test_the_published_calibration_is_unchanged(fitted, published):
     """The refit shares the published fit's search: the table and v5p's fit are what they were before it."""
-    assert [(c.row.label, c.predicted, c.published) for c in calibration.table()] == published
-    v5p = {k: round(v, 4) for k, v in calibration.fit("v5p_128").items()}
-    assert v5p == {"matmul_efficiency": 0.7261, "attention_efficiency": 1.0, "attention_head_dim_half": 54.27,
-                   "attention_block_half": 254.4844, "step_overhead_s": 0.0, "attention_recompute": 3.1,
-                   "collective_links": 6.0}  # fmt: skip
+    assert [(c.row.label, c.predicted, c.published) for c in tpu.table()] == published
+    v5p = {k: round(v, 4) for k, v in tpu.fit("v5p_128").items()}
+    assert v5p == {
+        "matmul_efficiency": 0.7261,
+        "attention_efficiency": 1.0,
+        "attention_head_dim_half": 54.27,
+        "attention_block_half": 254.4844,
+        "step_overhead_s": 0.0,
+        "attention_recompute": 3.1,
+        "collective_links": 6.0,
+    }

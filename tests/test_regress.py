@@ -14,9 +14,14 @@ POINTS = [("all_gather", 512, "t-ag-512"), ("ring", 512, "t-ring-512"), ("ring",
 
 
 def log_sweep(
-    client: MlflowClient, sweep_id: str, scale: dict[str, float] | float = 1.0, status="finished",
-    peak: float | None = None, mfu: float = 1.0, **tags: str,
-):  # fmt: skip
+    client: MlflowClient,
+    sweep_id: str,
+    scale: dict[str, float] | float = 1.0,
+    status="finished",
+    peak: float | None = None,
+    mfu: float = 1.0,
+    **tags: str,
+):
     """A parent run and finished child runs as the Tracker writes them; `scale` slows chosen trials down (a
     float: all of them), `tags` go on each child (planned="true")."""
     exp = client.get_experiment_by_name(EXP)
@@ -24,8 +29,14 @@ def log_sweep(
     parent = client.create_run(eid, tags={"kind": "sweep", "sweep_id": sweep_id}, run_name=sweep_id)
     for strategy, length, tid in POINTS:
         s = scale if isinstance(scale, float) else scale.get(tid, 1.0)
-        child = {"kind": "trial", "trial_id": tid, "sweep_id": sweep_id, "status": status,
-                 "mlflow.parentRunId": parent.info.run_id, **tags}  # fmt: skip
+        child = {
+            "kind": "trial",
+            "trial_id": tid,
+            "sweep_id": sweep_id,
+            "status": status,
+            "mlflow.parentRunId": parent.info.run_id,
+            **tags,
+        }
         run = client.create_run(eid, tags=child)
         rid = run.info.run_id
         for k, v in {"strategy": strategy, "context_length": length, "mesh": "context8"}.items():

@@ -14,24 +14,57 @@ GIB = 2**30
 
 def make_spec(strategy: str = "ring", length: int = 1024, steps: int = 4, hbm: int = GIB) -> TrialSpec:
     return TrialSpec(
-        model=TINY, mesh=MeshSpec(context=8), strategy=StrategySpec(name=strategy), context_length=length,
-        train=TrainSpec(steps=steps), cluster=ClusterSpec(hbm_bytes_per_device=hbm),
+        model=TINY,
+        mesh=MeshSpec(context=8),
+        strategy=StrategySpec(name=strategy),
+        context_length=length,
+        train=TrainSpec(steps=steps),
+        cluster=ClusterSpec(hbm_bytes_per_device=hbm),
         axes=(("strategy", strategy), ("context_length", length)),
-    )  # fmt: skip
+    )
 
 
 def fake_records(spec: TrialSpec, step_s: float = 0.5, mem: int = 2**26) -> list[dict]:
     """A start record, one step record per step and a summary, shaped like jobs/train.py's."""
     tok = spec.tokens_per_step
-    recs = [{"kind": "start", "trial_id": spec.trial_id, "devices": 8, "compile_s": 3.0,
-             "peak_tflops_per_device": 0.1, "peak_source": "cpu_measured_bfloat16", "compiled_bytes_per_device": mem}]  # fmt: skip
+    recs = [
+        {
+            "kind": "start",
+            "trial_id": spec.trial_id,
+            "devices": 8,
+            "compile_s": 3.0,
+            "peak_tflops_per_device": 0.1,
+            "peak_source": "cpu_measured_bfloat16",
+            "compiled_bytes_per_device": mem,
+        }
+    ]
     for s in range(spec.train.steps):
-        recs.append({"kind": "step", "step": s, "loss": 6.0 - 0.1 * s, "grad_norm": 1.0, "step_time_s": step_s,
-                     "tokens_per_s": tok / step_s, "tflops_per_s_per_device": 0.01 / step_s,
-                     "mfu": 0.1 / step_s, "peak_bytes_in_use": None})  # fmt: skip
-    recs.append({"kind": "summary", "steps": spec.train.steps, "final_loss": recs[-1]["loss"],
-                 "step_time_median_s": step_s, "tokens_per_s": tok / step_s, "tflops_per_s_per_device": 0.01 / step_s,
-                 "mfu": 0.1 / step_s, "peak_bytes_in_use": None, "compiled_bytes_per_device": mem})  # fmt: skip
+        recs.append(
+            {
+                "kind": "step",
+                "step": s,
+                "loss": 6.0 - 0.1 * s,
+                "grad_norm": 1.0,
+                "step_time_s": step_s,
+                "tokens_per_s": tok / step_s,
+                "tflops_per_s_per_device": 0.01 / step_s,
+                "mfu": 0.1 / step_s,
+                "peak_bytes_in_use": None,
+            }
+        )
+    recs.append(
+        {
+            "kind": "summary",
+            "steps": spec.train.steps,
+            "final_loss": recs[-1]["loss"],
+            "step_time_median_s": step_s,
+            "tokens_per_s": tok / step_s,
+            "tflops_per_s_per_device": 0.01 / step_s,
+            "mfu": 0.1 / step_s,
+            "peak_bytes_in_use": None,
+            "compiled_bytes_per_device": mem,
+        }
+    )
     return recs
 
 
@@ -131,8 +164,10 @@ def test_recall_accuracy_by_distance_is_a_metric_and_a_parent_plot():
     from orchestrator.results.report import TrialResult, _last_steps, make_figures
     from orchestrator.tracking.layout import record_points
 
-    recs = [StepRecord(step=i, t_ms=1, loss=2.0, accuracy_by_distance={"0-256": a, "256-1K": 0.5})
-            for i, a in enumerate((0.1, 0.2, 0.4, 0.6))]  # fmt: skip
+    recs = [
+        StepRecord(step=i, t_ms=1, loss=2.0, accuracy_by_distance={"0-256": a, "256-1K": 0.5})
+        for i, a in enumerate((0.1, 0.2, 0.4, 0.6))
+    ]
     names = {p[0]: p[1] for p in record_points(recs[-1], now=1)}
     assert names["accuracy_by_distance/0-256"] == 0.6 and names["accuracy_by_distance/256-1K"] == 0.5
     assert _last_steps(recs, "accuracy_by_distance") == pytest.approx({"0-256": 0.4, "256-1K": 0.5})

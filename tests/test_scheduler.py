@@ -72,13 +72,19 @@ def test_fake_slice_env_matches_gke():
         kind="fake_tpu", accelerator="v5p", hosts=2, devices_per_host=4, slices=2, topology="2x2x2"
     )
     env = clusters.fake_slice_env(c, 1, 0)
-    assert env == {"TPU_ACCELERATOR_TYPE": "v5p-16", "TPU_TOPOLOGY": "2x2x2", "TPU_NAME": "fake-slice-1",
-                   "TPU_WORKER_ID": "0"}  # fmt: skip
+    assert env == {
+        "TPU_ACCELERATOR_TYPE": "v5p-16",
+        "TPU_TOPOLOGY": "2x2x2",
+        "TPU_NAME": "fake-slice-1",
+        "TPU_WORKER_ID": "0",
+    }
 
 
 def test_placement_note_and_plain_progress(capsys):
-    hosts = [{"process_id": 1, "pid": 22, "node_ip": "10.0.0.3", "slice": "s0"},
-             {"process_id": 0, "pid": 11, "node_ip": "10.0.0.2", "slice": "s0"}]  # fmt: skip
+    hosts = [
+        {"process_id": 1, "pid": 22, "node_ip": "10.0.0.3", "slice": "s0"},
+        {"process_id": 0, "pid": 11, "node_ip": "10.0.0.2", "slice": "s0"},
+    ]
     assert placement_note(hosts) == "s0: 0=pid 11@10.0.0.2, 1=pid 22@10.0.0.3"
     with SweepProgress("plain") as p:
         p.add("t", "ring L=512", steps=4)
@@ -98,10 +104,21 @@ def test_placement_note_and_plain_progress(capsys):
 def test_fake_tpu_slices_gang_schedule_trials(tmp_path):
     """4 trials on 2 fake v5p-16 slices (2 hosts x 4 devices): at most 2 at once, each on one whole slice.
     The fake nodes inherit a stale multislice environment (Ray #62893): one-slice hosts run without it."""
-    args = ["+sweep=smoke", "cluster=local_fake_tpu", "~sweep.set", "train.steps=2", "train.dtype=float32",
-            "progress=plain", "sweep.id=fake-tpu"]  # fmt: skip
-    stale = {"MEGASCALE_COORDINATOR_ADDRESS": "10.9.9.9:8081", "MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "1",
-             "JAX_COORDINATOR_ADDRESS": "10.9.9.9:1234"}  # fmt: skip
+    args = [
+        "+sweep=smoke",
+        "cluster=local_fake_tpu",
+        "~sweep.set",
+        "train.steps=2",
+        "train.dtype=float32",
+        "progress=plain",
+        "sweep.id=fake-tpu",
+    ]
+    stale = {
+        "MEGASCALE_COORDINATOR_ADDRESS": "10.9.9.9:8081",
+        "MEGASCALE_NUM_SLICES": "2",
+        "MEGASCALE_SLICE_ID": "1",
+        "JAX_COORDINATOR_ADDRESS": "10.9.9.9:1234",
+    }
     res = run_cli(args, cwd=tmp_path, env=stale)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")

@@ -42,8 +42,21 @@ def test_tracking_server_and_driver_options_pass():
         {"tracking": {"uri": "http://mlflow:5000", "experiment": "x"}, "progress": "plain", "output": "json"}
     )
     assert opts.progress == "plain" and opts.retries == schema.Retries() and opts.sweep is None
-    load(["tracking=server", "dry_run=true", "output=json", "aot=true", "aot_topology=2x2x1", "skip_invalid=true",
-          "gate.enabled=false", "gate.max_drop=0", "retries.preemption=0", "+sweep=smoke", "sweep.id=s1"])  # fmt: skip
+    load(
+        [
+            "tracking=server",
+            "dry_run=true",
+            "output=json",
+            "aot=true",
+            "aot_topology=2x2x1",
+            "skip_invalid=true",
+            "gate.enabled=false",
+            "gate.max_drop=0",
+            "retries.preemption=0",
+            "+sweep=smoke",
+            "sweep.id=s1",
+        ]
+    )
 
 
 def test_kernel_names_have_one_owner():

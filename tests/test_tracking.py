@@ -36,8 +36,10 @@ def count_points(client: MlflowClient, run_id: str, key: str) -> int:
 def runs_of(client: MlflowClient, experiment: str) -> tuple[list, list]:
     exp = client.get_experiment_by_name(experiment)
     runs = client.search_runs([exp.experiment_id], max_results=1000)
-    return ([r for r in runs if r.data.tags.get("kind") == "sweep"],
-            [r for r in runs if r.data.tags.get("kind") == "trial"])  # fmt: skip
+    return (
+        [r for r in runs if r.data.tags.get("kind") == "sweep"],
+        [r for r in runs if r.data.tags.get("kind") == "trial"],
+    )
 
 
 def log_trial(tracker: Tracker, spec, sweep_id: str, chunks: int = 1, pause: float = 0.0) -> None:
@@ -96,9 +98,11 @@ def test_parent_and_child_runs(sql_store, tmp_path, monkeypatch):
 
 
 def test_tracking_none_is_the_null_tracker_and_imports_no_mlflow():
-    code = ("import sys; from orchestrator.config.load import load; from orchestrator.tracking import open_tracker; "
-            "t = open_tracker(load(['tracking=none']).tracking); "
-            "print(type(t).__name__, 'mlflow' in sys.modules, t.flush(), t.finished_trials('x'), len(t.ops))")  # fmt: skip
+    code = (
+        "import sys; from orchestrator.config.load import load; from orchestrator.tracking import open_tracker; "
+        "t = open_tracker(load(['tracking=none']).tracking); "
+        "print(type(t).__name__, 'mlflow' in sys.modules, t.flush(), t.finished_trials('x'), len(t.ops))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.stdout.split() == ["NullTracker", "False", "True", "{}", "0"], out.stderr[-2000:]
 
@@ -236,8 +240,14 @@ def test_smoke_sweep_on_server_with_gcs_artifacts_and_an_outage(gcs_server, tmp_
     then PostgreSQL under it is restarted: every point arrives once."""
     server, host, pg = gcs_server
     exp = "cli-smoke"
-    args = ["+sweep=smoke", "progress=plain", "tracking=server", f"tracking.uri={server.url}",
-            f"tracking.experiment={exp}", "sweep.id=smoke-srv"]  # fmt: skip
+    args = [
+        "+sweep=smoke",
+        "progress=plain",
+        "tracking=server",
+        f"tracking.uri={server.url}",
+        f"tracking.experiment={exp}",
+        "sweep.id=smoke-srv",
+    ]
     result = {}
     cli = threading.Thread(target=lambda: result.setdefault("res", run_cli(args, cwd=tmp_path, timeout=1500)))
     cli.start()
@@ -290,8 +300,17 @@ def test_smoke_sweep_on_server_with_gcs_artifacts_and_an_outage(gcs_server, tmp_
             hist = c.get_metric_history(parent.info.run_id, f"{key}/{strategy}")
             assert sorted(h.step for h in hist) == [512, 1024], (key, strategy)
     plots = {a.path for a in c.list_artifacts(parent.info.run_id, "plots")}
-    assert plots == {f"plots/{n}.png" for n in ("mfu_vs_context", "memory_vs_context", "step_time_vs_context",
-                                                 "loss_curves", "loss_by_position", "accuracy_by_distance")}  # fmt: skip
+    assert plots == {
+        f"plots/{n}.png"
+        for n in (
+            "mfu_vs_context",
+            "memory_vs_context",
+            "step_time_vs_context",
+            "loss_curves",
+            "loss_by_position",
+            "accuracy_by_distance",
+        )
+    }
     in_bucket = blobs(host)
     prefix = f"mlflow/{parent.info.experiment_id}/{parent.info.run_id}/artifacts"
     assert f"{prefix}/plots/mfu_vs_context.png" in in_bucket and f"{prefix}/grid.json" in in_bucket

@@ -72,9 +72,12 @@ def test_recall_batch_says_how_far_back_each_answer_is():
 
 def _job(spec_path, env):
     return subprocess.Popen(
-        [sys.executable, "-m", "jobs.train", str(spec_path)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-        text=True, env=env,
-    )  # fmt: skip
+        [sys.executable, "-m", "jobs.train", str(spec_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
 
 
 @pytest.mark.slow

@@ -51,8 +51,13 @@ def test_ring_trains_on_documents_like_no_cp(stdlib_corpus, layout):
 
 # One layout per strategy, every layout at least once: tests/test_attention_segments.py holds the whole
 # strategy x layout matrix against the dense reference; this checks the training step's plumbing of each.
-EVERY = [("all_gather", "zigzag"), ("ulysses", "contiguous"), ("ring", "balanced"), ("usp", "zigzag"),
-         ("double_ring", "balanced")]  # fmt: skip
+EVERY = [
+    ("all_gather", "zigzag"),
+    ("ulysses", "contiguous"),
+    ("ring", "balanced"),
+    ("usp", "zigzag"),
+    ("double_ring", "balanced"),
+]
 
 
 @pytest.mark.slow
@@ -71,8 +76,9 @@ def test_every_strategy_trains_on_documents_like_no_cp(stdlib_corpus):
 @pytest.mark.slow
 def test_resume_sees_the_batches_it_would_have_seen(stdlib_corpus, tmp_path):
     """Checkpoints carry the documents iterator's state: the resumed steps equal the uninterrupted run's."""
-    whole = spec_of(stdlib_corpus, "strategy=ring", "strategy.layout=zigzag", "train.dtype=float32",
-                    "train.steps=6")  # fmt: skip
+    whole = spec_of(
+        stdlib_corpus, "strategy=ring", "strategy.layout=zigzag", "train.dtype=float32", "train.steps=6"
+    )
     ref = losses(whole)
     run = RunSpec(checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=2)
     first = dataclasses.replace(whole, train=dataclasses.replace(whole.train, steps=4), run=run)

@@ -13,8 +13,14 @@ from servers import start_mlflow_server
 def _driver(args: list[str], cwd) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
     env["PYTHONPATH"] = str(ROOT)
-    return subprocess.Popen([sys.executable, "-m", "orchestrator", *args], cwd=cwd, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "orchestrator", *args],
+        cwd=cwd,
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
 
 
 @pytest.mark.slow
@@ -23,8 +29,16 @@ def test_two_drivers_started_together_run_each_trial_once(tmp_path, postgres):
     each trial's lease, the other waits for it; both exit 0 and every loss point is in the store once."""
     server = start_mlflow_server(tmp_path / "server", backend=postgres.database("race"))
     try:
-        args = ["+sweep=smoke", "~sweep.set", "sweep.axes.context_length=[512]", "train.steps=3", "progress=plain",
-                "tracking=server", f"tracking.uri={server.url}", "sweep.id=race"]  # fmt: skip
+        args = [
+            "+sweep=smoke",
+            "~sweep.set",
+            "sweep.axes.context_length=[512]",
+            "train.steps=3",
+            "progress=plain",
+            "tracking=server",
+            f"tracking.uri={server.url}",
+            "sweep.id=race",
+        ]
         dirs = [tmp_path / "a", tmp_path / "b"]
         for d in dirs:
             d.mkdir()
@@ -40,9 +54,11 @@ def test_two_drivers_started_together_run_each_trial_once(tmp_path, postgres):
         points = {
             r.info.run_id: sorted(m.step for m in c.get_metric_history(r.info.run_id, "loss")) for r in trials
         }
-        print(f"two drivers: {len(parents)} parent runs, {len(trials)} child runs for "
-              f"{len({r.data.tags['trial_id'] for r in trials})} trial ids, loss steps per child {list(points.values())}, "
-              f"attempts {[r.data.tags.get('attempts') for r in trials]}")  # fmt: skip
+        print(
+            f"two drivers: {len(parents)} parent runs, {len(trials)} child runs for "
+            f"{len({r.data.tags['trial_id'] for r in trials})} trial ids, loss steps per child {list(points.values())}, "
+            f"attempts {[r.data.tags.get('attempts') for r in trials]}"
+        )
         assert len(parents) == 1, [r.info.run_id for r in parents]
         # whichever driver published last, the parent's plots cover both trials (the waiter reads them back)
         assert parents[0].data.tags["plots_trials"] == "2", parents[0].data.tags

@@ -10,7 +10,7 @@ import pytest
 
 from orchestrator.config import grid
 from orchestrator.config import load as config
-from orchestrator.plan import hardware as peak
+from orchestrator.plan import hardware
 from orchestrator.plan import plan, roofline, steptime, work
 
 PLAN_DIR = Path(__file__).resolve().parent.parent / "orchestrator" / "plan"
@@ -55,10 +55,13 @@ def _both(spec):
     w = work.step_work(spec)
     st = steptime.step_time(spec, work=w)
     rates = work.Rates(
-        st.peak_tflops, matmul_efficiency=spec.cluster.matmul_efficiency,
-        attention_efficiency=st.attention_efficiency, attention_backward=work.ATTN_BWD,
-        attention_replay=spec.cluster.attention_recompute, overhead_s=spec.cluster.step_overhead_s,
-    )  # fmt: skip
+        st.peak_tflops,
+        matmul_efficiency=spec.cluster.matmul_efficiency,
+        attention_efficiency=st.attention_efficiency,
+        attention_backward=work.ATTN_BWD,
+        attention_replay=spec.cluster.attention_recompute,
+        overhead_s=spec.cluster.step_overhead_s,
+    )
     return w, work.price(w, work.Rates(st.peak_tflops), spec.cluster), work.price(w, rates, spec.cluster), st
 
 
@@ -68,13 +71,23 @@ def test_every_roofline_term_is_at_most_the_models(cluster, strategy):
     """Each rate of the roofline is at least the calibrated one, links included: term by term, not only in sum."""
     for policy in ("full", "save_attn", "offload_both_host"):
         for L in (8192, 1_048_576):
-            (spec,) = specs(f"cluster={cluster}", "model=llama3_1_8b_long", f"strategy={strategy}",
-                            f"context_length={L}", *POLICIES[policy])  # fmt: skip
+            (spec,) = specs(
+                f"cluster={cluster}",
+                "model=llama3_1_8b_long",
+                f"strategy={strategy}",
+                f"context_length={L}",
+                *POLICIES[policy],
+            )
             _, roof, model, st = _both(spec)
             assert model.step_s == st.step_s
             # compute with the transfers that hide behind it (what is exposed grows as compute shrinks)
-            for pair in (("matmul_s", "exposed_fsdp_s"), ("attention_s", "exposed_ring_s"), ("collectives_s",),
-                         ("tensor_s",), ("overhead_s",)):  # fmt: skip
+            for pair in (
+                ("matmul_s", "exposed_fsdp_s"),
+                ("attention_s", "exposed_ring_s"),
+                ("collectives_s",),
+                ("tensor_s",),
+                ("overhead_s",),
+            ):
                 r, m = (sum(getattr(t, k) for k in pair) for t in (roof, model))
                 assert r <= m * (1 + REL), (policy, L, pair, r, m)
             assert roof.step_s <= model.step_s * (1 + REL)
@@ -104,12 +117,12 @@ def test_train_memory_sets_what_is_replayed():
 
 
 def test_peak_has_one_owner():
-    assert roofline.peak_tflops is steptime.peak_tflops is peak.peak_tflops  # imported, not redefined
+    assert roofline.peak_tflops is steptime.peak_tflops is hardware.peak_tflops  # imported, not redefined
     assert not {"measured_cpu_tflops", "NOMINAL_CPU_TFLOPS"} & set(roofline.__all__ + steptime.__all__)
     (spec,) = specs("cluster=local")
-    assert peak.peak_tflops(spec) == peak.NOMINAL_CPU_TFLOPS  # pinned by the fixture
+    assert hardware.peak_tflops(spec) == hardware.NOMINAL_CPU_TFLOPS  # pinned by the fixture
     tpu = replace(spec, cluster=replace(spec.cluster, peak_tflops_per_device=459.0))
-    assert peak.peak_tflops(tpu) == 459.0
+    assert hardware.peak_tflops(tpu) == 459.0
 
 
 def _imports(path: Path) -> set[str]:
@@ -118,9 +131,11 @@ def _imports(path: Path) -> set[str]:
     names = {p.stem for p in PLAN_DIR.glob("*.py") if p.stem != "__init__"}
     tree = ast.parse(path.read_text())
     typing_only = {
-        id(n) for node in ast.walk(tree)
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test) for n in ast.walk(node)
-    }  # fmt: skip
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for n in ast.walk(node)
+    }
     found = set()
     for node in ast.walk(tree):
         if id(node) in typing_only:

@@ -26,8 +26,21 @@ from orchestrator.config.schema import DOCS, RULES, TRIAL_KEYS, Options, PointCo
 
 ROOTS: tuple[type, ...] = (PointConfig, Options)  # the trial's keys, then the driver's
 CONFIG_PAGE = CONF_DIR.parent / "docs" / "reference" / "config.md"
-ORDER = ("", "model", "strategy", "mesh", "cluster", "train", "train.data", "train.memory", "run",
-         "tracking", "retries", "gate", "sweep")  # fmt: skip
+ORDER = (
+    "",
+    "model",
+    "strategy",
+    "mesh",
+    "cluster",
+    "train",
+    "train.data",
+    "train.memory",
+    "run",
+    "tracking",
+    "retries",
+    "gate",
+    "sweep",
+)
 MISSING = dataclasses.MISSING
 HYDRA_KEYS = ("defaults",)  # Hydra's defaults lists (config.yaml, a group option's): not config keys
 
@@ -196,8 +209,11 @@ def _section(
     if name:
         out += [DOCS.get(name, ""), ""]
     else:
-        out += ["The trial's length, and the driver's switches: one value for the whole sweep, never part "
-                "of a trial.", ""]  # fmt: skip
+        out += [
+            "The trial's length, and the driver's switches: one value for the whole sweep, never part "
+            "of a trial.",
+            "",
+        ]
     options: dict[str, dict] = {}
     if name in GROUPS:
         default = defaults.get(name)
@@ -277,8 +293,6 @@ def render_config(conf_dir: Path = CONF_DIR) -> str:
         part = [k for k in keys.values() if k.key.rpartition(".")[0] == name and k.section is None]
         out += _section(name, part, conf_dir, base, defaults, ids)
     return "\n".join(out).rstrip() + "\n"
-
-
 
 
 CLI_PAGE = CONF_DIR.parent / "docs" / "reference" / "cli.md"

@@ -100,8 +100,14 @@ def block_work_per_device(
     cont = np.zeros(L, bool)
     cont[1:] = (perm_L[1:] == perm_L[:-1] + 1) & (doc_L[1:] == doc_L[:-1])
     nq = -(-Ll // block)  # query blocks per device
-    qb, qd, qmax = _blocks(perm_L, doc_L, pad_L, ~cont | ((slot % Ll) % block == 0),
-                           lambda s: (s // Ll) * nq + (s % Ll) // block, key_side=False)  # fmt: skip
+    qb, qd, qmax = _blocks(
+        perm_L,
+        doc_L,
+        pad_L,
+        ~cont | ((slot % Ll) % block == 0),
+        lambda s: (s // Ll) * nq + (s % Ll) // block,
+        key_side=False,
+    )
     kb, kd, kmin = _blocks(perm_L, doc_L, pad_L, ~cont | (slot % block == 0), lambda s: s // block, True)
     # sum over (Q, d) of the key blocks of d that Q sees
     span = L + 1

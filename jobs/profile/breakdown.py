@@ -28,9 +28,14 @@ COMPUTE = ("matmul", "attention", "other_compute")
 CATEGORIES = ("matmul", "attention", *COLLECTIVES, "host_transfer", "other_compute", "idle")
 CONTAINER = "container"  # while / conditional / call: their body's ops are events of their own
 
-_COLLECTIVE_OPS = {"all-gather": "all_gather", "all-to-all": "all_to_all", "ragged-all-to-all": "all_to_all",
-                   "collective-permute": "collective_permute", "reduce-scatter": "reduce_scatter",
-                   "all-reduce": "all_reduce"}  # fmt: skip
+_COLLECTIVE_OPS = {
+    "all-gather": "all_gather",
+    "all-to-all": "all_to_all",
+    "ragged-all-to-all": "all_to_all",
+    "collective-permute": "collective_permute",
+    "reduce-scatter": "reduce_scatter",
+    "all-reduce": "all_reduce",
+}
 _CONTAINERS = {"while", "conditional", "call"}
 _HOST_OPS = {"send", "recv", "send-done", "recv-done", "infeed", "outfeed"}
 _HOST_TARGETS = ("MoveToHost", "MoveToDevice")  # offload annotations that survive as custom calls
@@ -142,8 +147,11 @@ def load(path: str) -> dict[str, Any]:
 def device_ops(trace: dict[str, Any] | list, module: str = "") -> dict[str, list[tuple[float, float, str]]]:
     """Per device: (start µs, end µs, HLO op name) of each op event (of `module` only, where events say)."""
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
-    threads = {(e.get("pid"), e.get("tid")): (e.get("args") or {}).get("name", "")
-               for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"}  # fmt: skip
+    threads = {
+        (e.get("pid"), e.get("tid")): (e.get("args") or {}).get("name", "")
+        for e in events
+        if e.get("ph") == "M" and e.get("name") == "thread_name"
+    }
     out: dict[str, list[tuple[float, float, str]]] = defaultdict(list)
     for e in events:
         if e.get("ph") != "X" or "dur" not in e:
@@ -176,9 +184,14 @@ class Breakdown:
     def limiter(self) -> str:
         """What the step spends most of its time on, in the planner's words (plan/steptime.py)."""
         s = self.seconds
-        groups = {"matmuls": s["matmul"], "attention kernel": s["attention"],
-                  "exposed collectives": self.collective_exposed_s, "host transfers": s["host_transfer"],
-                  "other compute": s["other_compute"], "idle": s["idle"]}  # fmt: skip
+        groups = {
+            "matmuls": s["matmul"],
+            "attention kernel": s["attention"],
+            "exposed collectives": self.collective_exposed_s,
+            "host transfers": s["host_transfer"],
+            "other compute": s["other_compute"],
+            "idle": s["idle"],
+        }
         name, secs = max(groups.items(), key=lambda kv: kv[1])
         return f"{name} {secs / self.step_s:.0%} of the step" if self.step_s > 0 else name
 
@@ -232,7 +245,10 @@ def breakdown(trace: dict[str, Any] | list, hlo_text: str = "", steps: int = 1) 
         exposed, overlapped = exposed + x, overlapped + o
     scale = 1e-6 / len(by_device) / steps  # µs summed over devices -> s per device per step
     return Breakdown(
-        steps=steps, devices=len(by_device), step_s=(t1 - t0) * 1e-6 / steps,
+        steps=steps,
+        devices=len(by_device),
+        step_s=(t1 - t0) * 1e-6 / steps,
         seconds={c: total[c] * scale for c in CATEGORIES},
-        collective_exposed_s=exposed * scale, collective_overlapped_s=overlapped * scale,
-    )  # fmt: skip
+        collective_exposed_s=exposed * scale,
+        collective_overlapped_s=overlapped * scale,
+    )

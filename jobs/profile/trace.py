@@ -80,12 +80,22 @@ class Profiler:
         try:
             trace = trace_breakdown.load(perfetto)
             b = trace_breakdown.breakdown(trace, self.compiled.as_text(), steps=last - first + 1)
-            fields = dict(devices=b.devices, step_s=b.step_s, seconds=b.seconds, limiter=b.limiter(),
-                          collective_exposed_s=b.collective_exposed_s,
-                          collective_overlapped_s=b.collective_overlapped_s)  # fmt: skip
+            fields = dict(
+                devices=b.devices,
+                step_s=b.step_s,
+                seconds=b.seconds,
+                limiter=b.limiter(),
+                collective_exposed_s=b.collective_exposed_s,
+                collective_overlapped_s=b.collective_overlapped_s,
+            )
         except (ValueError, OSError, KeyError) as e:  # a trace the parser cannot read is still sent
             notes.append(f"no breakdown: {type(e).__name__}: {e}")
         return ProfileRecord(
-            first_step=first, last_step=last, process=jax.process_index(), host=socket.gethostname(),
-            files={k: ProfileRecord.encode(v) for k, v in files.items()}, note="; ".join(notes), **fields,
-        )  # fmt: skip
+            first_step=first,
+            last_step=last,
+            process=jax.process_index(),
+            host=socket.gethostname(),
+            files={k: ProfileRecord.encode(v) for k, v in files.items()},
+            note="; ".join(notes),
+            **fields,
+        )

@@ -111,8 +111,10 @@ def constants_markdown() -> str:
 
 
 def checks_markdown() -> str:
-    lines = ["| source figure | tokens/s/GPU | its TFLOP/s/GPU | ours (full attention) | difference |",
-             "|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| source figure | tokens/s/GPU | its TFLOP/s/GPU | ours (full attention) | difference |",
+        "|---|---|---|---|---|",
+    ]
     for c in CHECKS:
         lines.append(
             f"| {c.label} | {c.tokens_per_s:,.0f} | {c.tflops:,.0f} | {c.ours:,.1f} | {c.error:+.2%} |"
@@ -191,8 +193,14 @@ def main(argv: list[str]) -> int:
     if a.fit:
         return print_fits(fit_all())
     if a.page:
-        return write(a.page, "python -m orchestrator.calibrate.gpu", argv, "Step-time calibration on GPUs",
-                     NOTE, section())  # fmt: skip
+        return write(
+            a.page,
+            "python -m orchestrator.calibrate.gpu",
+            argv,
+            "Step-time calibration on GPUs",
+            NOTE,
+            section(),
+        )
     print(markdown(table()))
     return 0
 

@@ -108,14 +108,27 @@ def gpu_cluster(name: str, devices: int) -> ClusterSpec:
 
 def gpu_spec(p: GpuPublished) -> TrialSpec:
     return TrialSpec(
-        model=model(p.model), mesh=p.mesh, strategy=StrategySpec(name=p.strategy, layout=p.layout),
-        context_length=p.length, train=TrainSpec(batch=p.batch, remat=p.remat, grad_accum=p.grad_accum),
+        model=model(p.model),
+        mesh=p.mesh,
+        strategy=StrategySpec(name=p.strategy, layout=p.layout),
+        context_length=p.length,
+        train=TrainSpec(batch=p.batch, remat=p.remat, grad_accum=p.grad_accum),
         cluster=gpu_cluster(p.cluster, p.chips_devices),
-    )  # fmt: skip
+    )
 
 
-def _nemo(cluster: str, name: str, src: str, length: int, gbs: int, tp: int, dp: int, cp: int, tflops: float,
-          label: str = "") -> GpuPublished:  # fmt: skip
+def _nemo(
+    cluster: str,
+    name: str,
+    src: str,
+    length: int,
+    gbs: int,
+    tp: int,
+    dp: int,
+    cp: int,
+    tflops: float,
+    label: str = "",
+) -> GpuPublished:
     """A NeMo row (TP, DP, CP, TFLOP/s per GPU in NeMo's full-attention count) as one replica of TP x CP GPUs:
     ring CP with K,V passed point to point, zigzag-balanced, one sequence per microbatch."""
     m = model(name)
@@ -127,20 +140,47 @@ def _nemo(cluster: str, name: str, src: str, length: int, gbs: int, tp: int, dp:
     held = f"FP8 linear layers are {share:.0%} of the FLOPs (> {FP8_SHARE:.0%})" if share > FP8_SHARE else ""
     strategy = "ring" if cp > 1 else "none"
     label = label or f"{cluster} {name} {strategy} {length // K:,}K tp{tp} cp{cp}"
-    return GpuPublished(label, cluster, devices, name, strategy, "zigzag" if cp > 1 else "contiguous", mesh,
-                        length, batch, "none", (), (mfu, mfu), None, src, held, grad_accum=batch,
-                        source_tflops=tflops)  # fmt: skip
+    return GpuPublished(
+        label,
+        cluster,
+        devices,
+        name,
+        strategy,
+        "zigzag" if cp > 1 else "contiguous",
+        mesh,
+        length,
+        batch,
+        "none",
+        (),
+        (mfu, mfu),
+        None,
+        src,
+        held,
+        grad_accum=batch,
+        source_tflops=tflops,
+    )
 
 
 def _titan(length: int, fsdp: int, cp: int, tps: float) -> GpuPublished:
     """torchtitan's Table 2: 8 GPUs, one sequence per FSDP rank, TPS/GPU -> a step time."""
     step, strategy = fsdp * length / (tps * 8), "all_gather" if cp > 1 else "none"
     return GpuPublished(
-        f"dgx_h100 llama3_1_8b {strategy} {length // K}K fsdp{fsdp} cp{cp} (torchtitan)", "dgx_h100", 8,
-        "llama3_1_8b", strategy, "zigzag" if cp > 1 else "contiguous",
-        MeshSpec(fsdp=fsdp, context=cp), length, fsdp, "full", (), None, step, TITAN,
+        f"dgx_h100 llama3_1_8b {strategy} {length // K}K fsdp{fsdp} cp{cp} (torchtitan)",
+        "dgx_h100",
+        8,
+        "llama3_1_8b",
+        strategy,
+        "zigzag" if cp > 1 else "contiguous",
+        MeshSpec(fsdp=fsdp, context=cp),
+        length,
+        fsdp,
+        "full",
+        (),
+        None,
+        step,
+        TITAN,
         held_out="500 W H100s of unknown peak (the source's footnote), Float8 linear layers",
-    )  # fmt: skip
+    )
 
 
 L2, L3 = LLAMA2_7B.name, "llama3_1_8b"

@@ -32,8 +32,17 @@ SOURCES = {  # tag -> where the figures are (the sources' tables, "Measured MFU"
     "balancing, default remat (full), median step times",
     IRONWOOD: "github.com/AI-Hypercomputer/tpu-recipes training/ironwood/README.md, Llama3.1-70B bf16 table",
 }
-LLAMA2_7B = ModelSpec("llama2_7b", vocab=32000, embed=4096, layers=32, q_heads=32, kv_heads=32, head_dim=128,
-                      mlp=11008, rope_theta=10000.0)  # fmt: skip
+LLAMA2_7B = ModelSpec(
+    "llama2_7b",
+    vocab=32000,
+    embed=4096,
+    layers=32,
+    q_heads=32,
+    kv_heads=32,
+    head_dim=128,
+    mlp=11008,
+    rope_theta=10000.0,
+)
 
 
 @dataclass(frozen=True)
@@ -87,19 +96,47 @@ def cluster(name: str, devices: int) -> ClusterSpec:
 
 def _spec(p: Published) -> TrialSpec:
     return TrialSpec(
-        model=model(p.model), mesh=p.mesh, strategy=StrategySpec(name=p.strategy, layout=p.layout),
-        context_length=p.length, train=TrainSpec(batch=p.batch, remat=p.remat),
+        model=model(p.model),
+        mesh=p.mesh,
+        strategy=StrategySpec(name=p.strategy, layout=p.layout),
+        context_length=p.length,
+        train=TrainSpec(batch=p.batch, remat=p.remat),
         cluster=cluster(p.cluster, p.chips_devices),
-    )  # fmt: skip
+    )
 
 
-def _lc(cluster_: str, devices: int, length: int, cp: int, batch: int, offload, mfu, src, remat="save_attn",
-        held_out="") -> Published:  # fmt: skip
+def _lc(
+    cluster_: str,
+    devices: int,
+    length: int,
+    cp: int,
+    batch: int,
+    offload,
+    mfu,
+    src,
+    remat="save_attn",
+    held_out="",
+) -> Published:
     """A row of the long-context recipes: the Llama3.1-8B variant (head_dim 256), ring CP, zigzag."""
     mesh = MeshSpec(fsdp=devices // cp, context=cp)
     label = f"{cluster_} 8B-hd256 ring {length // 1024:,}K"
-    return Published(label, cluster_, devices, "llama3_1_8b_long", "ring", "zigzag", mesh, length, batch, remat,
-                     tuple(offload), mfu, None, src, held_out)  # fmt: skip
+    return Published(
+        label,
+        cluster_,
+        devices,
+        "llama3_1_8b_long",
+        "ring",
+        "zigzag",
+        mesh,
+        length,
+        batch,
+        remat,
+        tuple(offload),
+        mfu,
+        None,
+        src,
+        held_out,
+    )
 
 
 OUT, BOTH = ("attn_out",), ("attn_out", "layer_input")  # what went to host memory
@@ -127,13 +164,48 @@ ROWS: list[Published] = [
 ]
 # fmt: on
 # PR #4687: every cell 2M tokens per step on 64 v5p chips.
-for _name, _layout, _mfu in (("ulysses", "contiguous", 0.522), ("all_gather", "zigzag", 0.529),
-                             ("ring", "zigzag", 0.285)):  # fmt: skip
-    ROWS.append(Published(f"v5p llama2-7b {_name} 32K cp16", "v5p_128", 64, "llama2_7b", _name, _layout,
-                          MeshSpec(fsdp=4, context=16), 32 * K, 64, "save_attn", (), (_mfu, _mfu), None, PR4687))  # fmt: skip
-ROWS.append(Published("v5p 8B ulysses 64K cp4", "v5p_128", 64, "llama3_1_8b", "ulysses", "contiguous",
-                      MeshSpec(fsdp=16, context=4), 64 * K, 32, "save_attn", (), (0.530, 0.530), None, PR4687,
-                      held_out="chosen: stock 8B (head_dim 128) at a length no fitted head_dim-128 row has"))  # fmt: skip
+for _name, _layout, _mfu in (
+    ("ulysses", "contiguous", 0.522),
+    ("all_gather", "zigzag", 0.529),
+    ("ring", "zigzag", 0.285),
+):
+    ROWS.append(
+        Published(
+            f"v5p llama2-7b {_name} 32K cp16",
+            "v5p_128",
+            64,
+            "llama2_7b",
+            _name,
+            _layout,
+            MeshSpec(fsdp=4, context=16),
+            32 * K,
+            64,
+            "save_attn",
+            (),
+            (_mfu, _mfu),
+            None,
+            PR4687,
+        )
+    )
+ROWS.append(
+    Published(
+        "v5p 8B ulysses 64K cp4",
+        "v5p_128",
+        64,
+        "llama3_1_8b",
+        "ulysses",
+        "contiguous",
+        MeshSpec(fsdp=16, context=4),
+        64 * K,
+        32,
+        "save_attn",
+        (),
+        (0.530, 0.530),
+        None,
+        PR4687,
+        held_out="chosen: stock 8B (head_dim 128) at a length no fitted head_dim-128 row has",
+    )
+)
 # PR #4836: median step times, stock Llama3-8B (32 q / 8 kv heads, head_dim 128), CP over all 64 chips.
 _USP = {"all_gather": (64, 1), "ring": (64, 1), "usp16x4": (16, 4), "usp8x8": (8, 8), "usp32x2": (32, 2)}
 _STEPS = {
@@ -146,17 +218,58 @@ _STEPS = {
 for _key, _steps in _STEPS.items():
     _r, _u = _USP[_key]
     for _length, _step in zip((64 * K, 128 * K, 256 * K), _steps, strict=True):
-        ROWS.append(Published(
-            f"v5p 8B {_key} {_length // K}K cp64", "v5p_128", 64, "llama3_1_8b", _key[:3] if _key.startswith("usp")
-            else _key, "contiguous", MeshSpec(context=_r, context_ulysses=_u), _length, 1, "full", (), None, _step,
-            PR4836, held_out="chosen: the 256K column of PR #4836" if _length == 256 * K else "",
-        ))  # fmt: skip
+        ROWS.append(
+            Published(
+                f"v5p 8B {_key} {_length // K}K cp64",
+                "v5p_128",
+                64,
+                "llama3_1_8b",
+                _key[:3] if _key.startswith("usp") else _key,
+                "contiguous",
+                MeshSpec(context=_r, context_ulysses=_u),
+                _length,
+                1,
+                "full",
+                (),
+                None,
+                _step,
+                PR4836,
+                held_out="chosen: the 256K column of PR #4836" if _length == 256 * K else "",
+            )
+        )
 ROWS += [
-    Published("tpu7x llama3.1-70b 8K fsdp", "tpu7x_128", 128, "llama3_1_70b", "none", "contiguous",
-              MeshSpec(fsdp=128), 8 * K, 256, "save_attn", (), None, 12.20, IRONWOOD),
+    Published(
+        "tpu7x llama3.1-70b 8K fsdp",
+        "tpu7x_128",
+        128,
+        "llama3_1_70b",
+        "none",
+        "contiguous",
+        MeshSpec(fsdp=128),
+        8 * K,
+        256,
+        "save_attn",
+        (),
+        None,
+        12.20,
+        IRONWOOD,
+    ),
     # MaxText's default context_parallel_strategy (all_gather) with its default load balancing.
-    Published("tpu7x llama3.1-70b 128K cp8", "tpu7x_128", 512, "llama3_1_70b", "all_gather", "zigzag",
-              MeshSpec(fsdp=64, context=8), 128 * K, 64, "save_attn", (), None, 34.02,
-              IRONWOOD,
-              held_out="chosen: the only 70B long-context run"),
-]  # fmt: skip
+    Published(
+        "tpu7x llama3.1-70b 128K cp8",
+        "tpu7x_128",
+        512,
+        "llama3_1_70b",
+        "all_gather",
+        "zigzag",
+        MeshSpec(fsdp=64, context=8),
+        128 * K,
+        64,
+        "save_attn",
+        (),
+        None,
+        34.02,
+        IRONWOOD,
+        held_out="chosen: the only 70B long-context run",
+    ),
+]

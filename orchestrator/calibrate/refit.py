@@ -18,7 +18,6 @@ import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 from omegaconf import OmegaConf
@@ -27,10 +26,8 @@ from jobs.spec import ClusterSpec, TrialSpec
 from orchestrator import provenance
 from orchestrator.calibrate.fit import FITTED, SHARED, Measured, search, step_loss, with_constants
 from orchestrator.calibrate.published_tpu import CONF
-from orchestrator.provenance import Provenance
-
-pass  # merged
 from orchestrator.plan.steptime import step_time
+from orchestrator.provenance import Provenance
 
 # The SHARED constants are fitted on v5p's published runs (two head_dims, full remat, all-gather / all-to-all);
 # a sweep of one model and one remat policy cannot improve on them, so they stay as the base config has them.
@@ -198,8 +195,12 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
         "--uri", default="sqlite:///mlflow.db", help="the sweep's tracking store (default: %(default)s)"
     )
     g.add_argument("--experiment", default="cp_scaling", help="its MLflow experiment (default: %(default)s)")
-    g.add_argument("--hold-out-from", type=int, metavar="LENGTH",
-                   help="never fit on trials this long or longer (default: the sweep's longest length)")  # fmt: skip
+    g.add_argument(
+        "--hold-out-from",
+        type=int,
+        metavar="LENGTH",
+        help="never fit on trials this long or longer (default: the sweep's longest length)",
+    )
     g.add_argument(
         "--out", metavar="PATH", help="the cluster config to write (default conf/cluster/<cluster>_fit.yaml)"
     )
@@ -221,10 +222,6 @@ def main(a: argparse.Namespace, argv: list[str]) -> int:
     use = "" if out.resolve().parent == (CONF / "cluster").resolve() else "copy it to conf/cluster/, then "
     print(f"\nwrote {out}: {use}python -m orchestrator cluster={out.stem} ... plans with these constants")
     return 0
-
-
-if TYPE_CHECKING:
-    pass  # merged
 
 
 def _mean(errors: list[tuple[float, Trial]]) -> float:
@@ -281,8 +278,10 @@ def report(r: Refit, skipped: Sequence[str] = ()) -> str:
     ]
     for t, b, a in zip(r.trials, r.before, r.after, strict=True):
         role = "held out" if r.held(t) else "calibration"
-        lines.append(f"| {t.label} | {role} | {t.measured_s:.3f} | {b:.3f} | {a:.3f} | "
-                     f"{b / t.measured_s - 1:+.0%} | {a / t.measured_s - 1:+.0%} |")  # fmt: skip
+        lines.append(
+            f"| {t.label} | {role} | {t.measured_s:.3f} | {b:.3f} | {a:.3f} | "
+            f"{b / t.measured_s - 1:+.0%} | {a / t.measured_s - 1:+.0%} |"
+        )
     drift = [t.label for t, b in zip(r.trials, r.before, strict=True) if abs(b / t.at_run_peak_s - 1) > 0.01]
     if drift:  # "before" is today's model at the trial's peak; the sweep logged an older model's figure
         lines += ["", f"note: predicted before is not the logged at-run-peak figure for {', '.join(drift)}"]
@@ -310,12 +309,13 @@ def cluster_yaml(r: Refit, name: str, made: Provenance) -> str:
         f"Sweep {r.sweep_id}, tracking URI {r.uri}.",
         f"Made by `{made.command}` on {made.date} at commit {made.commit}.",
         f"Fitted on {len(cal)} trials ({_points(cal)}): "
-        + ", ".join(f"{k} {r.base[k]:.4g} -> {v:.4g}" for k, v in r.fitted.items()) + ".",
+        + ", ".join(f"{k} {r.base[k]:.4g} -> {v:.4g}" for k, v in r.fitted.items())
+        + ".",
         f"Held out {len(held)} trials" + (f" ({_points(held)})." if held else "."),
         f"Errors (predicted / measured step - 1): {summary(r, held=False)}; {summary(r, held=True)}.",
         "Not fitted: " + "; ".join(f"{k} ({why})" for k, why in r.left.items()) + ".",
         f"Verdict: {verdict(r)}.",
-    ]  # fmt: skip
+    ]
     wrap = dict(width=112, subsequent_indent="#   ", break_long_words=False, break_on_hyphens=False)
     out = [line for item in head for line in textwrap.wrap(item, initial_indent="# ", **wrap)]
     base = CONF / "cluster" / f"{r.cluster}.yaml"

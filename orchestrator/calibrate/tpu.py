@@ -70,13 +70,17 @@ def fit(cluster: str, fixed: dict[str, float] | None = None, rounds: int = 12) -
 
 
 def markdown(checks: list[Check]) -> str:
-    lines = ["| run | source | published MFU | predicted MFU | error | role | limiter (model) |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| run | source | published MFU | predicted MFU | error | role | limiter (model) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for c in checks:
         r = c.row
         role = f"held out: {r.held_out}" if r.held_out else "calibration"
-        lines.append(f"| {r.label} | {r.source} | {c.published:.1%} | "
-                     f"{c.predicted:.1%} | {c.error:+.0%} | {role} | {c.limiter} |")  # fmt: skip
+        lines.append(
+            f"| {r.label} | {r.source} | {c.published:.1%} | "
+            f"{c.predicted:.1%} | {c.error:+.0%} | {role} | {c.limiter} |"
+        )
     return "\n".join(lines)
 
 
@@ -215,8 +219,9 @@ def main(argv: list[str]) -> int:
         v5p = fit("v5p_128")
         return print_fits({"v5p_128": v5p, "tpu7x_128": fit("tpu7x_128", fixed={k: v5p[k] for k in SHARED})})
     if a.page:
-        return write(a.page, "python -m orchestrator.calibrate.tpu", argv, "Step-time calibration", NOTE,
-                     page_body())  # fmt: skip
+        return write(
+            a.page, "python -m orchestrator.calibrate.tpu", argv, "Step-time calibration", NOTE, page_body()
+        )
     print(markdown(table()))
     return 0
 

@@ -22,14 +22,28 @@ from orchestrator.config.load import CONF_DIR, ConfigError, group_option, info, 
 
 CFG_CHOICES = ("job", "hydra", "all")
 INFO_CHOICES = ("all", "config", "defaults", "defaults-tree", "searchpath", "plugins")
-_FLAGS = {"-h": "help", "--help": "help", "-m": "multirun", "--multirun": "multirun", "--resolve": "resolve",
-          "-c": "cfg", "--cfg": "cfg", "-p": "package", "--package": "package",
-          "-i": "info", "--info": "info"}  # fmt: skip
+_FLAGS = {
+    "-h": "help",
+    "--help": "help",
+    "-m": "multirun",
+    "--multirun": "multirun",
+    "--resolve": "resolve",
+    "-c": "cfg",
+    "--cfg": "cfg",
+    "-p": "package",
+    "--package": "package",
+    "-i": "info",
+    "--info": "info",
+}
 _SWITCHES = ("help", "multirun", "resolve")
-ALLOWED = (f"-h/--help, -m/--multirun, -c/--cfg {'|'.join(CFG_CHOICES)}, --resolve, -p/--package KEY, "
-           f"-i/--info [{'|'.join(INFO_CHOICES)}]")  # fmt: skip
-NO_HYDRA_NODE = ("# hydra: not applicable: conf/ is composed with Hydra's compose API and trials run on Ray, "
-                 "so no hydra node (run dir, launcher, sweeper, logging) is used\n")  # fmt: skip
+ALLOWED = (
+    f"-h/--help, -m/--multirun, -c/--cfg {'|'.join(CFG_CHOICES)}, --resolve, -p/--package KEY, "
+    f"-i/--info [{'|'.join(INFO_CHOICES)}]"
+)
+NO_HYDRA_NODE = (
+    "# hydra: not applicable: conf/ is composed with Hydra's compose API and trials run on Ray, "
+    "so no hydra node (run dir, launcher, sweeper, logging) is used\n"
+)
 
 
 @dataclass(frozen=True)
@@ -91,8 +105,9 @@ def split_sweeps(args: Args, conf_dir: Path = CONF_DIR) -> tuple[list[str], dict
             key, value = o.get_key_element(), o.get_value_string()
             simple = o.value_type == ValueType.SIMPLE_CHOICE_SWEEP  # a,b: the list and string forms are plain
             ways = f"write {key}=[{value}] for a list, {key}='{value}' for a string, or " if simple else ""
-            raise ConfigError(f"ambiguous value for argument {text!r}: {ways}add -m (or --multirun) to sweep "
-                              "over it")  # fmt: skip
+            raise ConfigError(
+                f"ambiguous value for argument {text!r}: {ways}add -m (or --multirun) to sweep over it"
+            )
         else:
             axes[o.key_or_group] = _axis_values(o, text, conf_dir)
     return plain, axes
@@ -109,8 +124,10 @@ def _axis_values(o: Override, text: str, conf_dir: Path) -> list:
             f"{text!r} cannot be a grid axis: sweep a trial key or one of {', '.join(GROUP_AXES)}"
         )
     if o.is_interval_sweep():
-        raise ConfigError(f"{text!r} is a continuous interval (for a sampler); a grid needs listed values, "
-                          f"e.g. {key}=a,b, {key}=range(1,4) or {key}=choice(a,b)")  # fmt: skip
+        raise ConfigError(
+            f"{text!r} is a continuous interval (for a sampler); a grid needs listed values, "
+            f"e.g. {key}=a,b, {key}=range(1,4) or {key}=choice(a,b)"
+        )
     checks.check_sweep_key(key, "sweep axis")
     value = o.value()
     if isinstance(value, Glob):
@@ -153,16 +170,24 @@ def compose(args: Args, conf_dir: Path = CONF_DIR) -> DictConfig:
     kept |= {k: v for k, v in cli_keys.items() if k in sweep_set}
     if axes or kept:
         with open_dict(cfg):
-            cfg.sweep = {"name": sweep.get("name") or "cli", "id": sweep.get("id") or "", "axes": merged,
-                         "zip": sweep.get("zip") or [], "set": sweep_set | kept}  # fmt: skip
+            cfg.sweep = {
+                "name": sweep.get("name") or "cli",
+                "id": sweep.get("id") or "",
+                "axes": merged,
+                "zip": sweep.get("zip") or [],
+                "set": sweep_set | kept,
+            }
     return cfg
 
 
 def _cli_keys(plain: list[str]) -> dict[str, Any]:
     """The plain overrides that set a trial key (not the sweep itself, not Hydra's), as dotted key -> value."""
     parsed = OverridesParser.create().parse_overrides(plain)
-    return {o.key_or_group: _plain(o.value()) for o in parsed
-            if not (o.is_delete() or o.is_hydra_override() or o.key_or_group.split(".")[0] == "sweep")}  # fmt: skip
+    return {
+        o.key_or_group: _plain(o.value())
+        for o in parsed
+        if not (o.is_delete() or o.is_hydra_override() or o.key_or_group.split(".")[0] == "sweep")
+    }
 
 
 def flat_keys(tree: dict, prefix: str = "") -> dict:
@@ -196,13 +221,15 @@ def cfg_text(cfg: DictConfig, args: Args) -> str:
         try:
             OmegaConf.update(base, dotted, value, merge=False)
         except Exception as e:
-            raise ConfigError(f"sweep.set key {dotted!r} is not a config key — check the name against "
-                              "conf/config.yaml") from e  # fmt: skip
+            raise ConfigError(
+                f"sweep.set key {dotted!r} is not a config key — check the name against conf/config.yaml"
+            ) from e
     if args.package:
         node = OmegaConf.select(base, args.package)
         if node is None:
-            raise ConfigError(f"package {args.package!r} not found in the config; top-level keys: "
-                              f"{', '.join(base)}")  # fmt: skip
+            raise ConfigError(
+                f"package {args.package!r} not found in the config; top-level keys: {', '.join(base)}"
+            )
         body = OmegaConf.to_yaml(node) if OmegaConf.is_config(node) else f"{node}\n"
         text = f"# @package {args.package}\n{body}"
     else:

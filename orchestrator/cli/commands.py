@@ -47,8 +47,16 @@ def tail(overrides: list[str], sized: bool = False) -> list[str]:
 def answer(spec: TrialSpec, overrides: list[str], top: int, sizes: Search | None = None) -> Answer:
     """The ranked answer for the point; `sizes` (the `search` switches) widens batch and grad_accum."""
     b, a = (tuple(sizes.batch), tuple(sizes.grad_accum)) if sizes else ((), ())
-    return search(spec.model, spec.cluster, spec.context_length, spec.train, top=top,
-                  tail=tail(overrides, sized=bool(b or a)), batch=b, grad_accum=a)  # fmt: skip
+    return search(
+        spec.model,
+        spec.cluster,
+        spec.context_length,
+        spec.train,
+        top=top,
+        tail=tail(overrides, sized=bool(b or a)),
+        batch=b,
+        grad_accum=a,
+    )
 
 
 def confirm(a: Answer, options: Options, console) -> list[Comparison]:
@@ -56,22 +64,43 @@ def confirm(a: Answer, options: Options, console) -> list[Comparison]:
     so each answer says whether the compiler fits it too."""
     from orchestrator.plan import aot
 
-    return aot.compare([c.spec for c in a.top], options.aot_topology or None, workers=options.aot_workers,
-                       cache=options.aot_cache, progress=options.progress, console=console,
-                       draws=options.aot_draws)  # fmt: skip
+    return aot.compare(
+        [c.spec for c in a.top],
+        options.aot_topology or None,
+        workers=options.aot_workers,
+        cache=options.aot_cache,
+        progress=options.progress,
+        console=console,
+        draws=options.aot_draws,
+    )
 
 
 def _compiled(r: Comparison) -> dict:
     res = r.result
-    return {"status": res.status, "verdict": r.verdict, "reason": r.reason, "compiled_bytes": res.compiled_bytes,
-            "compiler_peak_bytes": res.compiler_peak_bytes, "compile_s": res.compile_s}  # fmt: skip
+    return {
+        "status": res.status,
+        "verdict": r.verdict,
+        "reason": r.reason,
+        "compiled_bytes": res.compiled_bytes,
+        "compiler_peak_bytes": res.compiler_peak_bytes,
+        "compile_s": res.compile_s,
+    }
 
 
 def to_json(a: Answer, compiled: list[Comparison] | None = None) -> str:
     # the row's short policy cell gives way to the words that select it
-    top = [{"rank": i + 1, **c.row.as_dict(), "layout": c.spec.strategy.layout, "batch": c.spec.train.batch,
-            "grad_accum": c.spec.train.grad_accum, "policy": c.policy.label(), "command": c.command}
-           for i, c in enumerate(a.top)]  # fmt: skip
+    top = [
+        {
+            "rank": i + 1,
+            **c.row.as_dict(),
+            "layout": c.spec.strategy.layout,
+            "batch": c.spec.train.batch,
+            "grad_accum": c.spec.train.grad_accum,
+            "policy": c.policy.label(),
+            "command": c.command,
+        }
+        for i, c in enumerate(a.top)
+    ]
     for t, r in zip(top, compiled or [], strict=False):
         t["aot"] = _compiled(r)
     return json.dumps(
@@ -104,17 +133,40 @@ def show(a: Answer, output: str, aot_options: Options | None = None) -> int:
 
     console = Console(width=max(Console().width, 160))
     table = Table(title=f"fastest of {a.searched:,} strategy x layout x mesh x memory-policy candidates")
-    cols = ("#", "strategy", "layout", "mesh", "memory policy", "batch", "step s", "MFU", "MFU ≤", "HBM/device",
-            "chip-h", "limiter")  # fmt: skip
+    cols = (
+        "#",
+        "strategy",
+        "layout",
+        "mesh",
+        "memory policy",
+        "batch",
+        "step s",
+        "MFU",
+        "MFU ≤",
+        "HBM/device",
+        "chip-h",
+        "limiter",
+    )
     left = ("strategy", "layout", "mesh", "memory policy", "limiter")
     for col in cols:
         table.add_column(col, justify="left" if col in left else "right")
     for i, c in enumerate(a.top, 1):
         r, t = c.row, c.spec.train
         size = f"{t.batch}" + (f"/{t.grad_accum}" if t.grad_accum > 1 else "")  # global batch / microbatches
-        table.add_row(str(i), r.strategy, c.spec.strategy.layout, r.mesh, escape(c.policy.label()), size,
-                      f"{r.predicted_step_s:,.4g}", f"{r.predicted_mfu:.3f}", f"{r.roofline_mfu:.2f}",
-                      memory.gib(r.predicted_hbm_bytes_per_device), f"{r.chip_hours:,.3g}", r.limiter)  # fmt: skip
+        table.add_row(
+            str(i),
+            r.strategy,
+            c.spec.strategy.layout,
+            r.mesh,
+            escape(c.policy.label()),
+            size,
+            f"{r.predicted_step_s:,.4g}",
+            f"{r.predicted_mfu:.3f}",
+            f"{r.roofline_mfu:.2f}",
+            memory.gib(r.predicted_hbm_bytes_per_device),
+            f"{r.chip_hours:,.3g}",
+            r.limiter,
+        )
     console.print(table)
     for i, c in enumerate(a.top, 1):
         console.print(f"{i}. {c.command}", soft_wrap=True, markup=False, highlight=False)

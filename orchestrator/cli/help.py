@@ -77,8 +77,10 @@ def help_text(conf_dir: Path = CONF_DIR) -> str:
             subsequent_indent=" " * len(head),
             break_on_hyphens=False,
         )
-    shown = {k: "true" if v is True else "false" if v is False else '""' if v == "" else v
-             for k, v in switch_defaults(conf_dir).items()}  # fmt: skip
+    shown = {
+        k: "true" if v is True else "false" if v is False else '""' if v == "" else v
+        for k, v in switch_defaults(conf_dir).items()
+    }
     switches = [f"  {f'{k}={v}':<26}{SWITCHES.get(k, '')}" for k, v in shown.items()]
     flags = [
         ("-h, --help", "this help"),
@@ -89,27 +91,29 @@ def help_text(conf_dir: Path = CONF_DIR) -> str:
         ("-p, --package KEY", "with --cfg: only that part of the config, e.g. -p model"),
         ("-i, --info [WHAT]", "the config search path, groups, defaults tree and list; start nothing"),
         ("", f"WHAT: {'|'.join(INFO_CHOICES)}"),
-    ]  # fmt: skip
-    return "\n".join([
-        "usage: python -m orchestrator [-m] [+sweep=NAME] [group=NAME ...] [key=value ...] [flags]",
-        "",
-        "Compose the Hydra config in conf/ once, expand the sweep's grid into trials, validate and plan",
-        "every point (memory, communication, fit on the cluster), then run the runnable ones on Ray,",
-        "tracked in MLflow (a parent run per sweep, a child run per trial). No sweep: one trial.",
-        "Overrides are Hydra's: key=value sets, +key=value adds, ~key deletes, group=NAME picks a config.",
-        "",
-        "Config groups (* the default; a grid axis of model, strategy, mesh or cluster takes these names):",
-        *groups,
-        "",
-        "Driver switches (one value for the whole sweep, never part of a trial id):",
-        *switches,
-        "",
-        "Flags:",
-        *(f"  {f:<26}{what}" for f, what in flags),
-        "",
-        "Examples:",
-        *(f"  python -m orchestrator {a}\n      {what}" for a, what in EXAMPLES),
-        "",
-        "Exit codes:",
-        *(f"  {c}  {what}" for c, what in EXIT_CODES),
-    ])  # fmt: skip
+    ]
+    return "\n".join(
+        [
+            "usage: python -m orchestrator [-m] [+sweep=NAME] [group=NAME ...] [key=value ...] [flags]",
+            "",
+            "Compose the Hydra config in conf/ once, expand the sweep's grid into trials, validate and plan",
+            "every point (memory, communication, fit on the cluster), then run the runnable ones on Ray,",
+            "tracked in MLflow (a parent run per sweep, a child run per trial). No sweep: one trial.",
+            "Overrides are Hydra's: key=value sets, +key=value adds, ~key deletes, group=NAME picks a config.",
+            "",
+            "Config groups (* the default; a grid axis of model, strategy, mesh or cluster takes these names):",
+            *groups,
+            "",
+            "Driver switches (one value for the whole sweep, never part of a trial id):",
+            *switches,
+            "",
+            "Flags:",
+            *(f"  {f:<26}{what}" for f, what in flags),
+            "",
+            "Examples:",
+            *(f"  python -m orchestrator {a}\n      {what}" for a, what in EXAMPLES),
+            "",
+            "Exit codes:",
+            *(f"  {c}  {what}" for c, what in EXIT_CODES),
+        ]
+    )

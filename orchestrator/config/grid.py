@@ -11,7 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from jobs import strategies
 from jobs.spec import ClusterSpec, MeshSpec, TrialSpec
-from orchestrator.config import keys as checks
+from orchestrator.config import keys
 from orchestrator.config.load import CONF_DIR, group_option
 from orchestrator.config.schema import ConfigError, MeshConfig
 
@@ -95,11 +95,11 @@ def expand(cfg: DictConfig, conf_dir=CONF_DIR) -> list[TrialSpec]:
     sweep = base.pop("sweep", None)
     sets = _dotted((sweep or {}).get("set") or {})
     for dotted, value in sets.items():
-        checks.check_sweep_key(dotted, "sweep.set key")
+        keys.check_sweep_key(dotted, "sweep.set key")
         _set(base, dotted, value)
     grid = points(sweep)
     for axis in _flatten((sweep or {}).get("axes") or {}):
-        checks.check_sweep_key(axis, "sweep axis")
+        keys.check_sweep_key(axis, "sweep axis")
     options: dict[tuple[str, str], dict] = {}  # each group option read once
     specs, bad = [], []
     for point in grid:
@@ -115,7 +115,7 @@ def expand(cfg: DictConfig, conf_dir=CONF_DIR) -> list[TrialSpec]:
                         _set(d, dotted, copy.deepcopy(v))
             else:
                 _set(d, axis, value)
-        found = checks.check_point(d)
+        found = keys.check_point(d)
         if found:  # keep going: the message says how many other points fail too
             bad.append((point, found[0]))
         elif not bad:
@@ -129,7 +129,7 @@ def expand(cfg: DictConfig, conf_dir=CONF_DIR) -> list[TrialSpec]:
 
 
 def build(d: dict, point: tuple = ()) -> TrialSpec:
-    """One TrialSpec from a resolved config dict that passed checks.check_point; train.remat=auto becomes the
+    """One TrialSpec from a resolved config dict that passed keys.check_point; train.remat=auto becomes the
     point's own policy here (orchestrator/plan/auto.py), before anything hashes or records it."""
     cluster = ClusterSpec(**d["cluster"])
     mesh = resolve_mesh(d["mesh"], d["strategy"]["name"], d["model"], cluster.devices)

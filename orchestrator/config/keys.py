@@ -102,8 +102,13 @@ def _mapping(key: str, v: Any, allowed: str = "a mapping of names to strings") -
     if not isinstance(v, dict):
         return Problem(key, v, "is not a mapping", allowed, f"e.g. +{key}.NAME=value")
     bad = next(((n, x) for n, x in v.items() if not (isinstance(n, str) and isinstance(x, str))), None)
-    return bad and Problem(f"{key}.{bad[0]}", bad[1], "is not a string", allowed,
-                           f"quote it: {key}.{bad[0]}='\"{bad[1]}\"' on the command line, \"{bad[1]}\" in YAML")  # fmt: skip
+    return bad and Problem(
+        f"{key}.{bad[0]}",
+        bad[1],
+        "is not a string",
+        allowed,
+        f'quote it: {key}.{bad[0]}=\'"{bad[1]}"\' on the command line, "{bad[1]}" in YAML',
+    )
 
 
 def _value(key: str, v: Any, hint: Any, default: Any) -> Problem | None:
@@ -123,8 +128,12 @@ def _value(key: str, v: Any, hint: Any, default: Any) -> Problem | None:
     good_default = default is not MISSING and _value(key, default, hint, MISSING) is None
     fix = f"e.g. {key}={default}" if good_default else f"set {key} to {allowed}"
     number = isinstance(v, int | float) and not isinstance(v, bool)
-    typed = {bool: isinstance(v, bool), int: number and isinstance(v, int), str: isinstance(v, str),
-             float: number and math.isfinite(v)}[hint]  # fmt: skip
+    typed = {
+        bool: isinstance(v, bool),
+        int: number and isinstance(v, int),
+        str: isinstance(v, str),
+        float: number and math.isfinite(v),
+    }[hint]
     if not typed:
         return Problem(key, v, "has the wrong type", allowed, fix)
     if rule.choices and v not in rule.choices:
@@ -146,14 +155,28 @@ def _walk(cls: type, d: Any, prefix: str, out: list[Problem]) -> None:
         return
     for k in d:
         if k not in fields:
-            out.append(Problem(f"{prefix}{k}", MISSING, f"is not a {section} key", ", ".join(fields),
-                               "remove it or fix its spelling"))  # fmt: skip
+            out.append(
+                Problem(
+                    f"{prefix}{k}",
+                    MISSING,
+                    f"is not a {section} key",
+                    ", ".join(fields),
+                    "remove it or fix its spelling",
+                )
+            )
     for name, f in fields.items():
         key, hint = f"{prefix}{name}", _hints(cls)[name]
         if name not in d:
             if f.default is MISSING and f.default_factory is MISSING:
-                out.append(Problem(key, MISSING, "is missing", _allowed(_scalar(hint), RULES.get(key, Rule())),
-                                   f"add it with +{key}=VALUE"))  # fmt: skip
+                out.append(
+                    Problem(
+                        key,
+                        MISSING,
+                        "is missing",
+                        _allowed(_scalar(hint), RULES.get(key, Rule())),
+                        f"add it with +{key}=VALUE",
+                    )
+                )
         elif (sub := _section(hint)) is not None:
             if d[name] is not None or type(None) not in typing.get_args(hint):
                 _walk(sub, d[name], f"{key}.", out)
@@ -210,18 +233,38 @@ def _data_path(d: dict, out: list[Problem]) -> None:
     packed documents: their sources and options, by a peek at each source's first record."""
     data = d["train"].get("data") or {}
     if data.get("kind") == "documents":
-        key = (tuple(data.get("sources") or ()), data.get("path") or "", tuple(data.get("weights") or ()),
-               data["pack"], data["long_docs"], int(d["context_length"]), int(d["train"]["batch"]),
-               int(d["model"]["vocab"]))  # fmt: skip
+        key = (
+            tuple(data.get("sources") or ()),
+            data.get("path") or "",
+            tuple(data.get("weights") or ()),
+            data["pack"],
+            data["long_docs"],
+            int(d["context_length"]),
+            int(d["train"]["batch"]),
+            int(d["model"]["vocab"]),
+        )
         if why := _documents_problem(*key):
-            out.append(Problem("train.data.sources", list(key[0]) or key[1], why, "readable document shards "
-                               "(python -m jobs.data.documents.corpus writes them)", "fix the source or the option "
-                               "the message names"))  # fmt: skip
+            out.append(
+                Problem(
+                    "train.data.sources",
+                    list(key[0]) or key[1],
+                    why,
+                    "readable document shards (python -m jobs.data.documents.corpus writes them)",
+                    "fix the source or the option the message names",
+                )
+            )
         return
     path = data.get("path")
     if path and (why := _path_problem(path)):
-        out.append(Problem("train.data.path", path, why, "an existing local file or gs://bucket/object",
-                           "fix the path, or drop it (train.data.path='') for the recall task"))  # fmt: skip
+        out.append(
+            Problem(
+                "train.data.path",
+                path,
+                why,
+                "an existing local file or gs://bucket/object",
+                "fix the path, or drop it (train.data.path='') for the recall task",
+            )
+        )
 
 
 @lru_cache(maxsize=64)
@@ -232,8 +275,15 @@ def _documents_problem(
     from jobs import data
     from jobs.data import documents  # grain: imported only for a documents trial
 
-    o = documents.Options(sources=sources or ((path,) if path else ()), context_length=length, batch=batch,
-                          vocab=vocab, weights=weights, pack=pack, long_docs=long_docs)  # fmt: skip
+    o = documents.Options(
+        sources=sources or ((path,) if path else ()),
+        context_length=length,
+        batch=batch,
+        vocab=vocab,
+        weights=weights,
+        pack=pack,
+        long_docs=long_docs,
+    )
     if not o.sources:
         return "is empty: train.data.kind=documents reads train.data.sources (or train.data.path)"
     try:
@@ -271,19 +321,31 @@ def _auto_memory(d: dict, out: list[Problem]) -> None:
     given = {k: v for k, v in (train.get("memory") or {}).items() if v}
     if train.get("remat") == "auto" and given:
         k = next(iter(given))
-        out.append(Problem(f"train.memory.{k}", list(given[k]), "is set with train.remat=auto, which chooses "
-                           "train.memory itself", "train.memory with a named train.remat preset",
-                           f"drop train.memory.{k}, or name a preset instead of auto"))  # fmt: skip
+        out.append(
+            Problem(
+                f"train.memory.{k}",
+                list(given[k]),
+                "is set with train.remat=auto, which chooses train.memory itself",
+                "train.memory with a named train.remat preset",
+                f"drop train.memory.{k}, or name a preset instead of auto",
+            )
+        )
 
 
 def check_options(cfg: dict) -> Options:
     """The top-level keys and the driver's switches, once at compose time: the first problem raises."""
     known = {f.name for f in dataclasses.fields(Options)}
     out = [
-        Problem(k, MISSING, "is not a config key", ", ".join(sorted(known | set(TRIAL_KEYS))),
-                "remove it or fix its spelling")
-        for k in cfg if k not in known | set(TRIAL_KEYS)
-    ]  # fmt: skip
+        Problem(
+            k,
+            MISSING,
+            "is not a config key",
+            ", ".join(sorted(known | set(TRIAL_KEYS))),
+            "remove it or fix its spelling",
+        )
+        for k in cfg
+        if k not in known | set(TRIAL_KEYS)
+    ]
     options = {k: v for k, v in cfg.items() if k in known}
     _walk(Options, options, "", out)
     if out:

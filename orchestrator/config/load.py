@@ -94,10 +94,15 @@ def info(overrides: list[str], what: str = "all", conf_dir: Path = CONF_DIR) -> 
     except Exception as e:
         raise ConfigError(_one_line(e, overrides)) from e
     choices = found.overrides.known_choices
-    listed = "".join(f"  {g}: {', '.join(f'[{o}]' if choices.get(g) == o else o for o in opts)}\n"
-                     for g, opts in groups.items())  # fmt: skip
-    rows = [(d.config_path or "", d.package or "", str(d.is_self), d.parent or "")
-            for d in found.defaults if not (d.config_path or "").startswith("hydra/")]  # fmt: skip
+    listed = "".join(
+        f"  {g}: {', '.join(f'[{o}]' if choices.get(g) == o else o for o in opts)}\n"
+        for g, opts in groups.items()
+    )
+    rows = [
+        (d.config_path or "", d.package or "", str(d.is_self), d.parent or "")
+        for d in found.defaults
+        if not (d.config_path or "").startswith("hydra/")
+    ]
     parts = {
         "searchpath": _table("Config search path", ("Provider", "Search path"), search),
         "groups": f"Config groups (the chosen option in [])\n{listed}",
@@ -105,8 +110,10 @@ def info(overrides: list[str], what: str = "all", conf_dir: Path = CONF_DIR) -> 
         "defaults": _table("Defaults list", ("Config path", "Package", "_self_", "Parent"), rows),
         "plugins": "Plugins: not applicable: trials run on Ray, not through a Hydra launcher or sweeper\n",
     }
-    order = {"all": ("searchpath", "groups", "defaults-tree", "defaults"),
-             "config": ("searchpath", "defaults-tree", "defaults")}.get(what, (what,))  # fmt: skip
+    order = {
+        "all": ("searchpath", "groups", "defaults-tree", "defaults"),
+        "config": ("searchpath", "defaults-tree", "defaults"),
+    }.get(what, (what,))
     return "\n".join(parts[k] for k in order)
 
 

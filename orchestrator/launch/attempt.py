@@ -19,8 +19,6 @@ import ray
 
 from jobs.spec import TrialSpec
 from orchestrator.launch import cluster as clusters
-
-pass  # merged
 from orchestrator.launch.placement import Placed, Reservation, clean_env, host_info, live_placement_groups
 
 __all__ = ["Attempt", "Cancelled", "Event", "host_task", "live_placement_groups"]
@@ -32,9 +30,13 @@ GRACE_S = 2.0  # after a host's error, how long the others get to report their o
 # max_retries=0: a lone host retried by Ray could never rejoin its gang; the executor retries the whole trial.
 @ray.remote(num_returns="streaming", max_calls=1, max_retries=0)
 def host_task(
-    spec_json: str, process_id: int, num_processes: int, coordinator: str, env: dict[str, str] | None = None,
+    spec_json: str,
+    process_id: int,
+    num_processes: int,
+    coordinator: str,
+    env: dict[str, str] | None = None,
     batch_s: float = 0.5,
-):  # fmt: skip
+):
     """One JAX process of a trial. Every host first yields its host record; only process 0 yields metrics.
     `env`: the attempt's own variables (MEGASCALE_* on a multislice TPU trial); inherited ones it lacks go."""
     from jobs.spec import TrialSpec as _Spec
@@ -218,8 +220,12 @@ INFEASIBLE_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory")
 # A job exception caused by a lost peer (gloo / coordination service) is the peer's preemption, not a bug. So is
 # a peer that came too late to a new gloo communicator: XLA's CPU runtime gives it a fixed 30 s (no flag), which
 # a host starved of CPU can miss.
-PEER_LOST_MARKERS = ("Connection closed by peer", "Connection reset by peer", "stopped sending heartbeats",
-                     "Gloo context initialization failed")  # fmt: skip
+PEER_LOST_MARKERS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "stopped sending heartbeats",
+    "Gloo context initialization failed",
+)
 
 
 def classify(err: BaseException) -> Outcome:

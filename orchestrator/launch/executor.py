@@ -58,8 +58,15 @@ class Executor:
     """The event loop of a sweep: each Attempt reports on one queue (placed, host, records, outcome), and one
     small handler per event kind updates progress, tracking and the retry state."""
 
-    def __init__(self, specs: list[TrialSpec], tracker: Tracker, progress: SweepProgress, concurrency: int,
-                 budgets: RetryBudgets, sweep_id: str):  # fmt: skip
+    def __init__(
+        self,
+        specs: list[TrialSpec],
+        tracker: Tracker,
+        progress: SweepProgress,
+        concurrency: int,
+        budgets: RetryBudgets,
+        sweep_id: str,
+    ):
         self.tracker, self.progress, self.concurrency, self.budgets = tracker, progress, concurrency, budgets
         self.sweep_id = sweep_id
         self.events: queue.Queue = queue.Queue()
@@ -128,8 +135,9 @@ class Executor:
         self._log(ev.trial_id, records, ev.attempt)
         for r in records:
             if isinstance(r, StepRecord):
-                self.progress.update(ev.trial_id, state="running", step=r.step + 1, loss=r.loss,
-                                     tokens_per_s=r.tokens_per_s)  # fmt: skip
+                self.progress.update(
+                    ev.trial_id, state="running", step=r.step + 1, loss=r.loss, tokens_per_s=r.tokens_per_s
+                )
             elif isinstance(r, SummaryRecord):
                 self.summaries[ev.trial_id] = r
             elif isinstance(r, StartRecord):
@@ -194,8 +202,11 @@ class Executor:
                 spec.trial_id, "cancelled", "interrupted before it started", terminal="KILLED"
             )
             self.progress.update(spec.trial_id, state="cancelled")
-        print(f"interrupted: {len(self.running)} running and {len(self.pending)} queued trials cancelled; "
-              f"placement groups still reserved: {sched.live_placement_groups()}", flush=True)  # fmt: skip
+        print(
+            f"interrupted: {len(self.running)} running and {len(self.pending)} queued trials cancelled; "
+            f"placement groups still reserved: {sched.live_placement_groups()}",
+            flush=True,
+        )
 
 
 def execute(

@@ -86,8 +86,13 @@ def _probe() -> dict[str, str]:
         s.bind(("", 0))
         port = s.getsockname()[1]
     info = host_info(-1)
-    return {"address": f"{info['node_ip']}:{port}", "ip": info["node_ip"], "worker_id": info["worker_id"],
-            "slice": info["slice"], "node_id": info["node_id"]}  # fmt: skip
+    return {
+        "address": f"{info['node_ip']}:{port}",
+        "ip": info["node_ip"],
+        "worker_id": info["worker_id"],
+        "slice": info["slice"],
+        "node_id": info["node_id"],
+    }
 
 
 @dataclass
@@ -174,8 +179,12 @@ class Reservation:
             envs = [gpu_env(c.devices_per_host) for _ in order]
             names = [f"node-{probes[i]['node_id'][:8]}" for i in order]
         # probed afresh for every attempt: a retry never dials the coordinator port of the attempt it replaces
-        record = {"slice": "+".join(names), "n_hosts": n, "n_slices": c.slices_per_trial,
-                  "coordinator": first["address"]}  # fmt: skip
+        record = {
+            "slice": "+".join(names),
+            "n_hosts": n,
+            "n_slices": c.slices_per_trial,
+            "coordinator": first["address"],
+        }
         return Placed([bundles[i] for i in order], first["address"], envs, options, record)
 
     def _reserve(self, bundles: list[dict[str, float]], strategy: str):
@@ -216,8 +225,12 @@ class Reservation:
         while True:
             self.check()
             try:
-                spg = slice_placement_group(topology=c.topology, accelerator_version=c.accelerator,
-                                            num_slices=c.slices_per_trial, head_reservation_timeout_s=2.0)  # fmt: skip
+                spg = slice_placement_group(
+                    topology=c.topology,
+                    accelerator_version=c.accelerator,
+                    num_slices=c.slices_per_trial,
+                    head_reservation_timeout_s=2.0,
+                )
             except TimeoutError:
                 continue  # not enough free slice heads (running trials hold them): keep queueing
             with self.lock:
@@ -230,8 +243,9 @@ class Reservation:
                 if ray.wait([spg.placement_group.ready()], timeout=1.0)[0]:
                     return spg.placement_group, dict(spg.bundle_resources)
                 self.check()
-            log.warning("slices %s not schedulable in %.0f s; choosing again",
-                        spg.bundle_label_selector, SLICE_WAIT_S)  # fmt: skip
+            log.warning(
+                "slices %s not schedulable in %.0f s; choosing again", spg.bundle_label_selector, SLICE_WAIT_S
+            )
             self.release()
 
     def release(self) -> None:

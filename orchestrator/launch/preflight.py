@@ -36,13 +36,17 @@ def _tracking(tracking: Any) -> None:
     except urllib.error.HTTPError as e:
         if e.code in (401, 403):
             return  # an authenticating proxy answered: the server is there, the job's client logs in
-        raise ConfigError(f"tracking server {uri} answered /health with HTTP {e.code}; nothing started — is it an "
-                          "MLflow server? Fix tracking.uri (or $MLFLOW_TRACKING_URI), or pass tracking=local") from None  # fmt: skip
+        raise ConfigError(
+            f"tracking server {uri} answered /health with HTTP {e.code}; nothing started — is it an "
+            "MLflow server? Fix tracking.uri (or $MLFLOW_TRACKING_URI), or pass tracking=local"
+        ) from None
     except (OSError, ValueError) as e:
         why = getattr(e, "reason", e)
-        raise ConfigError(f"tracking server {uri} does not answer ({why}); nothing started — start it "
-                          "(mlflow server --host 127.0.0.1 --port ...), fix tracking.uri, or pass "
-                          "tracking=local") from None  # fmt: skip
+        raise ConfigError(
+            f"tracking server {uri} does not answer ({why}); nothing started — start it "
+            "(mlflow server --host 127.0.0.1 --port ...), fix tracking.uri, or pass "
+            "tracking=local"
+        ) from None
 
 
 def _ray(cluster: Any) -> None:
@@ -52,16 +56,20 @@ def _ray(cluster: Any) -> None:
         return  # the orchestrator starts its own Ray
     address, source = _resolve(cluster.address)
     if address is None:
-        raise ConfigError(f"cluster {cluster.name}: no Ray cluster found for cluster.address={cluster.address} "
-                          f"({source}); nothing started — start one (ray start --head), or set "
-                          "cluster.address=host:port (or $RAY_ADDRESS)")  # fmt: skip
+        raise ConfigError(
+            f"cluster {cluster.name}: no Ray cluster found for cluster.address={cluster.address} "
+            f"({source}); nothing started — start one (ray start --head), or set "
+            "cluster.address=host:port (or $RAY_ADDRESS)"
+        )
     host, _, port = address.removeprefix("ray://").rpartition(":")
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=TIMEOUT_S).close()
     except (OSError, ValueError) as e:
-        raise ConfigError(f"cluster {cluster.name}: the Ray head at {address} ({source}) does not answer "
-                          f"({e}); nothing started — is the head node gone? Restart it (ray start --head), "
-                          "or fix cluster.address (or $RAY_ADDRESS)") from None  # fmt: skip
+        raise ConfigError(
+            f"cluster {cluster.name}: the Ray head at {address} ({source}) does not answer "
+            f"({e}); nothing started — is the head node gone? Restart it (ray start --head), "
+            "or fix cluster.address (or $RAY_ADDRESS)"
+        ) from None
 
 
 def _resolve(address: str) -> tuple[str | None, str]:
@@ -100,6 +108,8 @@ def _gcs(tracking: Any, specs: list[TrialSpec]) -> None:
         google.auth.default()
     except DefaultCredentialsError:
         more = f" (and {len(uses) - 1} more)" if len(uses) > 1 else ""
-        raise ConfigError(f"{uses[0]}{more} needs Google Cloud credentials and none were found; nothing started "
-                          "— run `gcloud auth application-default login`, or set "
-                          "GOOGLE_APPLICATION_CREDENTIALS to a key file") from None  # fmt: skip
+        raise ConfigError(
+            f"{uses[0]}{more} needs Google Cloud credentials and none were found; nothing started "
+            "— run `gcloud auth application-default login`, or set "
+            "GOOGLE_APPLICATION_CREDENTIALS to a key file"
+        ) from None

@@ -56,10 +56,15 @@ def _accel(spec: TrialSpec) -> str:
 def plan_one(spec: TrialSpec, problems: list[Problem] | None = None) -> PlanRow:
     problems = validate.problems(spec) if problems is None else problems
     base = dict(
-        trial_id=spec.trial_id, model=spec.model.name, strategy=spec.strategy.name, mesh=spec.mesh.label(),
-        context_length=spec.context_length, cluster=spec.cluster.name, point=point_label(spec),
+        trial_id=spec.trial_id,
+        model=spec.model.name,
+        strategy=spec.strategy.name,
+        mesh=spec.mesh.label(),
+        context_length=spec.context_length,
+        cluster=spec.cluster.name,
+        point=point_label(spec),
         policy=policies.short(spec.train),
-    )  # fmt: skip
+    )
     w = None if problems else work.step_work(spec)  # one work model, priced at peak and as runs spend it
     roof = None if problems else roofline.roofline(spec, w)
     st = None if problems else steptime.step_time(spec, work=w)
@@ -99,13 +104,23 @@ def plan_one(spec: TrialSpec, problems: list[Problem] | None = None) -> PlanRow:
         why.append(note)
     hours = cost.chip_hours(spec, st.step_s)
     return PlanRow(
-        **base, verdict=verdict, reason="; ".join(why), tflops_per_device_per_step=tflops,
-        chip_hours=hours, cost=cost.price(spec, hours),
-        predicted_hbm_bytes_per_device=hbm, predicted_step_s=st.step_s, predicted_mfu=st.mfu,
-        memory=mem, comm_bytes_per_layer=roof.attention_comm_bytes_per_layer, roofline_step_s=roof.step_s,
-        roofline_mfu=roof.mfu, limiter=st.limiter, dcn_exposed_s=st.dcn_exposed_s,
+        **base,
+        verdict=verdict,
+        reason="; ".join(why),
+        tflops_per_device_per_step=tflops,
+        chip_hours=hours,
+        cost=cost.price(spec, hours),
+        predicted_hbm_bytes_per_device=hbm,
+        predicted_step_s=st.step_s,
+        predicted_mfu=st.mfu,
+        memory=mem,
+        comm_bytes_per_layer=roof.attention_comm_bytes_per_layer,
+        roofline_step_s=roof.step_s,
+        roofline_mfu=roof.mfu,
+        limiter=st.limiter,
+        dcn_exposed_s=st.dcn_exposed_s,
         useful_mfu=packing.useful_mfu(spec, pk, st.mfu) if pk else None,
-    )  # fmt: skip
+    )
 
 
 def _policy_that_fits(spec: TrialSpec, limit: int, budget: float) -> str:

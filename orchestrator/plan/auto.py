@@ -11,7 +11,7 @@ from functools import cache
 
 from jobs.spec import TrialSpec
 from orchestrator.plan import memory, policies, steptime
-from orchestrator.plan import rules as validate
+from orchestrator.plan import rules
 
 AUTO = "auto"
 # Steps within TIE of each other are a tie: the step-time model is not that precise. A tie prefers policies
@@ -52,7 +52,7 @@ def resolve(spec: TrialSpec) -> TrialSpec:
     if spec.train.remat != AUTO:
         return spec
     base = replace(spec, train=replace(spec.train, remat="full"))
-    chosen = base if validate.problems(base) else _fastest(spec)
+    chosen = base if rules.problems(base) else _fastest(spec)
     # a remat axis names the resolved preset too: params and point labels never say "auto"
     axes = tuple((k, chosen.train.remat if k == "train.remat" else v) for k, v in spec.axes)
     return replace(chosen, axes=axes)

@@ -46,8 +46,10 @@ def over_budget(specs: list[TrialSpec], rows: list[PlanRow], budget: float) -> s
     top = ", ".join(f"{r.strategy} L={r.context_length:,} ({r.chip_hours:,.3g})" for _, r in run[:3])
     fixes = [f for f in (_fewer_steps(run, budget), _shorter(run, budget)) if f]
     fix = " or ".join(fixes) if fixes else "raise budget.chip_hours, or plan fewer points"
-    return (f"the sweep is predicted at {spent:,.4g} chip-hours, over budget.chip_hours={budget:g}; most "
-            f"expensive (chip-hours): {top}; would fit: {fix}")  # fmt: skip
+    return (
+        f"the sweep is predicted at {spent:,.4g} chip-hours, over budget.chip_hours={budget:g}; most "
+        f"expensive (chip-hours): {top}; would fit: {fix}"
+    )
 
 
 def _fewer_steps(run: list[tuple[TrialSpec, PlanRow]], budget: float) -> str:

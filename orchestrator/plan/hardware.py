@@ -43,8 +43,9 @@ def measured_cpu_tflops(devices_per_host: int, dtype: str) -> float:
         f"print(statistics.median(measure_cpu_peak({dtype!r}) for _ in range({CPU_PROBES})))"
     )
     try:
-        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                             timeout=120, check=True)  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, check=True
+        )
         return float(json.loads(out.stdout.strip().splitlines()[-1]))
     except (subprocess.SubprocessError, ValueError, IndexError, OSError):
         return NOMINAL_CPU_TFLOPS  # no probe (no jax here): the nominal 2-core figure

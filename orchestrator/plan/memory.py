@@ -16,10 +16,20 @@ def local_sizes(spec: TrialSpec) -> Local:
     U, R = s.degrees(mesh.shape())
     dp = mesh.data * mesh.fsdp * max(spec.train.grad_accum, 1)
     return Local(
-        B=max(spec.train.batch // dp, 1), Ll=max(spec.context_length // P, 1), L=spec.context_length, P=P,
-        U=U, R=R, T=T, S=mesh.size, hq=max(m.q_heads // T, 1), hkv=max(m.kv_heads // T, 1),
-        M=max(m.mlp // T, 1), V=max(m.vocab // T, 1), D=m.head_dim,
-    )  # fmt: skip
+        B=max(spec.train.batch // dp, 1),
+        Ll=max(spec.context_length // P, 1),
+        L=spec.context_length,
+        P=P,
+        U=U,
+        R=R,
+        T=T,
+        S=mesh.size,
+        hq=max(m.q_heads // T, 1),
+        hkv=max(m.kv_heads // T, 1),
+        M=max(m.mlp // T, 1),
+        V=max(m.vocab // T, 1),
+        D=m.head_dim,
+    )
 
 
 def layer_params(m: ModelSpec) -> int:

@@ -77,8 +77,9 @@ def of(spec: TrialSpec) -> Packing | None:
     hop = s.hop_tokens(local_sizes(spec))
     splash = spec.cluster.platform == "tpu" and spec.strategy.layout != "balanced"  # balanced runs on xla
     block = min(hop, spec.context_length) if splash else spec.strategy.block_kv
-    return _measure(tuple(s for s, _ in found), spec.context_length, P, spec.strategy.layout, block,
-                    spec.train.seed)  # fmt: skip
+    return _measure(
+        tuple(s for s, _ in found), spec.context_length, P, spec.strategy.layout, block, spec.train.seed
+    )
 
 
 @lru_cache(maxsize=256)
@@ -90,15 +91,23 @@ def _measure(found: tuple[str, ...], L: int, P: int, layout: str, block: int, se
     if (
         block >= L
     ):  # the whole sequence in one kernel call: every causal tile computed, balanced as a causal row
-        return Packing(useful=balance.useful_fraction(seg), computed=1.0, imbalance=0.0,
-                       docs_per_row=float(len(np.unique(seg[seg > 0]))), source=", ".join(found))  # fmt: skip
+        return Packing(
+            useful=balance.useful_fraction(seg),
+            computed=1.0,
+            imbalance=0.0,
+            docs_per_row=float(len(np.unique(seg[seg > 0]))),
+            source=", ".join(found),
+        )
     b = balance.summary(seg, P, layouts=(layout,), block=block)[layout]
     nb = -(-L // block)
     row_tiles = nb * (nb + 1) / 2  # a causal row's live tiles
     return Packing(
-        useful=balance.useful_fraction(seg), computed=min(1.0, b.tiles_mean * P / row_tiles),
-        imbalance=b.tiles_ratio, docs_per_row=float(len(np.unique(seg[seg > 0]))), source=", ".join(found),
-    )  # fmt: skip
+        useful=balance.useful_fraction(seg),
+        computed=min(1.0, b.tiles_mean * P / row_tiles),
+        imbalance=b.tiles_ratio,
+        docs_per_row=float(len(np.unique(seg[seg > 0]))),
+        source=", ".join(found),
+    )
 
 
 def words(p: Packing | None, spec: TrialSpec, mfu: float) -> str:

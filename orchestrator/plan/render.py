@@ -40,9 +40,21 @@ def _cells(r: PlanRow, dcn: bool = False, cost: bool = False) -> list[str]:
     hbm = (
         memory.gib(r.predicted_hbm_bytes_per_device) if r.predicted_hbm_bytes_per_device is not None else "-"
     )
-    cells = [r.cluster, r.strategy, r.mesh, r.policy, f"{r.context_length:,}", r.verdict, hbm,
-             _num(r.predicted_step_s, ",.3g"), _num(r.predicted_mfu, ".2f"), _num(r.roofline_mfu, ".2f"),
-             f"{r.tflops_per_device_per_step:,.4g}", _num(r.chip_hours, ",.3g"), r.reason]  # fmt: skip
+    cells = [
+        r.cluster,
+        r.strategy,
+        r.mesh,
+        r.policy,
+        f"{r.context_length:,}",
+        r.verdict,
+        hbm,
+        _num(r.predicted_step_s, ",.3g"),
+        _num(r.predicted_mfu, ".2f"),
+        _num(r.roofline_mfu, ".2f"),
+        f"{r.tflops_per_device_per_step:,.4g}",
+        _num(r.chip_hours, ",.3g"),
+        r.reason,
+    ]
     if cost:
         cells.insert(AFTER_HOURS, _num(r.cost, ",.2f"))
     if dcn:
@@ -131,8 +143,16 @@ def render_comparison(rows: list[Comparison], console: Any = None) -> None:
         table.add_column(h, overflow="fold")
     for r in rows:
         table.add_row(
-            r.strategy, r.mesh, f"{r.context_length:,}", r.remat, r.topology,
-            f"{r.analytic_bytes / 2**30:,.1f} GiB", compiled_cell(r), peak_cell(r), ratio_cell(r), r.verdict,
+            r.strategy,
+            r.mesh,
+            f"{r.context_length:,}",
+            r.remat,
+            r.topology,
+            f"{r.analytic_bytes / 2**30:,.1f} GiB",
+            compiled_cell(r),
+            peak_cell(r),
+            ratio_cell(r),
+            r.verdict,
             r.reason,
-        )  # fmt: skip
+        )
     console.print(table)

@@ -43,9 +43,13 @@ def roofline(spec: TrialSpec, work: Work | None = None) -> Roofline:
     if d.slices > 1:
         note += f"; DCN over {d.axis} across {d.slices} slices: {d.exposed_s:.3g} s exposed"
     return Roofline(
-        tflops_per_device=w.model_tflops, compute_s=compute_s,
+        tflops_per_device=w.model_tflops,
+        compute_s=compute_s,
         attention_comm_bytes_per_layer=w.attention_comm_bytes_per_layer,
         comm_s=t.collectives_s + t.ring_ici_s + t.fsdp_ici_s + t.tensor_s + d.attention_s + d.fsdp_s,
-        exposed_comm_s=step - compute_s, step_s=step,
-        mfu=w.model_tflops / (step * peak) if step > 0 else 0.0, note=note, dcn_exposed_s=d.exposed_s,
-    )  # fmt: skip
+        exposed_comm_s=step - compute_s,
+        step_s=step,
+        mfu=w.model_tflops / (step * peak) if step > 0 else 0.0,
+        note=note,
+        dcn_exposed_s=d.exposed_s,
+    )

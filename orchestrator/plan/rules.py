@@ -41,9 +41,11 @@ def _kernel(spec: TrialSpec) -> list[tuple[str, str]]:
     needs = KERNEL_PLATFORM.get(s.kernel)
     if needs not in (None, c.platform):
         return [
-            ("kernel vs platform", f"kernel {s.kernel} needs platform {needs}, cluster {c.name} is "
-             f"{c.platform}; use kernel=xla")
-        ]  # fmt: skip
+            (
+                "kernel vs platform",
+                f"kernel {s.kernel} needs platform {needs}, cluster {c.name} is {c.platform}; use kernel=xla",
+            )
+        ]
     return []
 
 
@@ -58,9 +60,12 @@ def _memory(spec: TrialSpec) -> list[tuple[str, str]]:
 
     if remat == "none":
         if k := next((k for k, names in lists.items() if names), None):
-            return line(k, "needs a remat policy, but train.remat=none keeps every residual in HBM",
-                        "train.memory.save/offload with train.remat=full, save_attn or offload",
-                        f"set train.remat=full, or drop train.memory.{k}")  # fmt: skip
+            return line(
+                k,
+                "needs a remat policy, but train.remat=none keeps every residual in HBM",
+                "train.memory.save/offload with train.remat=full, save_attn or offload",
+                f"set train.remat=full, or drop train.memory.{k}",
+            )
         return []
     preset = dict(zip(("save", "offload"), REMAT_PRESETS.get(remat, ((), ())), strict=True))
     verb = {"save": "saves it in HBM", "offload": "offloads it to host memory"}
@@ -80,21 +85,41 @@ def _data(spec: TrialSpec) -> list[tuple[str, str]]:
     """train.data.kind against train.data.path (the path itself is the schema's: a readable file)."""
     kind, path = spec.train.data.kind, spec.train.data.path
     if kind == "tokens" and not path:
-        return [("data kind vs path", "train.data.path='' is empty but train.data.kind=tokens reads a token "
-                 "file; allowed: a local file or gs://bucket/object — set train.data.path=..., or "
-                 "train.data.kind=recall for the synthetic task")]  # fmt: skip
+        return [
+            (
+                "data kind vs path",
+                "train.data.path='' is empty but train.data.kind=tokens reads a token "
+                "file; allowed: a local file or gs://bucket/object — set train.data.path=..., or "
+                "train.data.kind=recall for the synthetic task",
+            )
+        ]
     if kind == "recall" and path:
-        return [("data kind vs path", f"train.data.path={path!r} is ignored by train.data.kind=recall; "
-                 "allowed: a path only with train.data.kind=tokens — set train.data.kind=tokens to train on "
-                 "it, or drop the path")]  # fmt: skip
+        return [
+            (
+                "data kind vs path",
+                f"train.data.path={path!r} is ignored by train.data.kind=recall; "
+                "allowed: a path only with train.data.kind=tokens — set train.data.kind=tokens to train on "
+                "it, or drop the path",
+            )
+        ]
     if spec.strategy.layout == "balanced" and kind != "documents":
-        return [("layout vs data", f"strategy.layout=balanced balances packed documents, but train.data.kind="
-                 f"{kind} has one causal row; allowed: balanced with train.data.kind=documents — use "
-                 "strategy.layout=zigzag")]  # fmt: skip
+        return [
+            (
+                "layout vs data",
+                f"strategy.layout=balanced balances packed documents, but train.data.kind="
+                f"{kind} has one causal row; allowed: balanced with train.data.kind=documents — use "
+                "strategy.layout=zigzag",
+            )
+        ]
     if spec.strategy.layout == "balanced" and spec.strategy.kernel == "splash":
-        return [("layout vs kernel", "strategy.layout=balanced is a per-row token order that splash's static "
-                 "masks cannot express; allowed: kernel xla or auto (xla for balanced) — set "
-                 "strategy.kernel=auto")]  # fmt: skip
+        return [
+            (
+                "layout vs kernel",
+                "strategy.layout=balanced is a per-row token order that splash's static "
+                "masks cannot express; allowed: kernel xla or auto (xla for balanced) — set "
+                "strategy.kernel=auto",
+            )
+        ]
     return []
 
 
@@ -104,14 +129,20 @@ def _mesh(spec: TrialSpec) -> list[tuple[str, str]]:
         shape = "*".join(f"{a}{v}" for a, v in mesh.shape().items() if v > 1) or "1"
         slices = f" x {c.slices_per_trial} slices" if c.slices_per_trial > 1 else ""
         out.append(
-            ("mesh vs cluster", f"mesh {shape} = {mesh.size} devices but cluster {c.name} has {c.devices} "
-             f"({c.hosts} hosts x {c.devices_per_host}{slices}); make the product {c.devices} or use mesh=auto")
-        )  # fmt: skip
+            (
+                "mesh vs cluster",
+                f"mesh {shape} = {mesh.size} devices but cluster {c.name} has {c.devices} "
+                f"({c.hosts} hosts x {c.devices_per_host}{slices}); make the product {c.devices} or use mesh=auto",
+            )
+        )
     if spec.strategy.name == "none" and mesh.cp > 1:
         out.append(
-            ("no CP with context axes", f"strategy none runs attention unsharded but the mesh has "
-             f"context*context_ulysses = {mesh.cp}; set them to 1 or pick a CP strategy")
-        )  # fmt: skip
+            (
+                "no CP with context axes",
+                f"strategy none runs attention unsharded but the mesh has "
+                f"context*context_ulysses = {mesh.cp}; set them to 1 or pick a CP strategy",
+            )
+        )
     return out
 
 
@@ -145,9 +176,13 @@ def _attention(spec: TrialSpec) -> list[tuple[str, str]]:
     if not out:  # a rule the probes cannot see apart (both passed): ask once with the real numbers
         try:
             cp_rules.validate(
-                s.name, context_length=spec.context_length, q_heads=m.q_heads, kv_heads=m.kv_heads,
-                mesh=mesh, layout=s.layout,
-            )  # fmt: skip
+                s.name,
+                context_length=spec.context_length,
+                q_heads=m.q_heads,
+                kv_heads=m.kv_heads,
+                mesh=mesh,
+                layout=s.layout,
+            )
         except ValueError as e:
             out.append(("attention", str(e)))
     return out

@@ -14,8 +14,6 @@ from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec,
 from orchestrator.plan import PlanRow, auto, memory, plan, plan_one, policies, steptime
 from orchestrator.plan import rules as validate
 
-pass  # merged
-
 
 @dataclass(frozen=True)
 class Choice:

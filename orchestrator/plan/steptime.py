@@ -69,20 +69,34 @@ def step_time(
     peak = peak or peak_tflops(spec)
     eff = kernel_efficiency(c, m.head_dim, w.hop_tokens)
     rates = Rates(
-        peak, matmul_efficiency=c.matmul_efficiency, attention_efficiency=eff, attention_backward=ATTN_BWD,
-        attention_replay=c.attention_recompute, overhead_s=float(c.step_overhead_s),
-    )  # fmt: skip
+        peak,
+        matmul_efficiency=c.matmul_efficiency,
+        attention_efficiency=eff,
+        attention_backward=ATTN_BWD,
+        attention_replay=c.attention_recompute,
+        overhead_s=float(c.step_overhead_s),
+    )
     t = price(w, rates, c)
     terms = t.parts(spec.strategy.name)
     step = sum(terms.values())
     return StepTime(
-        tflops_per_device=w.model_tflops, peak_tflops=peak, matmul_s=t.matmul_s, attention_s=t.attention_s,
-        attention_efficiency=eff, hop_tokens=w.hop_tokens, exposed_ring_s=t.exposed_ring_s,
-        collectives_s=t.collectives_s, exposed_fsdp_s=t.exposed_fsdp_s, tensor_s=t.tensor_s,
-        exposed_offload_s=t.exposed_offload_s, dcn_exposed_s=t.dcn.exposed_s, overhead_s=t.overhead_s,
-        step_s=step, mfu=w.model_tflops / (step * peak) if step > 0 else 0.0,
+        tflops_per_device=w.model_tflops,
+        peak_tflops=peak,
+        matmul_s=t.matmul_s,
+        attention_s=t.attention_s,
+        attention_efficiency=eff,
+        hop_tokens=w.hop_tokens,
+        exposed_ring_s=t.exposed_ring_s,
+        collectives_s=t.collectives_s,
+        exposed_fsdp_s=t.exposed_fsdp_s,
+        tensor_s=t.tensor_s,
+        exposed_offload_s=t.exposed_offload_s,
+        dcn_exposed_s=t.dcn.exposed_s,
+        overhead_s=t.overhead_s,
+        step_s=step,
+        mfu=w.model_tflops / (step * peak) if step > 0 else 0.0,
         limiter=_limiter(terms, step, eff, m.head_dim, w.hop_tokens) + _dcn_note(t.dcn),
-    )  # fmt: skip
+    )
 
 
 def run_peak(spec: TrialSpec, measured: float | None) -> float | None:

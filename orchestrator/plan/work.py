@@ -88,18 +88,28 @@ def step_work(spec: TrialSpec, offload: tuple[str, ...] | None = None) -> Work:
         d_blocking, d_ring = s.dcn_bytes(x, spec.mesh.shape(), axis, S)
         shard = layer_params(m) / x.T / f if axis != "tensor" else 0.0
         dcn.update(
-            dcn_blocking_bytes=N * passes * d_blocking, dcn_ring_bytes=N * passes * d_ring,
+            dcn_blocking_bytes=N * passes * d_blocking,
+            dcn_ring_bytes=N * passes * d_ring,
             dcn_fsdp_bytes=N * shard * (S - 1) * (gathers * BF16 + FP32),
-        )  # fmt: skip
+        )
     return Work(
         model_tflops=train_tflops_per_device(m, spec.context_length, t.batch, devices),
         matmul_tflop=((3 + redo_layers) * (weights - unembed) + 3 * unembed) * per_dev,
-        attention_flops=attn, per_device=per_dev, imbalance=imbalance, hop_tokens=s.hop_tokens(x),
-        replays_layers=redo_layers, replays_attention=redo_attn, passes=passes,
-        attention_comm_bytes_per_layer=blocking + ring, attention_blocking_bytes=N * passes * blocking,
-        attention_ring_bytes=N * passes * ring, fsdp_bytes=fsdp, tensor_bytes=tensor,
-        host_bytes=2 * N * x.tokens * sum(per_token[n] for n in names), **dcn,
-    )  # fmt: skip
+        attention_flops=attn,
+        per_device=per_dev,
+        imbalance=imbalance,
+        hop_tokens=s.hop_tokens(x),
+        replays_layers=redo_layers,
+        replays_attention=redo_attn,
+        passes=passes,
+        attention_comm_bytes_per_layer=blocking + ring,
+        attention_blocking_bytes=N * passes * blocking,
+        attention_ring_bytes=N * passes * ring,
+        fsdp_bytes=fsdp,
+        tensor_bytes=tensor,
+        host_bytes=2 * N * x.tokens * sum(per_token[n] for n in names),
+        **dcn,
+    )
 
 
 @dataclass(frozen=True)
@@ -186,11 +196,18 @@ def price(w: Work, r: Rates, c: ClusterSpec) -> Terms:
     busy = matmul_s + attention_s + exposed_ring_s + collectives_s + exposed_fsdp_s + tensor_s + dcn.exposed_s
     host = c.host_bytes_per_s
     return Terms(
-        matmul_s=matmul_s, attention_s=attention_s, ring_ici_s=ring_ici_s, exposed_ring_s=exposed_ring_s,
-        collectives_s=collectives_s, fsdp_ici_s=fsdp_ici_s, exposed_fsdp_s=exposed_fsdp_s, tensor_s=tensor_s,
-        exposed_offload_s=max(0.0, w.host_bytes / host - busy) if host else 0.0, dcn=dcn,
+        matmul_s=matmul_s,
+        attention_s=attention_s,
+        ring_ici_s=ring_ici_s,
+        exposed_ring_s=exposed_ring_s,
+        collectives_s=collectives_s,
+        fsdp_ici_s=fsdp_ici_s,
+        exposed_fsdp_s=exposed_fsdp_s,
+        tensor_s=tensor_s,
+        exposed_offload_s=max(0.0, w.host_bytes / host - busy) if host else 0.0,
+        dcn=dcn,
         overhead_s=r.overhead_s,
-    )  # fmt: skip
+    )
 
 
 def _dcn(
@@ -207,6 +224,10 @@ def _dcn(
     fsdp_s = w.dcn_fsdp_bytes / bw
     fsdp_exposed = max(0.0, fsdp_ici_s + fsdp_s - matmul_s) - max(0.0, fsdp_ici_s - matmul_s)
     return Dcn(
-        axis=w.dcn_axis, slices=w.dcn_slices, bytes_per_s=bw, attention_s=blocking_s + ring_s, fsdp_s=fsdp_s,
+        axis=w.dcn_axis,
+        slices=w.dcn_slices,
+        bytes_per_s=bw,
+        attention_s=blocking_s + ring_s,
+        fsdp_s=fsdp_s,
         exposed_s=blocking_s + ring_exposed + fsdp_exposed,
-    )  # fmt: skip
+    )

@@ -30,8 +30,12 @@ from orchestrator.config.schema import Gate
 EXIT_REGRESSION = 3
 DEFAULT = Gate()  # the defaults of the library calls and of the CLI flags are the config's
 GATED = ("final_mfu", "final_tokens_per_s")  # higher is better; a drop beyond the band trips the gate
-SHOWN = {"final_mfu": "MFU", "final_tokens_per_s": "tokens/s", "final_step_time_median_s": "step s",
-         "memory_bytes_per_device": "GiB/dev"}  # fmt: skip
+SHOWN = {
+    "final_mfu": "MFU",
+    "final_tokens_per_s": "tokens/s",
+    "final_step_time_median_s": "step s",
+    "memory_bytes_per_device": "GiB/dev",
+}
 
 
 def band(history: Sequence[float], max_drop: float, noise_k: float) -> tuple[float, float]:
@@ -175,9 +179,10 @@ def compare(
 ) -> GateResult:
     """Compare each finished trial of `sweep_id` with the median of its last `window` earlier finished runs."""
     mine = client.search_runs(
-        [experiment_id], f"tags.sweep_id = '{sweep_id}' and tags.kind = 'trial' and tags.status = 'finished'",
+        [experiment_id],
+        f"tags.sweep_id = '{sweep_id}' and tags.kind = 'trial' and tags.status = 'finished'",
         max_results=5000,
-    )  # fmt: skip
+    )
     result = GateResult(sweep_id, max_drop, [], window=window, noise_k=noise_k)
     for run in sorted(
         mine, key=lambda r: (r.data.params.get("strategy", ""), int(r.data.params.get("context_length", 0)))
@@ -282,7 +287,9 @@ def gate(
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="python -m orchestrator.results.gate", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m orchestrator.results.gate", description=__doc__.splitlines()[0]
+    )
     ap.add_argument("sweep_id")
     ap.add_argument("--uri", default=os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db"))
     ap.add_argument("--experiment", default="cp_scaling")

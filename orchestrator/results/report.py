@@ -81,7 +81,7 @@ def collect(
                 _last_steps(recs, "accuracy_by_distance"),
                 next((r for r in recs if isinstance(r, ProfileRecord) and r.seconds), None),
                 start.peak_tflops_per_device,
-            )  # fmt: skip
+            )
         )
     return out
 
@@ -146,8 +146,7 @@ def mfu_figure(trials: list[TrialResult]) -> Figure:
     label = "MFU" + (f" (peak: {source})" if source else "")
     fig, ax = _axes(f"MFU vs context length — {_where(trials)}", label)
     for name, ts in _series(trials).items():
-        ax.plot([t.spec.context_length for t in ts], [t.summary.mfu for t in ts],
-                marker="o", label=name)  # fmt: skip
+        ax.plot([t.spec.context_length for t in ts], [t.summary.mfu for t in ts], marker="o", label=name)
     ax.set_ylim(bottom=0)
     return _finish(fig, ax)
 
@@ -207,8 +206,10 @@ def loss_figure(trials: list[TrialResult]) -> Figure:
     return fig
 
 
-XLABEL = {"by_position": "position bucket's end (in the document when packed)",
-          "by_distance": "distance bucket's end (query to its key, tokens)"}  # fmt: skip
+XLABEL = {
+    "by_position": "position bucket's end (in the document when packed)",
+    "by_distance": "distance bucket's end (query to its key, tokens)",
+}
 
 
 def position_figure(trials: list[TrialResult], attr: str = "by_position") -> Figure | None:
@@ -327,8 +328,16 @@ def figure(rows: list[tuple[str, dict[str, float], dict[str, float]]], where: st
         for x, values, hatch in ((i - width / 2, pred, "//"), (i + width / 2, meas, "")):
             bottom = 0.0
             for g, colour in zip(GROUPS, COLOURS, strict=True):
-                ax.bar(x, values[g], width, bottom=bottom, color=colour, hatch=hatch, edgecolor="white",
-                       label=g if i == 0 and not hatch else None)  # fmt: skip
+                ax.bar(
+                    x,
+                    values[g],
+                    width,
+                    bottom=bottom,
+                    color=colour,
+                    hatch=hatch,
+                    edgecolor="white",
+                    label=g if i == 0 and not hatch else None,
+                )
                 bottom += values[g]
     ax.set_xticks(range(len(rows)), [label for label, _, _ in rows], rotation=45, ha="right", fontsize=8)
     ax.set_ylabel("seconds per step")

@@ -37,8 +37,14 @@ class Tracker(Protocol):
     def start_sweep(
         self, name: str, sweep_id: str, cluster: str, tags: dict[str, str] | None = None
     ) -> None: ...
-    def start_trial(self, spec: TrialSpec, sweep_id: str, status: str = "queued", reason: str = "",
-                    predicted_bytes: int | None = None) -> None: ...  # fmt: skip
+    def start_trial(
+        self,
+        spec: TrialSpec,
+        sweep_id: str,
+        status: str = "queued",
+        reason: str = "",
+        predicted_bytes: int | None = None,
+    ) -> None: ...
     def set_status(self, key: str, status: str, reason: str = "", terminal: str | None = None) -> None: ...
     def log_records(self, key: str, records: list[Record], attempt: int = 1) -> None: ...
     def log_metrics(self, key: str, values: dict[str, float], step: int = 0) -> None: ...
@@ -87,8 +93,14 @@ class NullTracker:
     def start_sweep(self, name: str, sweep_id: str, cluster: str, tags: dict[str, str] | None = None) -> None:
         pass
 
-    def start_trial(self, spec: TrialSpec, sweep_id: str, status: str = "queued", reason: str = "",
-                    predicted_bytes: int | None = None) -> None:  # fmt: skip
+    def start_trial(
+        self,
+        spec: TrialSpec,
+        sweep_id: str,
+        status: str = "queued",
+        reason: str = "",
+        predicted_bytes: int | None = None,
+    ) -> None:
         pass
 
     def set_status(self, key: str, status: str, reason: str = "", terminal: str | None = None) -> None:

@@ -20,11 +20,28 @@ from orchestrator.plan import steptime
 
 # Which fields of each record become MLflow metrics (docs/reference/mlflow.md lists them; tests/test_records.py
 # checks every numeric field of a record is here). A key a newer job sends is kept in the trial log only.
-STEP_METRICS = ("loss", "grad_norm", "step_time_s", "tokens_per_s", "tflops_per_s_per_device", "mfu",
-                "peak_bytes_in_use", "bytes_in_use")  # fmt: skip
+STEP_METRICS = (
+    "loss",
+    "grad_norm",
+    "step_time_s",
+    "tokens_per_s",
+    "tflops_per_s_per_device",
+    "mfu",
+    "peak_bytes_in_use",
+    "bytes_in_use",
+)
 MEMORY_METRICS = ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "compiled_bytes_per_device")
-START_METRICS = ("devices", "processes", "compile_s", "restore_s", "peak_tflops_per_device",
-                 "tflops_per_device_per_step", "resumed_from_step", *MEMORY_METRICS, "slices")  # fmt: skip
+START_METRICS = (
+    "devices",
+    "processes",
+    "compile_s",
+    "restore_s",
+    "peak_tflops_per_device",
+    "tflops_per_device_per_step",
+    "resumed_from_step",
+    *MEMORY_METRICS,
+    "slices",
+)
 POSITION_METRIC = (
     "loss_by_position"  # + "/<bucket>": a step's loss per position bucket (jobs.spec.bucket_labels)
 )
@@ -32,19 +49,36 @@ DISTANCE_METRIC = (
     "accuracy_by_distance"  # + "/<bucket>": recall, queries answered right by distance to the key
 )
 FINAL = ("step_time_median_s", "tokens_per_s", "tflops_per_s_per_device", "mfu")  # logged as final_<name>
-SUMMARY_METRICS = ("final_loss", "steps_run", "attempt_from_step", "timed_from_step", "timed_to_step", *FINAL,
-                   "peak_bytes_in_use", *MEMORY_METRICS)  # fmt: skip
+SUMMARY_METRICS = (
+    "final_loss",
+    "steps_run",
+    "attempt_from_step",
+    "timed_from_step",
+    "timed_to_step",
+    *FINAL,
+    "peak_bytes_in_use",
+    *MEMORY_METRICS,
+)
 Point = list  # [key, value, timestamp_ms, step]: JSON-able, for the tracking journal
 
 
 def trial_params(spec: TrialSpec) -> dict[str, str]:
     p = {
-        "model": spec.model.name, "strategy": spec.strategy.name, "layout": spec.strategy.layout,
-        "mesh": spec.mesh.label(), "cp": spec.mesh.cp, "cp_ring": spec.mesh.context,
-        "cp_ulysses": spec.mesh.context_ulysses, "context_length": spec.context_length, "batch": spec.train.batch,
-        "steps": spec.train.steps, "dtype": spec.train.dtype, "remat": spec.train.remat, "devices": spec.mesh.size,
+        "model": spec.model.name,
+        "strategy": spec.strategy.name,
+        "layout": spec.strategy.layout,
+        "mesh": spec.mesh.label(),
+        "cp": spec.mesh.cp,
+        "cp_ring": spec.mesh.context,
+        "cp_ulysses": spec.mesh.context_ulysses,
+        "context_length": spec.context_length,
+        "batch": spec.train.batch,
+        "steps": spec.train.steps,
+        "dtype": spec.train.dtype,
+        "remat": spec.train.remat,
+        "devices": spec.mesh.size,
         "cluster": spec.cluster.name,
-    }  # fmt: skip
+    }
     mem = spec.train.memory  # train.memory on top of the remat preset (empty: the preset alone)
     p.update(
         {f"memory_{k}": ",".join(getattr(mem, k)) for k in ("save", "offload", "host") if getattr(mem, k)}
@@ -183,8 +217,12 @@ def session(p: ProfileRecord) -> str:
 
 def metrics(p: ProfileRecord) -> dict[str, float]:
     """Seconds per step of each category, and of the step, exposed and overlapped collectives."""
-    values = {**p.seconds, "step_s": p.step_s, "collective_exposed_s": p.collective_exposed_s,
-              "collective_overlapped_s": p.collective_overlapped_s}  # fmt: skip
+    values = {
+        **p.seconds,
+        "step_s": p.step_s,
+        "collective_exposed_s": p.collective_exposed_s,
+        "collective_overlapped_s": p.collective_overlapped_s,
+    }
     return {MEASURED[k]: v for k, v in values.items() if k in MEASURED}
 
 

@@ -147,8 +147,12 @@ class WriteQueue:
             if err is not None and not _permanent(err):
                 if self.down_since is None:
                     self.down_since = time.monotonic()
-                    log.warning("tracking store unavailable (%s: %s); buffering %d writes",
-                                type(err).__name__, str(err)[:200], len(self.ops))  # fmt: skip
+                    log.warning(
+                        "tracking store unavailable (%s: %s); buffering %d writes",
+                        type(err).__name__,
+                        str(err)[:200],
+                        len(self.ops),
+                    )
                 time.sleep(BACKOFF_S[min(self.failures, len(BACKOFF_S) - 1)])
                 self.failures += 1
                 continue  # the same write again: it stays at the head, so order is kept

@@ -75,9 +75,14 @@ def _reserved(
 
 
 def find_or_create(
-    client: Any, exp_id: str, identity: dict[str, str], tags: dict[str, str], name: str,
-    anchor: tuple[str, str] | None = None, owner: str = "",
-) -> tuple[str, bool]:  # fmt: skip
+    client: Any,
+    exp_id: str,
+    identity: dict[str, str],
+    tags: dict[str, str],
+    name: str,
+    anchor: tuple[str, str] | None = None,
+    owner: str = "",
+) -> tuple[str, bool]:
     """(run id, found): the run with these identity tags, created (with `tags`) when there is none.
     `anchor`: (parent run id, key) for a child run, settled on the parent; `owner`: this opener's id."""
     filt = " and ".join(f"tags.{k} = '{v}'" for k, v in identity.items())

@@ -58,7 +58,9 @@ class MlflowTracker:
         self.steps: dict[str, set[int]] = {}
         self.prior_attempts: dict[str, int] = {}
         self.exp_id: str | None = None
-        self.owner = uuid.uuid4().hex  # marks the run reservations this tracker made (orchestrator/tracking/runs.py)
+        self.owner = (
+            uuid.uuid4().hex
+        )  # marks the run reservations this tracker made (orchestrator/tracking/runs.py)
         self.queue = WriteQueue(self._deliver)
 
     @property
@@ -191,8 +193,9 @@ class MlflowTracker:
     def _put_open(
         self, key: str, identity: dict[str, str], tags: dict[str, str], name: str, parent: str = ""
     ):
-        self.queue.put({"kind": "open", "key": key, "identity": identity, "tags": tags, "name": name,
-                        "parent": parent})  # fmt: skip
+        self.queue.put(
+            {"kind": "open", "key": key, "identity": identity, "tags": tags, "name": name, "parent": parent}
+        )
 
     def start_sweep(self, name: str, sweep_id: str, cluster: str, tags: dict[str, str] | None = None) -> None:
         """Open (or reopen, for a resumed sweep id) the parent run."""
@@ -218,8 +221,12 @@ class MlflowTracker:
     ) -> None:
         """Open the trial's child run: grid axes as params, the resolved spec as an artifact."""
         key = spec.trial_id
-        self.logs[key] = TrialLog(lines=[f"trial {key} {spec.strategy.name} L={spec.context_length} "
-                                         f"mesh={spec.mesh.label()} cluster={spec.cluster.name}"])  # fmt: skip
+        self.logs[key] = TrialLog(
+            lines=[
+                f"trial {key} {spec.strategy.name} L={spec.context_length} "
+                f"mesh={spec.mesh.label()} cluster={spec.cluster.name}"
+            ]
+        )
         self.open_trial(spec, sweep_id)
         self.queue.put({"kind": "batch", "key": key, "params": trial_params(spec)})
         self.log_text(key, spec.to_json(), "trial_spec.json")

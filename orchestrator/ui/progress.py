@@ -14,8 +14,16 @@ from rich.progress import Progress as Bar
 from rich.table import Table
 
 TERMINAL = ("done", "failed", "infeasible", "invalid", "skipped", "cancelled")
-COLORS = {"running": "cyan", "starting": "cyan", "done": "green", "failed": "red", "invalid": "red",
-          "infeasible": "yellow", "cancelled": "magenta", "skipped": "dim"}  # fmt: skip
+COLORS = {
+    "running": "cyan",
+    "starting": "cyan",
+    "done": "green",
+    "failed": "red",
+    "invalid": "red",
+    "infeasible": "yellow",
+    "cancelled": "magenta",
+    "skipped": "dim",
+}
 PLAIN_STEP_EVERY_S = 30.0  # plain mode: a step line per trial at most this often (cron logs stay short)
 
 
@@ -156,9 +164,13 @@ class CompileBar:
     def __enter__(self) -> CompileBar:
         if self.rich:
             self._bar = Bar(
-                TextColumn("aot compiles"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[counts]}"),
-                TimeElapsedColumn(), console=self.console,
-            )  # fmt: skip
+                TextColumn("aot compiles"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[counts]}"),
+                TimeElapsedColumn(),
+                console=self.console,
+            )
             self._bar.__enter__()
             self._task = self._bar.add_task("aot", total=self.total, counts=self._counts())
         else:
@@ -176,8 +188,12 @@ class CompileBar:
 
     def _print(self, text: str) -> None:
         # on the bar's console (stderr where the caller keeps stdout for JSON), never as rich markup
-        self.console.print(f"[{_clock(time.monotonic() - self.t0)}] aot: {text}", markup=False, highlight=False,
-                           soft_wrap=True)  # fmt: skip
+        self.console.print(
+            f"[{_clock(time.monotonic() - self.t0)}] aot: {text}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
 
     def set_running(self, n: int) -> None:
         self.running = n

@@ -26,9 +26,18 @@ def all_gather_local(mesh: Mesh, L: int, o: Options) -> Callable:
             gather(x) for x in (k_BxLlxKxD, v_BxLlxKxD, pos_BxLl, seg_BxLl)
         )
         return attend(
-            q_BxLlxHxD, k_BxLxKxD, v_BxLxKxD, pos_BxLl, kpos_BxL, o.causal, o.kernel, o.block_q, o.block_kv,
-            Order(o.layout, P), (seg_BxLl, kseg_BxL),
-        )  # fmt: skip
+            q_BxLlxHxD,
+            k_BxLxKxD,
+            v_BxLxKxD,
+            pos_BxLl,
+            kpos_BxL,
+            o.causal,
+            o.kernel,
+            o.block_q,
+            o.block_kv,
+            Order(o.layout, P),
+            (seg_BxLl, kseg_BxL),
+        )
 
     def local(q_BxLlxHxD, k_BxLlxKxD, v_BxLlxKxD, pos_BxLl=None, seg_BxLl=None):
         if seg_BxLl is not None:

@@ -71,9 +71,18 @@ def ulysses_local(mesh: Mesh, L: int, o: Options) -> Callable:
     def full_sequence(q_BxLxHuxD, k_BxLxKuxD, v_BxLxKuxD, pos_BxL=None, seg_BxL=None):
         if seg_BxL is not None:  # packed documents: masks from the gathered positions and segment ids
             return attend(
-                q_BxLxHuxD, k_BxLxKuxD, v_BxLxKuxD, pos_BxL, pos_BxL, o.causal, o.kernel, o.block_q,
-                o.block_kv, Order(o.layout, P), (seg_BxL, seg_BxL),
-            )  # fmt: skip
+                q_BxLxHuxD,
+                k_BxLxKuxD,
+                v_BxLxKuxD,
+                pos_BxL,
+                pos_BxL,
+                o.causal,
+                o.kernel,
+                o.block_q,
+                o.block_kv,
+                Order(o.layout, P),
+                (seg_BxL, seg_BxL),
+            )
         pos_L = global_positions(L, o.layout, P)  # after the exchange every device holds all tokens
         return attend(
             q_BxLxHuxD,

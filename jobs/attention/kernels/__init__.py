@@ -29,13 +29,42 @@ AUTO = {platform: name for name, platform in KERNEL_PLATFORM.items() if platform
 
 
 class FwdFn(Protocol):
-    def __call__(self, q, k, v, q_pos, kv_pos, *, causal: bool, block_q: int, block_kv: int,
-                 order: Order = MONOTONIC, q_seg=None, kv_seg=None): ...  # fmt: skip
+    def __call__(
+        self,
+        q,
+        k,
+        v,
+        q_pos,
+        kv_pos,
+        *,
+        causal: bool,
+        block_q: int,
+        block_kv: int,
+        order: Order = MONOTONIC,
+        q_seg=None,
+        kv_seg=None,
+    ): ...
 
 
 class BwdFn(Protocol):
-    def __call__(self, q, k, v, o, lse, do, q_pos, kv_pos, *, causal: bool, block_q: int, block_kv: int,
-                 order: Order = MONOTONIC, q_seg=None, kv_seg=None): ...  # fmt: skip
+    def __call__(
+        self,
+        q,
+        k,
+        v,
+        o,
+        lse,
+        do,
+        q_pos,
+        kv_pos,
+        *,
+        causal: bool,
+        block_q: int,
+        block_kv: int,
+        order: Order = MONOTONIC,
+        q_seg=None,
+        kv_seg=None,
+    ): ...
 
 
 @dataclass(frozen=True)
@@ -101,9 +130,18 @@ def _segs(segs: tuple | None) -> dict:
 
 @partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8, 9))
 def attend(
-    q: Arr, k: Arr, v: Arr, q_pos: Arr, kv_pos: Arr, causal: bool, kernel: str, block_q: int, block_kv: int,
-    order: Order = MONOTONIC, segs: tuple[Arr, Arr] | None = None,
-) -> Arr:  # fmt: skip
+    q: Arr,
+    k: Arr,
+    v: Arr,
+    q_pos: Arr,
+    kv_pos: Arr,
+    causal: bool,
+    kernel: str,
+    block_q: int,
+    block_kv: int,
+    order: Order = MONOTONIC,
+    segs: tuple[Arr, Arr] | None = None,
+) -> Arr:
     """Attention of local queries q [B, Lq, H, D] over keys k, v [B, Lk, K, D] at positions q_pos [Lq], kv_pos [Lk];
     out like q. Backward recomputes (saves q, k, v, out, lse). Packed documents: segs = (q_seg [B, Lq],
     kv_seg [B, Lk]) and then q_pos [B, Lq], kv_pos [B, Lk]."""

@@ -82,9 +82,19 @@ def _take(x: jax.Array, idx) -> jax.Array:
 
 
 def flash_fwd(
-    q, k, v, q_pos, kv_pos, *, causal: bool, block_q: int, block_kv: int, order: Order = MONOTONIC,
-    q_seg=None, kv_seg=None,
-):  # fmt: skip
+    q,
+    k,
+    v,
+    q_pos,
+    kv_pos,
+    *,
+    causal: bool,
+    block_q: int,
+    block_kv: int,
+    order: Order = MONOTONIC,
+    q_seg=None,
+    kv_seg=None,
+):
     """(out fp32 [B, Lq, H, D], lse fp32 [B, Lq, H])."""
     if _falls_back(q, k, v, causal, q_seg):
         segs = {} if q_seg is None else {"q_seg": q_seg, "kv_seg": kv_seg}
@@ -99,9 +109,22 @@ def flash_fwd(
 
 
 def flash_bwd(
-    q, k, v, o, lse, do, q_pos, kv_pos, *, causal: bool, block_q: int, block_kv: int, order: Order = MONOTONIC,
-    q_seg=None, kv_seg=None,
-):  # fmt: skip
+    q,
+    k,
+    v,
+    o,
+    lse,
+    do,
+    q_pos,
+    kv_pos,
+    *,
+    causal: bool,
+    block_q: int,
+    block_kv: int,
+    order: Order = MONOTONIC,
+    q_seg=None,
+    kv_seg=None,
+):
     """dq, dk, dv (fp32) from the given (global) out and lse."""
     if _falls_back(q, k, v, causal, q_seg):
         segs = {} if q_seg is None else {"q_seg": q_seg, "kv_seg": kv_seg}

@@ -8,7 +8,7 @@ for its chunk's start with lax.switch. On TPU the Mosaic kernel runs; on any oth
 runs in Pallas interpret mode (for tests: lax.platform_dependent keeps only the branch of the target
 platform, so an AOT compile for a TPU topology from a CPU host gets the Mosaic kernel). Shapes splash cannot
 tile (lengths not multiples of 128) fall back to the xla kernel, which is exact for any positions, and so do
-calls whose block map stays over MAX_MASK_BLOCKS even with 2048-key blocks (splash_api's block masks make
+calls whose block map stays over MAX_MASK_BLOCKS even with 2048-key blocks (splash_private's block masks make
 building it cheap: ~4 s for 802,816 blocks). Packed documents go through splash's own SegmentIds (reordered
 and split with the tokens); the "balanced" layout has data-dependent positions no static mask can express,
 so kernel=splash refuses it with a ValueError (kernel=auto runs xla there, see jobs.attention.kernels).
@@ -24,14 +24,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jobs.attention.kernels import splash_private as splash_api
+from jobs.attention.kernels import splash_private
 from jobs.attention.kernels.hop import MONOTONIC, Order
 from jobs.attention.kernels.xla import xla_bwd, xla_fwd
 from jobs.strategies import rules as cp_rules
 
 log = logging.getLogger(__name__)
 # The block map (data_next, block_mask: 3 bytes an entry) is scalar-prefetched into TPU SMEM, so it stays small:
-# past this many entries kv blocks grow (x2, up to MAX_GROWN_BLOCK; splash_api keeps the compute step at 512)
+# past this many entries kv blocks grow (x2, up to MAX_GROWN_BLOCK; splash_private keeps the compute step at 512)
 # before the xla fallback. Query blocks stay: 1024-query blocks of head dim 256 exceed v5p's 16 MB of scoped
 # VMEM. tpu7x_128 ring at 14M: 224 x 224 512-blocks; usp there attends 458,752-token hops: 896 x 896
 # 512-blocks -> 896 x 224 with 2048-key blocks (84.6 GiB per device compiled; 89.2 with the xla fallback).
@@ -57,9 +57,9 @@ class _Plan(NamedTuple):
 
 def _fit(length: int, block: int) -> int | None:
     """Largest multiple of 128 that divides length and is <= block (splash tiles in lanes)."""
-    b = min(block, length) // splash_api.LANES * splash_api.LANES
+    b = min(block, length) // splash_private.LANES * splash_private.LANES
     while b > 0 and length % b:
-        b -= splash_api.LANES
+        b -= splash_private.LANES
     return b or None
 
 
@@ -106,23 +106,23 @@ def _on_platform(kind: str, offset: int, shape, heads: int, bq: int, bk: int, bo
     """Run body(kernel, *args) with the Mosaic kernel on TPU, the interpreted one elsewhere."""
 
     def branch(interpret: bool):
-        kern = splash_api.make(kind, offset, shape, heads, bq, bk, interpret)
+        kern = splash_private.make(kind, offset, shape, heads, bq, bk, interpret)
         return lambda *a: body(kern, *a)
 
     return jax.lax.platform_dependent(*args, tpu=branch(False), default=branch(True))
 
 
 def _ids(segs):
-    return None if segs is None else splash_api.SegmentIds(*segs)
+    return None if segs is None else splash_private.SegmentIds(*segs)
 
 
 def _fwd_body(kern, q, k, v, segs):
-    o, lse = jax.vmap(partial(splash_api.fwd, kern))(_heads(q), _heads(k), _heads(v), _ids(segs))
+    o, lse = jax.vmap(partial(splash_private.fwd, kern))(_heads(q), _heads(k), _heads(v), _ids(segs))
     return _heads(o).astype(jnp.float32), jnp.swapaxes(lse, 1, 2)
 
 
 def _bwd_body(kern, q, k, v, o, lse, do, segs):
-    dq, dk, dv = jax.vmap(partial(splash_api.bwd, kern))(
+    dq, dk, dv = jax.vmap(partial(splash_private.bwd, kern))(
         _heads(q), _heads(k), _heads(v), _heads(o), jnp.swapaxes(lse, 1, 2), _heads(do), _ids(segs)
     )
     return tuple(_heads(g).astype(jnp.float32) for g in (dq, dk, dv))
@@ -166,9 +166,19 @@ def _split(plan: _Plan, x: jax.Array) -> list[jax.Array]:
 
 
 def splash_fwd(
-    q, k, v, q_pos, kv_pos, *, causal: bool, block_q: int, block_kv: int, order: Order = MONOTONIC,
-    q_seg=None, kv_seg=None,
-):  # fmt: skip
+    q,
+    k,
+    v,
+    q_pos,
+    kv_pos,
+    *,
+    causal: bool,
+    block_q: int,
+    block_kv: int,
+    order: Order = MONOTONIC,
+    q_seg=None,
+    kv_seg=None,
+):
     """(out fp32 [B, Lq, H, D], lse fp32 [B, Lq, H]); positions only pick the mask (see module doc)."""
     _refuse_balanced(order)
     plan = _plan(q.shape[1], k.shape[1], causal, order, block_q, block_kv)
@@ -193,9 +203,22 @@ def splash_fwd(
 
 
 def splash_bwd(
-    q, k, v, o, lse, do, q_pos, kv_pos, *, causal: bool, block_q: int, block_kv: int, order: Order = MONOTONIC,
-    q_seg=None, kv_seg=None,
-):  # fmt: skip
+    q,
+    k,
+    v,
+    o,
+    lse,
+    do,
+    q_pos,
+    kv_pos,
+    *,
+    causal: bool,
+    block_q: int,
+    block_kv: int,
+    order: Order = MONOTONIC,
+    q_seg=None,
+    kv_seg=None,
+):
     """dq, dk, dv (fp32) from the given (global) out and lse, piece by piece like the forward."""
     _refuse_balanced(order)
     plan = _plan(q.shape[1], k.shape[1], causal, order, block_q, block_kv)

@@ -147,7 +147,9 @@ def build(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m jobs.data.documents.corpus", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python -m jobs.data.documents.corpus", description=__doc__.splitlines()[0]
+    )
     p.add_argument("--src", action="append", default=[], help="directory of text files (repeatable)")
     p.add_argument("--out", required=True, help="output directory or gs:// prefix")
     p.add_argument("--vocab", type=int, default=4096)

@@ -18,13 +18,17 @@ from jobs.spec import TrialSpec
 from orchestrator.plan import memory
 from orchestrator.plan.aot import cache as capped
 from orchestrator.plan.aot import pool
-from orchestrator.plan.aot.cache import cache_dir, cache_path, cached_any, cached_caps, compiled_memory, using
-from orchestrator.plan.aot.result import CompileResult, failed, verdict
-
-pass  # merged
-from orchestrator.plan.aot.cache import compile_memory
+from orchestrator.plan.aot.cache import (
+    cache_dir,
+    cache_path,
+    cached_any,
+    cached_caps,
+    compile_memory,
+    compiled_memory,
+    using,
+)
 from orchestrator.plan.aot.pool import compile_specs
-from orchestrator.plan.aot.result import compiler_rejection
+from orchestrator.plan.aot.result import CompileResult, compiler_rejection, failed, verdict
 from orchestrator.plan.aot.target import (
     CHIPS,
     available,
@@ -144,7 +148,14 @@ def _row(spec: TrialSpec, got: CompileResult) -> Comparison:
     judged = got.compiled_bytes if got.compiler_peak_bytes is None else got.device_peak
     v, reason = verdict(spec, got)
     return Comparison(
-        trial_id=spec.trial_id, strategy=spec.strategy.name, mesh=spec.mesh.label(),
-        context_length=spec.context_length, remat=spec.train.remat, analytic_bytes=predicted, result=got,
-        verdict=v, reason=reason, ratio=predicted / judged if judged else None,
-    )  # fmt: skip
+        trial_id=spec.trial_id,
+        strategy=spec.strategy.name,
+        mesh=spec.mesh.label(),
+        context_length=spec.context_length,
+        remat=spec.train.remat,
+        analytic_bytes=predicted,
+        result=got,
+        verdict=v,
+        reason=reason,
+        ratio=predicted / judged if judged else None,
+    )

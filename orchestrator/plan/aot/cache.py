@@ -26,10 +26,7 @@ from jobs.hardware import compiled_bytes
 from jobs.spec import TrialSpec
 from orchestrator import REPO
 from orchestrator.plan.aot.result import CompileResult, compiler_rejection
-from orchestrator.plan.aot.target import lowered, topology_tag
-
-pass  # merged
-from orchestrator.plan.aot.target import program_version
+from orchestrator.plan.aot.target import lowered, program_version, topology_tag
 
 ENV = "CP_AOT_CACHE"
 DEFAULT = ".cache/aot"
@@ -163,8 +160,6 @@ def compile_memory(spec: TrialSpec, topology: str | None = None) -> CompileResul
     )
 
 
-pass  # merged
-
 ROOT = REPO
 _CHILD = "import sys; from orchestrator.plan.aot.cache import child; child(sys.stdin.read())"
 
@@ -178,8 +173,15 @@ def fits(spec: TrialSpec, mib: int, *, compile: bool = True) -> CompileResult | 
     if not compile:
         return None
     env = {**os.environ, "LIBTPU_INIT_ARGS": f"--xla_tpu_max_hbm_size_mib={mib}", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", _CHILD], input=spec.to_json(), capture_output=True, text=True,
-                          env=env, cwd=ROOT, check=True)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD],
+        input=spec.to_json(),
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        check=True,
+    )
     got = replace(CompileResult.from_json(done.stdout.strip().splitlines()[-1]), cap_mib=mib)
     write(path, got)
     return got
@@ -187,6 +189,5 @@ def fits(spec: TrialSpec, mib: int, *, compile: bool = True) -> CompileResult | 
 
 def child(spec_json: str) -> None:
     """The child's side: compile under the LIBTPU_INIT_ARGS it started with, print one JSON line."""
-    pass  # merged
 
     print(json.dumps(compile_memory(TrialSpec.from_json(spec_json)).as_dict()))

@@ -168,8 +168,15 @@ def compile_specs(
     CPU), on the cache at `cache` (a directory or gs://bucket/prefix; "": $CP_AOT_CACHE, else .cache/aot).
     A compile that broke is a CompileResult with status "failed"; nothing is raised for one point. `progress`:
     auto | rich | plain, on `console` (a new one on stdout when None); `draws_per_point`: aot.draws."""
-    got = compile_all(specs, topology, workers=workers, cache_at=cache, progress=progress, console=console,
-                      draws_per_point=draws_per_point)  # fmt: skip
+    got = compile_all(
+        specs,
+        topology,
+        workers=workers,
+        cache_at=cache,
+        progress=progress,
+        console=console,
+        draws_per_point=draws_per_point,
+    )
     return [result for result, _ in got]
 
 

@@ -111,8 +111,6 @@ def failed(spec: TrialSpec, topology: str | None, error: BaseException) -> Compi
     )
 
 
-pass  # merged
-
 # e.g. "RESOURCE_EXHAUSTED: Ran out of memory in memory space hbm. ... the total memory required for HLO
 # temporaries (150.60G) exceeds available HBM (94.75G)".
 _OOM = re.compile(
@@ -154,8 +152,6 @@ def compiler_rejection(message: str) -> CompileResult | None:
     return CompileResult(**got)
 
 
-pass  # merged
-
 _PAD: list[bytes] = []  # the padding stays alive for the compile: it only shifts where later objects land
 
 
@@ -193,9 +189,6 @@ def spread_note(got: CompileResult) -> str:
     if lo == hi:
         return f"{len(got.draw_bytes)} draws agree"
     return f"worst of {len(got.draw_bytes)} draws: {lo / 2**30:.1f}-{hi / 2**30:.1f} GiB, spread {hi / lo - 1:.1%}"
-
-
-pass  # merged
 
 
 def verdict(spec: TrialSpec, got: CompileResult) -> tuple[str, str]:

@@ -44,9 +44,13 @@ def devices(spec: TrialSpec, topology: str | None = None) -> list[Any]:
     # Only a full 4-long axis wraps into a torus; a smaller test slice is a mesh.
     wrap = tuple(d >= 4 for d in dims)
     desc = topologies.get_topology_desc(
-        platform="tpu", topology_name=name, chip_config_name=chip, chips_per_host_bounds=(2, 2, 1),
-        num_slices=spec.cluster.slices_per_trial, wrap=wrap,
-    )  # fmt: skip
+        platform="tpu",
+        topology_name=name,
+        chip_config_name=chip,
+        chips_per_host_bounds=(2, 2, 1),
+        num_slices=spec.cluster.slices_per_trial,
+        wrap=wrap,
+    )
     return desc.devices
 
 
@@ -73,8 +77,6 @@ def compile_host_bytes(spec: TrialSpec, cap: int | None = None) -> int:
     need = int(FLOOR_BYTES + PER_TOKEN_WIDTH * tokens * spec.model.embed)
     return min(need, cap) if cap else need
 
-
-pass  # merged
 
 # The last program lowered (and its hash): a cache miss compiles what was hashed without tracing it again.
 _LOWERED: dict[tuple[str, str], tuple[Any, str]] = {}
