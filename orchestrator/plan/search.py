@@ -189,6 +189,7 @@ def _closest(model: ModelSpec, cluster: ClusterSpec, length: int, lean: dict, in
     return f"{why}: every layout is invalid, e.g. " + next(iter(invalid.values()), "no candidate mesh")
 
 
+@dataclass(frozen=True)
 class Recommendation:
     spec: TrialSpec | None  # None: nothing fits
     row: PlanRow | None
