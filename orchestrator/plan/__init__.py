@@ -44,9 +44,14 @@ class PlanRow:
     chip_hours: float | None = None  # steps x predicted step + a compile, times the chips (plan/cost.py)
     cost: float | None = None  # chip_hours x cluster.price_per_chip_hour (None without a price)
     useful_mfu: float | None = None  # packed documents: MFU counting their own attention, not the causal row
+    # The step-time terms behind predicted_step_s, carried so that nothing downstream (tracking, the report)
+    # runs the model again; not part of the row's printed or JSON form.
+    step: steptime.StepTime | None = field(default=None, compare=False, repr=False)
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        del d["step"]
+        return d
 
 
 def _accel(spec: TrialSpec) -> str:
@@ -120,6 +125,7 @@ def plan_one(spec: TrialSpec, problems: list[Problem] | None = None) -> PlanRow:
         limiter=st.limiter,
         dcn_exposed_s=st.dcn_exposed_s,
         useful_mfu=packing.useful_mfu(spec, pk, st.mfu) if pk else None,
+        step=st,
     )
 
 
