@@ -22,11 +22,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python benchmarks/...` finds the repo
 
 from jobs import strategies  # noqa: E402
-from jobs.spec import ClusterSpec, DataSpec, MemorySpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec  # noqa: E402
+from jobs.spec import DataSpec, MemorySpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec  # noqa: E402
 from orchestrator.config import grid  # noqa: E402
 from orchestrator.config.load import group_option  # noqa: E402
-from orchestrator.plan import aot, render  # noqa: E402
-from orchestrator.plan import rules
+from orchestrator.plan import (  # noqa: E402
+    aot,
+    hardware,  # noqa: E402
+    render,
+    rules,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 L14M = 14_680_064
@@ -53,7 +57,7 @@ def spec_for(
     for the 4 KV heads of llama3_1_8b_long) unless `ulysses` fixes the inner degree (of strategies that have
     one); over `slices` slices the context axis crosses them (DCN). `documents`: packed documents from that
     source (the step then carries segment ids; the planner samples the source's lengths.npy)."""
-    c, m = ClusterSpec(**conf("cluster", cluster)), conf("model", model)
+    c, m = hardware.load(cluster)[0], conf("model", model)
     c = dataclasses.replace(c, slices_per_trial=slices)
     inner = (
         int(ulysses) if ulysses != "auto" and "context_ulysses" in strategies.get(strategy).axes else "auto"

@@ -11,8 +11,8 @@ import math
 import re
 from dataclasses import dataclass
 
-from benchmarks.aot import BAND, conf
-from jobs.spec import ClusterSpec
+from benchmarks.aot import BAND
+from orchestrator.plan import hardware  # noqa: E402
 
 HEAD = [
     "cluster",
@@ -108,9 +108,7 @@ def _band_bounds(r: Row) -> tuple[float, float]:
 
 
 def summary(rows: list[Row], band: list[Row]) -> str:
-    hbm = {
-        c: ClusterSpec(**conf("cluster", c)).hbm_bytes_per_device / 2**30 for c in {r.cluster for r in rows}
-    }
+    hbm = {c: hardware.load(c)[1].hbm_bytes_per_device / 2**30 for c in {r.cluster for r in rows}}
     full = [r for r in rows if r.cells["remat"] == "full"]
     compiled = [r for r in full if r.cells["verdict"] == "run" and r.num("analytic / peak") is not None]
     refused = [r for r in full if r.cells["verdict"] != "run"]

@@ -22,12 +22,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # `python benchmarks/...` finds the repo
 
-from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec  # noqa: E402
+from jobs.spec import MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec  # noqa: E402
 from orchestrator import provenance  # noqa: E402
 from orchestrator.config.load import group_option  # noqa: E402
-from orchestrator.plan import aot  # noqa: E402
-from orchestrator.plan.aot import pool  # noqa: E402
-from orchestrator.plan.aot import target  # noqa: E402
+from orchestrator.plan import aot, hardware  # noqa: E402
+from orchestrator.plan.aot import pool, target  # noqa: E402
 
 # (cluster, strategy, mesh): tpu7x 2x2x1 is 4 chips = 8 devices, v5p 2x2x1 4 megacore devices
 POINTS = [
@@ -42,7 +41,7 @@ HEAD_POINTS = [131_072, 1_048_576, 4_194_304, 14_680_064]  # llama3_1_8b_long le
 
 def spec(cluster: str, strategy: str, mesh: MeshSpec, length: int, model: str = "tiny") -> TrialSpec:
     # address "": a local Ray of our own, never a running one that a TPU cluster's address=auto would join
-    c = replace(ClusterSpec(**group_option("cluster", cluster)), topology="2x2x1", address="")
+    c = replace(hardware.load(cluster)[0], topology="2x2x1", address="")
     s = replace(StrategySpec(**group_option("strategy", strategy)), block_q=256, block_kv=256)
     return TrialSpec(
         model=ModelSpec(**group_option("model", model)),
@@ -70,9 +69,7 @@ def head_lines(cores: int, gib: float) -> list[str]:
         f"{memory / 2**30:.1f} GiB (assumed: Ray's default object store share, nothing else running)."
     ]
     for n in HEAD_POINTS:
-        est = target.compile_host_bytes(
-            spec("tpu7x_128", "ring", MeshSpec(context=8), n, "llama3_1_8b_long")
-        )
+        est = target.compile_host_bytes(spec("tpu7x_128", "ring", MeshSpec(context=8), n, "llama3_1_8b_long"))
         at_once = min(cores, int(memory // est))
         lines.append(
             f"  llama3_1_8b_long at {n:>10,} tokens: estimate {est / 2**30:.2f} GiB -> "

@@ -21,8 +21,7 @@ from benchmarks import aot_page  # noqa: E402
 from benchmarks.aot import LENGTHS, at_plan_cell, band_cell, cap_cell, row_cells, spec_for  # noqa: E402
 from jobs import strategies  # noqa: E402
 from orchestrator import provenance  # noqa: E402
-from orchestrator.plan import aot, memory  # noqa: E402
-from orchestrator.plan import rules
+from orchestrator.plan import aot, memory, rules  # noqa: E402
 
 # The page's models, each with the context_ulysses degrees looked up (mesh=auto's, and one more split).
 PAGE_MODELS = [("llama3_1_8b_long", ["auto", "2"]), ("llama3_1_8b", ["auto", "4"])]

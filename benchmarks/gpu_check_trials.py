@@ -19,8 +19,7 @@ from jobs import flops
 from jobs.spec import ClusterSpec, MemorySpec, MeshSpec, StrategySpec, TrainSpec, TrialSpec
 
 ROOT = Path(__file__).resolve().parent.parent
-# The H200's HBM, "141 GB HBM3e" (AI Wiki, "NVIDIA H200", https://aiwiki.ai/wiki/nvidia_h200); its dense bf16
-# peak is jobs/flops.py's.
+# One H200; its dense bf16 peak is jobs/flops.py's.
 H200_1 = ClusterSpec(
     name="h200_1",
     kind="local",
@@ -29,7 +28,6 @@ H200_1 = ClusterSpec(
     hosts=1,
     devices_per_host=1,
     peak_tflops_per_device=flops.PEAK_TFLOPS_PER_DEVICE["h200"],
-    hbm_bytes_per_device=int(141e9),
 )
 BASE = "big"  # section 5 compares against this section-4 trial
 HOST = MemorySpec(host=("optimizer", "params"))  # jobs/spec.py HOST_STATE: train state in pinned host memory

@@ -9,8 +9,7 @@ from omegaconf import OmegaConf
 
 from orchestrator.config import grid
 from orchestrator.config.load import load
-from orchestrator.plan import plan
-from orchestrator.plan import rules
+from orchestrator.plan import plan, rules
 
 BUDGET_S = 2.0
 POINTS = 1000
@@ -46,9 +45,9 @@ def main() -> int:
     total = t4 - t1
     print(f"compose (once, Hydra)     {t1 - t0:6.3f} s")
     print(f"expand {len(specs):,} points       {t2 - t1:6.3f} s   ({len(strategies)} strategies)")
-    print(f"rules ({len(problems)} problems)  {t3 - t2:6.3f} s")
+    print(f"validate ({len(problems)} problems)  {t3 - t2:6.3f} s")
     print(f"plan                      {t4 - t3:6.3f} s   {counts}")
-    print(f"expand + rules + plan  {total:6.3f} s   (budget {BUDGET_S} s)")
+    print(f"expand + validate + plan  {total:6.3f} s   (budget {BUDGET_S} s)")
     print(over_hbm_cost(cfg))
     return 0 if total < BUDGET_S and len(specs) == len(strategies) * len(lengths) else 1
 

@@ -160,7 +160,9 @@ class TrainSpec:
 
 @dataclass(frozen=True)
 class ClusterSpec:
-    """Where a trial runs; execution only, never part of the trial id."""
+    """Where a trial runs; execution only, never part of the trial id. What the planner alone needs of the
+    same cluster (capacities, link rates, fitted step-time constants, budgets) is
+    orchestrator/plan/hardware.py's ClusterModel, read from the same conf/cluster/*.yaml, never sent to a host."""
 
     name: str = "local"
     kind: str = "local"  # local | local_multihost | fake_tpu | tpu | fake_gpu | gpu | address
@@ -171,27 +173,11 @@ class ClusterSpec:
     slices: int = 1  # slices in the cluster (trials at once, one per slice_per_trial slices)
     slices_per_trial: int = 1  # slices one trial spans (multislice over DCN; mesh.dcn names the axis)
     topology: str = ""
-    peak_tflops_per_device: float = 0.0  # 0: measure on the spot (CPU)
-    hbm_bytes_per_device: int = 0
-    ici_bytes_per_s: float = 0.0
-    dcn_bytes_per_s: float = 0.0  # data-centre network bandwidth per host, one direction (0: not modelled)
-    max_step_seconds: float = 0.0  # planner: predicted-slower points are infeasible here (0: no budget)
+    peak_tflops_per_device: float = 0.0  # the MFU denominator; 0: measured on the spot (CPU)
     concurrency: int = 0  # trials at once (0: one per slice)
     address: str = ""  # Ray address: "" starts a local Ray, "auto" or ray://... connects
     # Every host process's extra environment (NCCL_*, XLA_FLAGS): YAML's mapping, as sorted pairs (hashable)
     env: tuple[tuple[str, str], ...] = ()
-    # Cost before launch (orchestrator/plan/cost.py): chips are held through the compile and every step.
-    compile_seconds: float = 0.0  # planner: an attempt's compile, chips held (0: not counted)
-    price_per_chip_hour: float = 0.0  # what a chip-hour costs you, any currency (0: chip-hours only)
-    # Step-time model (orchestrator/plan/steptime.py); the defaults price every FLOP at peak (the roofline).
-    matmul_efficiency: float = 1.0  # fraction of peak the layer matmuls reach
-    attention_efficiency: float = 1.0  # attention kernel's fraction of peak at large head_dim and blocks
-    attention_head_dim_half: float = 0.0  # head_dim at which softmax work halves the kernel's rate
-    attention_block_half: float = 0.0  # tokens per hop at which per-hop cost halves the kernel's rate
-    attention_recompute: float = 1.0  # attention forwards replayed in backward when its output is not saved
-    collective_links: float = 1.0  # ICI links an all-gather / all-to-all drives at once (a ring hop: one)
-    step_overhead_s: float = 0.0  # fixed cost per step (dispatch, optimizer update, host loop)
-    host_bytes_per_s: float = 0.0  # host offload bandwidth per device (0: transfers not modelled)
 
     def __post_init__(self) -> None:
         pairs = self.env.items() if isinstance(self.env, Mapping) else self.env
@@ -234,6 +220,9 @@ class RunSpec:
     # result, so like the rest of this block it stays out of the trial id.
     profile_steps: tuple[int, ...] = ()
     profile_hosts: str = "first"
+
+
+_CLUSTER_KEYS = frozenset(f.name for f in dataclasses.fields(ClusterSpec))
 
 
 @dataclass(frozen=True)
@@ -289,7 +278,8 @@ class TrialSpec:
             strategy=StrategySpec(**d.get("strategy", {})),
             context_length=int(d["context_length"]),
             train=TrainSpec(**train),
-            cluster=ClusterSpec(**d.get("cluster", {})),
+            # keys ClusterSpec lacks (the planner's own, which specs recorded by older versions carry) are dropped
+            cluster=ClusterSpec(**{k: v for k, v in d.get("cluster", {}).items() if k in _CLUSTER_KEYS}),
             run=RunSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.get("run", {}).items()}),
             # a list value (an axis over train.memory.save) as a tuple: specs are hashed (planner caches)
             axes=tuple((str(k), tuple(v) if isinstance(v, list) else v) for k, v in d.get("axes", ())),

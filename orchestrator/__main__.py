@@ -9,7 +9,7 @@ import sys
 
 from orchestrator.cli import args as cli
 from orchestrator.cli import help as helptext
-from orchestrator.config.grid import expand
+from orchestrator.config.grid import expand_points
 from orchestrator.config.load import Loaded
 from orchestrator.config.schema import ConfigError, Options
 
@@ -26,20 +26,23 @@ def main(argv: list[str]) -> int:
             print(cli.show(cfg, args), end="")
             return 0
         options = Loaded.of(cfg).options  # after cli.compose, so a `-m` sweep is the one typed
-        specs = expand(cfg)
+        points = expand_points(cfg)
+        models = [p.cluster for p in points]
         if options.recommend:
-            if options.sweep is not None or len(specs) != 1:
+            if options.sweep is not None or len(points) != 1:
                 raise ConfigError(
                     "recommend=true answers for one point: drop +sweep=... and -m sweep overrides, "
                     "or run dry_run=true to plan the grid"
                 )
             from orchestrator.cli import commands
 
-            found = commands.answer(specs[0], list(args.overrides), options.top, options.search)
+            spec, model = points[0]
+            found = commands.answer(spec, model, list(args.overrides), options.top, options.search)
             return commands.show(found, options.output, options if options.aot else None)
-        from orchestrator.plan import plan, render_table, to_json
+        from orchestrator.plan import auto, plan, render_table, to_json
 
-        rows = plan(specs)
+        specs = auto.resolve_all([p.spec for p in points], models)  # train.remat=auto: each point's own
+        rows = plan(specs, models)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

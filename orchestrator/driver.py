@@ -13,8 +13,7 @@ from orchestrator.launch.attempt import RetryBudgets
 from orchestrator.launch.executor import execute
 from orchestrator.results import gate as regress
 from orchestrator.results import report
-from orchestrator.tracking import layout
-from orchestrator.tracking import open_tracker, recording
+from orchestrator.tracking import layout, open_tracker, recording
 from orchestrator.tracking.leases import SoleLeases
 from orchestrator.ui.progress import SweepProgress
 

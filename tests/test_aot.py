@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
+from jobs.spec import MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
 from orchestrator.config.load import group_option
-from orchestrator.plan import aot, memory
+from orchestrator.plan import aot, hardware, memory
 from orchestrator.plan.aot import CompileResult
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,9 +38,9 @@ def conf(group: str, name: str) -> dict:
     return group_option(group, name)
 
 
-def tiny_spec(hbm: int, length: int = 2048, **model) -> TrialSpec:
+def tiny_spec(length: int = 2048, **model) -> TrialSpec:
     """Tiny llama on a tpu7x 2x2x1 slice (4 chips, 8 devices), ring over all 8."""
-    cluster = replace(ClusterSpec(**conf("cluster", "tpu7x_128")), topology="2x2x1", hbm_bytes_per_device=hbm)
+    cluster = replace(hardware.load("tpu7x_128")[0], topology="2x2x1")
     strategy = replace(StrategySpec(**conf("strategy", "ring")), block_q=256, block_kv=256)
     return TrialSpec(
         model=replace(ModelSpec(**conf("model", "tiny")), **model),
@@ -68,7 +68,7 @@ def test_compiler_rejection_keeps_the_compilers_figures():
     )
     assert tried.required_bytes == int(46.75 * 2**30) and tried.available_bytes == int(46.58 * 2**30)
     assert tried.live_bytes == int(30.75 * 2**30) and tried.fragmentation_bytes == int(15.11 * 2**30)
-    spec = tiny_spec(hbm=96 * 2**30)
+    spec = tiny_spec()
     verdict, reason = aot.verdict(spec, replace(got, topology="tpu7x:2x2x1"))
     assert verdict == "infeasible"
     assert "150.6 GiB" in reason and "94.8 GiB" in reason and "HLO temporaries" in reason
@@ -125,7 +125,7 @@ def test_an_old_cache_entry_is_a_hit(tmp_path, monkeypatch):
     monkeypatch.setenv("CP_AOT_CACHE", str(tmp_path))
     monkeypatch.setattr(aot.cache, "program_version", lambda spec, topology=None: "abcd1234")
     monkeypatch.setattr(aot.cache, "compile_memory", lambda *a: pytest.fail("compiled on a cache hit"))
-    spec = tiny_spec(hbm=96 * 2**30)
+    spec = tiny_spec()
     path = tmp_path / f"{spec.trial_id}-tpu7x_2x2x1-abcd1234.json"
     assert aot.cache_path(spec) == path and not aot.cached_any(spec)
     path.write_text(json.dumps({**OLD_COMPILED, "topology": "tpu7x:2x2x1"}, indent=1))
@@ -152,7 +152,7 @@ def test_compare_rows_from_cached_answers(monkeypatch):
         return got
 
     monkeypatch.setattr(aot.comparison, "compiled_memory", cached)
-    spec = tiny_spec(hbm=96 * 2**30)
+    spec = tiny_spec()
     rows = aot.compare([spec] * 4)
     analytic = memory.total(spec)
     assert rows[0].ratio == analytic / OLD_NO_PEAK["peak_bytes"] and rows[0].verdict == "run"
@@ -172,10 +172,10 @@ def test_small_slice_verdicts_and_cache(tmp_path, monkeypatch):
     pytest.importorskip("libtpu")
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     monkeypatch.setenv("CP_AOT_CACHE", str(tmp_path))
-    fits, tight = tiny_spec(hbm=96 * 2**30), tiny_spec(hbm=2**20)
+    fits, tight = tiny_spec(), tiny_spec()
     assert fits.trial_id == tight.trial_id  # the cluster is not part of the identity: one compile serves both
     assert not aot.cached_any(fits)
-    rows = aot.compare([fits, tight])
+    rows = aot.compare([fits, tight], hbm=[96 * 2**30, 2**20])
     assert aot.cached_any(fits)  # found by a glob, without lowering the step again
     assert [r.verdict for r in rows] == ["run", "infeasible"], rows
     assert rows[0].status == "compiled" and rows[0].compiled_bytes > 2**20
@@ -198,13 +198,13 @@ def test_cached_compiles_are_keyed_by_the_program(monkeypatch):
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     import jobs.model
 
-    spec = tiny_spec(hbm=2**30)
+    spec = tiny_spec()
     before = aot.cache_path(spec)
     assert before.name == f"{spec.trial_id}-tpu7x_2x2x1-{aot.program_version(spec)}.json"
     code = [
         sys.executable,
         "-c",
-        "from tests.test_aot import *; print(aot.program_version(tiny_spec(2**30)))",
+        "from tests.test_aot import *; print(aot.program_version(tiny_spec()))",
     ]
     other = subprocess.run(code, capture_output=True, text=True, check=True, cwd=ROOT, env=os.environ).stdout
     assert other.split()[-1] == aot.program_version(spec)
@@ -217,12 +217,12 @@ def test_cached_compiles_are_keyed_by_the_program(monkeypatch):
 def test_a_peak_that_counts_host_temporaries_is_not_held_to_hbm():
     """With remat=offload libtpu reports arguments + pinned-host temporaries as its peak (tpu7x_128 ring at 14M:
     0.7 + 28.0 GiB), the host's figure: the verdict goes by the device's sum, and there is no device peak."""
-    spec = tiny_spec(hbm=30 * 2**30)
+    hbm = 30 * 2**30
     got = CompileResult(status="compiled", peak_bytes=29 * 2**30, compiler_peak_bytes=31 * 2**30)
-    assert got.device_peak == 31 * 2**30 and aot.verdict(spec, got)[0] == "infeasible"
+    assert got.device_peak == 31 * 2**30 and aot.verdict(got, hbm)[0] == "infeasible"
     got = replace(got, host_temp_bytes=30 * 2**30)
     assert got.device_peak is None
-    v, reason = aot.verdict(spec, got)
+    v, reason = aot.verdict(got, hbm)
     assert v == "run" and "compiled peak 29.0 GiB" in reason, reason
 
 
@@ -232,7 +232,7 @@ def test_rejected_compile_is_infeasible_not_a_traceback(tmp_path, monkeypatch):
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     monkeypatch.setenv("CP_AOT_CACHE", str(tmp_path))
     # ~4M tokens per device x a 32K-wide MLP: the recomputed gate/up activations alone are ~512 GiB.
-    huge = tiny_spec(hbm=96 * 2**30, length=2**25, embed=1024, mlp=32768)
+    huge = tiny_spec(length=2**25, embed=1024, mlp=32768)
     [row] = aot.compare([huge])
     assert row.verdict == "infeasible", row
     assert row.status == "rejected" and row.compiled_bytes > 96 * 2**30
@@ -242,7 +242,7 @@ def test_rejected_compile_is_infeasible_not_a_traceback(tmp_path, monkeypatch):
 
 def small_llama(layers: int, length: int) -> TrialSpec:
     """Llama 3.1 8B's shapes with few layers, ring over tpu7x 2x2x1's 8 devices."""
-    cluster = replace(ClusterSpec(**conf("cluster", "tpu7x_128")), topology="2x2x1")
+    cluster = replace(hardware.load("tpu7x_128")[0], topology="2x2x1")
     model = replace(ModelSpec(**conf("model", "llama3_1_8b_long")), layers=layers)
     return TrialSpec(
         model=model,
@@ -278,7 +278,7 @@ def test_capped_compile_says_whether_a_point_fits_a_given_hbm(tmp_path, monkeypa
     refuses one that does not, with the compiler's own figure; both answers are cached."""
     pytest.importorskip("libtpu")
     monkeypatch.setenv("CP_AOT_CACHE", str(tmp_path))
-    spec = tiny_spec(hbm=96 * 2**30)
+    spec = tiny_spec()
     roomy, tight = aot.capped.fits(spec, 4096), aot.capped.fits(spec, 1)
     assert roomy.status == "compiled" and 0 < roomy.peak_bytes < 4096 * 2**20 and roomy.cap_mib == 4096, roomy
     assert tight.status == "rejected" and tight.required_bytes > 2**20 >= tight.available_bytes, tight

@@ -3,8 +3,7 @@ both, and the verdict states the spread."""
 
 from __future__ import annotations
 
-from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrialSpec
-from orchestrator.config.load import group_option
+from orchestrator.plan import hardware
 from orchestrator.plan.aot import result as draws
 from orchestrator.plan.aot.result import CompileResult, verdict
 
@@ -15,14 +14,7 @@ def fit(peak_gib: float) -> CompileResult:
     return CompileResult(trial_id="t", compiler_peak_bytes=int(peak_gib * GIB), peak_bytes=int(70 * GIB))
 
 
-def spec() -> TrialSpec:
-    return TrialSpec(
-        model=ModelSpec(**group_option("model", "tiny")),
-        mesh=MeshSpec(context=8),
-        strategy=StrategySpec(**group_option("strategy", "ring")),
-        context_length=2048,
-        cluster=ClusterSpec(**group_option("cluster", "tpu7x_128")),  # 192 GB of HBM a chip
-    )
+TPU7X_HBM = hardware.load("tpu7x_128")[1].hbm_bytes_per_device  # 192 GB of HBM a chip
 
 
 def test_the_largest_peak_is_judged_and_every_draw_is_kept():
@@ -30,7 +22,7 @@ def test_the_largest_peak_is_judged_and_every_draw_is_kept():
     assert got.compiler_peak_bytes == int(54.4 * GIB)
     assert got.draw_bytes == (int(50.7 * GIB), int(54.4 * GIB), int(50.7 * GIB))
     assert CompileResult.from_json(got.to_json()) == got  # the tuple survives the cache's JSON
-    v, reason = verdict(spec(), got)
+    v, reason = verdict(got, TPU7X_HBM)
     assert v == "run" and reason.endswith("(worst of 3 draws: 50.7-54.4 GiB, spread 7.3%)"), reason
 
 
@@ -40,7 +32,7 @@ def test_a_refusal_beats_a_fit_and_a_failure_beats_both():
     )
     got = draws.worst([fit(180), refused])
     assert got.status == "rejected" and got.draw_bytes == (int(180 * GIB), int(200 * GIB))
-    assert verdict(spec(), got)[0] == "infeasible"
+    assert verdict(got, TPU7X_HBM)[0] == "infeasible"
     broke = CompileResult(trial_id="t", status="failed", error="boom")
     assert draws.worst([fit(1), broke, refused]) == broke
 

@@ -7,9 +7,9 @@ from dataclasses import replace
 import pytest
 from conftest import run_cli
 
-from orchestrator.config.grid import expand
+from orchestrator.config.grid import expand_points
 from orchestrator.config.load import load
-from orchestrator.plan import auto, cost, plan, policies
+from orchestrator.plan import auto, cost, hardware, plan, policies
 from orchestrator.tracking.layout import trial_params
 
 L14M = 14_680_064
@@ -17,7 +17,9 @@ LONG = ["model=llama3_1_8b_long", "cluster=tpu7x_128"]
 
 
 def specs(words):
-    return expand(load(words))
+    """The grid's specs with train.remat=auto resolved, as the driver plans them."""
+    points = expand_points(load(words))
+    return auto.resolve_all([p.spec for p in points], [p.cluster for p in points])
 
 
 @pytest.fixture(scope="module")
@@ -77,11 +79,15 @@ def test_chip_hours_count_chips_not_devices():
     (v5p,) = specs(["model=llama3_1_8b", "cluster=v5p_128", "context_length=131072", "train.steps=100"])
     (tpu7x,) = specs(["model=llama3_1_8b", "cluster=tpu7x_128", "context_length=131072", "train.steps=100"])
     assert cost.chips(v5p) == 64 and cost.chips(tpu7x) == 64  # 128 TensorCores = 64 Ironwood chips
-    assert cost.chip_hours(v5p, 2.0) == pytest.approx(64 * (100 * 2.0 + 300) / 3600)
+    model = hardware.model_of(v5p.cluster)
+    assert cost.chip_hours(v5p, model, 2.0) == pytest.approx(64 * (100 * 2.0 + 300) / 3600)
     (row,) = plan([v5p])
-    assert row.chip_hours == pytest.approx(cost.chip_hours(v5p, row.predicted_step_s)) and row.cost is None
-    priced = replace(v5p, cluster=replace(v5p.cluster, price_per_chip_hour=2.5))
-    assert plan([priced])[0].cost == pytest.approx(2.5 * row.chip_hours)
+    assert (
+        row.chip_hours == pytest.approx(cost.chip_hours(v5p, model, row.predicted_step_s))
+        and row.cost is None
+    )
+    priced = replace(model, price_per_chip_hour=2.5)
+    assert plan([v5p], [priced])[0].cost == pytest.approx(2.5 * row.chip_hours)
 
 
 def test_budget_line_names_the_costliest_points_and_what_fits():
@@ -113,14 +119,18 @@ def test_cli_refuses_an_over_budget_sweep(tmp_path, no_ray_no_mlflow):
 
 def test_a_tie_goes_to_the_simplest_policy_with_headroom():
     (s,) = specs(["model=llama3_1_8b", "cluster=v5p_128", "context_length=131072"])
-    limit, gib = s.cluster.hbm_bytes_per_device, 2**30
+    limit, gib = hardware.model_of(s.cluster).hbm_bytes_per_device, 2**30
     plain = policies.Policy("full", policies.MemorySpec())
     moved = policies.Policy("full", policies.MemorySpec(offload=("attn_out",)))
     host = policies.Policy("full", policies.MemorySpec(offload=("attn_out",), host=("optimizer",)))
     # within TIE (0.5 %) of each other: the fewest words wins while it leaves 20 % of HBM free
     runs = [(100.0, 30 * gib, s, host), (100.3, 40 * gib, s, moved), (100.4, 60 * gib, s, plain)]
-    assert auto.pick(runs)[3] is plain
-    assert [r[3] for r in auto.rank([*runs, (120.0, gib, s, moved)])][:3] == [plain, moved, host]
+    assert auto.pick(runs, limit)[3] is plain
+    assert [r[3] for r in auto.rank([*runs, (120.0, gib, s, moved)], limit)][:3] == [plain, moved, host]
     tight = [(100.0, 30 * gib, s, host), (100.4, int(0.9 * limit), s, plain)]
-    assert auto.pick(tight)[3] is host  # the simple one would leave under 20 % free: the leanest instead
-    assert auto.pick([(100.0, gib, s, host), (130.0, gib, s, plain)])[3] is host  # not a tie: the fastest
+    assert (
+        auto.pick(tight, limit)[3] is host
+    )  # the simple one would leave under 20 % free: the leanest instead
+    assert (
+        auto.pick([(100.0, gib, s, host), (130.0, gib, s, plain)], limit)[3] is host
+    )  # not a tie: the fastest

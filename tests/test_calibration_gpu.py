@@ -20,13 +20,11 @@ from orchestrator.calibrate.published_gpu import (
     ROWS,
     SOURCES,
     cluster_option,
-    cluster_spec,
     gpu_cluster,
     linear_share,
 )
 from orchestrator.calibrate.published_tpu import model
-from orchestrator.plan import plan_one
-from orchestrator.plan import rules
+from orchestrator.plan import hardware, plan_one, rules
 from orchestrator.plan.search import recommend
 from orchestrator.plan.steptime import step_time
 
@@ -102,7 +100,7 @@ def test_fit_reproduces_the_configs_constants():
     """The fit, re-run, gives what conf/cluster/dgx_*.yaml carry (rounded to 4 digits), and those constants fit
     the GPU rows far better than the TPU's."""
     fitted = cal.fit_all()
-    v5p = cluster_spec("v5p_128")
+    v5p = hardware.load("v5p_128")[1]
     for name, params in fitted.items():
         have = cal.constants(name)
         for k in FITTED:

@@ -7,8 +7,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
-import yaml
-from conftest import ROOT, run_cli
+from conftest import run_cli
 from mlflow import MlflowClient
 
 from jobs.mesh import _knows_slice
@@ -18,8 +17,9 @@ from orchestrator.config.grid import expand
 from orchestrator.config.load import ConfigError, load
 from orchestrator.launch import cluster as clusters
 from orchestrator.launch.placement import gpu_bundles
+from orchestrator.plan import hardware
 
-FAKE_GPU = ClusterSpec(**yaml.safe_load((ROOT / "conf" / "cluster" / "local_fake_gpu.yaml").read_text()))
+FAKE_GPU = hardware.load("local_fake_gpu")[0]
 LATENCY_HIDING = "--xla_gpu_enable_latency_hiding_scheduler=true"
 
 # --- fast: the model of a GPU cluster, the placement group, cluster.env ------------------------------------

@@ -33,6 +33,7 @@ from jobs.train import train
 from orchestrator.config.load import load
 from orchestrator.config.grid import expand
 from jobs.spec import MeshSpec
+from orchestrator.plan import hardware
 shapes = {"context": MeshSpec(context=8, dcn="context"), "data": MeshSpec(data=2, context=4, dcn="data"),
           "usp": MeshSpec(context=4, context_ulysses=2, dcn="context")}
 out = {}
@@ -340,10 +341,10 @@ def test_two_slice_reservation_is_all_or_nothing():
 
 
 def test_local_multislice_config_is_two_slices_of_two_hosts():
-    import yaml
 
     from orchestrator.launch import cluster as clusters
+    from orchestrator.plan import hardware
 
-    c = ClusterSpec(**yaml.safe_load((ROOT / "conf" / "cluster" / "local_multislice.yaml").read_text()))
+    c = hardware.load("local_multislice")[0]
     assert (c.kind, c.platform, c.hosts, c.slices_per_trial) == ("local_multihost", "cpu", 2, 2)
     assert (c.hosts_per_trial, c.devices, clusters.concurrency(c)) == (4, 8, 1)

@@ -122,9 +122,7 @@ def test_every_category_and_planner_term_has_its_metric_name():
     fields = {
         f.name for f in dataclasses.fields(StepTime) if typing.get_type_hints(StepTime)[f.name] is float
     }
-    assert set(layout.PREDICTED) <= fields and all(
-        v == f"predicted/{k}" for k, v in layout.PREDICTED.items()
-    )
+    assert set(layout.PREDICTED) <= fields and all(v == f"predicted/{k}" for k, v in layout.PREDICTED.items())
 
 
 def test_a_profiled_trial_traces_its_step_and_resumes_without_the_trace(tmp_path):

@@ -12,11 +12,12 @@ from mlflow import MlflowClient
 from mlflow.entities import Metric, Param
 from omegaconf import OmegaConf
 
-from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
+from jobs.spec import MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
 from orchestrator.calibrate import refit
-from orchestrator.calibrate import tpu
+from orchestrator.calibrate import tpu as calibration
 from orchestrator.calibrate.fit import with_constants
 from orchestrator.config.load import CONF_DIR, group_option, load
+from orchestrator.plan import hardware
 from orchestrator.plan.steptime import step_time
 from orchestrator.tracking.layout import trial_params
 
@@ -40,7 +41,7 @@ TRUE = {"attention_efficiency": 0.25, "attention_block_half": 64.0, "step_overhe
 def specs() -> list[tuple[TrialSpec, float]]:
     """Every point of the sweep as it was planned (peak 0: measured), with the peak its trial measured."""
     cluster, model = (
-        ClusterSpec(**group_option("cluster", "local")),
+        hardware.load("local")[0],
         ModelSpec(**group_option("model", "tiny")),
     )
     out = []
@@ -83,7 +84,7 @@ def log_sweep(
             "mlflow.parentRunId": parent.info.run_id,
         }
         rid = client.create_run(eid, tags=tags).info.run_id
-        measured = step_time(with_constants(at(spec, peak), TRUE)).step_s
+        measured = step_time(at(spec, peak), model=with_constants(spec, TRUE)).step_s
         metrics = [
             Metric("peak_tflops_per_device", peak, 0, 1),  # a start record: per attempt
             Metric("final_step_time_median_s", measured, 0, 0),
@@ -122,7 +123,7 @@ def test_reads_the_finished_trials_at_their_own_peak(sweep):
 @pytest.fixture(scope="module")
 def published() -> list[tuple[str, float, float]]:
     """The published table before any refit ran in this process."""
-    return [(c.row.label, c.predicted, c.published) for c in tpu.table()]
+    return [(c.row.label, c.predicted, c.published) for c in calibration.table()]
 
 
 @pytest.fixture(scope="module")
@@ -157,9 +158,9 @@ def test_writes_a_cluster_config_hydra_composes(sweep, tmp_path, capsys):
     shutil.copytree(CONF_DIR, conf)
     out = conf / "cluster" / "local_fit.yaml"
     args = ["--from-sweep", SWEEP, "--uri", sweep, "--hold-out-from", "2048", "--out", str(out)]
-    assert tpu.main(args) == 0
+    assert calibration.main(args) == 0
     printed = capsys.readouterr().out
-    assert "tpu (L < 2,048), 10 trials" in printed and "held out (L >= 2,048), 10 trials" in printed
+    assert "calibration (L < 2,048), 10 trials" in printed and "held out (L >= 2,048), 10 trials" in printed
     text = out.read_text()
     said = (
         SWEEP,
@@ -169,27 +170,28 @@ def test_writes_a_cluster_config_hydra_composes(sweep, tmp_path, capsys):
         "# Verdict: the refit predicts the held-out trials better",
     )
     assert all(x in text for x in said), text
-    c = ClusterSpec(**group_option("cluster", "local_fit", conf))
+    got = group_option("cluster", "local_fit", conf)
+    c, fit = hardware.split(got)
     base = group_option("cluster", "local")
     assert c.name == "local_fit" and c.peak_tflops_per_device == 0.0  # still measured on the spot
-    assert {k: getattr(c, k) for k in base if k not in TRUE and k != "name"} == {
+    assert {k: got[k] for k in base if k not in TRUE and k != "name"} == {
         k: v for k, v in base.items() if k not in TRUE and k != "name"
     }
-    assert all(getattr(c, k) == pytest.approx(v, rel=0.1) for k, v in TRUE.items())
+    assert all(getattr(fit, k) == pytest.approx(v, rel=0.1) for k, v in TRUE.items())
     cfg = OmegaConf.to_container(load(["cluster=local_fit"], conf), resolve=True)
-    assert cfg["cluster"]["name"] == "local_fit" and cfg["cluster"]["step_overhead_s"] == c.step_overhead_s
+    assert cfg["cluster"]["name"] == "local_fit" and cfg["cluster"]["step_overhead_s"] == fit.step_overhead_s
 
 
 def test_an_unknown_sweep_is_one_error_line(sweep, capsys):
-    assert tpu.main(["--from-sweep", "nope", "--uri", sweep, "--out", "/nonexistent/x.yaml"]) == 2
+    assert calibration.main(["--from-sweep", "nope", "--uri", sweep, "--out", "/nonexistent/x.yaml"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: sweep 'nope' has no finished trial")
 
 
 def test_the_published_calibration_is_unchanged(fitted, published):
     """The refit shares the published fit's search: the table and v5p's fit are what they were before it."""
-    assert [(c.row.label, c.predicted, c.published) for c in tpu.table()] == published
-    v5p = {k: round(v, 4) for k, v in tpu.fit("v5p_128").items()}
+    assert [(c.row.label, c.predicted, c.published) for c in calibration.table()] == published
+    v5p = {k: round(v, 4) for k, v in calibration.fit("v5p_128").items()}
     assert v5p == {
         "matmul_efficiency": 0.7261,
         "attention_efficiency": 1.0,

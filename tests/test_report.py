@@ -12,14 +12,14 @@ TINY = ModelSpec(name="tiny", vocab=256, embed=64, layers=2, q_heads=4, kv_heads
 GIB = 2**30
 
 
-def make_spec(strategy: str = "ring", length: int = 1024, steps: int = 4, hbm: int = GIB) -> TrialSpec:
+def make_spec(strategy: str = "ring", length: int = 1024, steps: int = 4) -> TrialSpec:
     return TrialSpec(
         model=TINY,
         mesh=MeshSpec(context=8),
         strategy=StrategySpec(name=strategy),
         context_length=length,
         train=TrainSpec(steps=steps),
-        cluster=ClusterSpec(hbm_bytes_per_device=hbm),
+        cluster=ClusterSpec(),  # local: 1 GiB of HBM per device in the planner's model
         axes=(("strategy", strategy), ("context_length", length)),
     )
 

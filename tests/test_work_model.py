@@ -10,8 +10,7 @@ import pytest
 
 from orchestrator.config import grid
 from orchestrator.config import load as config
-from orchestrator.plan import hardware
-from orchestrator.plan import plan, roofline, steptime, work
+from orchestrator.plan import hardware, plan, roofline, steptime, work
 
 PLAN_DIR = Path(__file__).resolve().parent.parent / "orchestrator" / "plan"
 POLICIES = {
@@ -52,17 +51,21 @@ def test_roofline_bounds_prediction_on_every_cp_scaling_row(model, cluster, poli
 
 
 def _both(spec):
-    w = work.step_work(spec)
+    w, m = work.step_work(spec), hardware.model_of(spec.cluster)
     st = steptime.step_time(spec, work=w)
     rates = work.Rates(
         st.peak_tflops,
-        matmul_efficiency=spec.cluster.matmul_efficiency,
+        matmul_efficiency=m.matmul_efficiency,
         attention_efficiency=st.attention_efficiency,
         attention_backward=work.ATTN_BWD,
-        attention_replay=spec.cluster.attention_recompute,
-        overhead_s=spec.cluster.step_overhead_s,
+        attention_replay=m.attention_recompute,
+        overhead_s=m.step_overhead_s,
     )
-    return w, work.price(w, work.Rates(st.peak_tflops), spec.cluster), work.price(w, rates, spec.cluster), st
+    roof, model = (
+        work.price(w, work.Rates(st.peak_tflops), spec.cluster, m),
+        work.price(w, rates, spec.cluster, m),
+    )
+    return w, roof, model, st
 
 
 @pytest.mark.parametrize("cluster", ["v5p_128", "tpu7x_128"])

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from jobs.spec import TrialSpec
+from orchestrator.plan.hardware import ClusterModel, model_of
 from orchestrator.plan.steptime import step_time
 
 # What the fit may move per chip, with bounds. SHARED ones are fitted on v5p only, whose calibration runs
@@ -57,9 +58,9 @@ def search(
     return params
 
 
-def with_constants(spec: TrialSpec, params: dict[str, float]) -> TrialSpec:
-    """The trial with its cluster's step-time constants replaced (the rest of the cluster as it ran)."""
-    return replace(spec, cluster=replace(spec.cluster, **params))
+def with_constants(spec: TrialSpec, params: dict[str, float]) -> ClusterModel:
+    """The trial's cluster as the planner prices it, with these step-time constants replaced."""
+    return replace(model_of(spec.cluster), **params)
 
 
 def step_loss(rows: Sequence[Measured], params: dict[str, float]) -> float:
@@ -67,5 +68,5 @@ def step_loss(rows: Sequence[Measured], params: dict[str, float]) -> float:
     much as on a 2 s one, as the published fit counts MFU."""
     total = 0.0
     for spec, measured_s in rows:
-        total += math.log(step_time(with_constants(spec, params)).step_s / measured_s) ** 2
+        total += math.log(step_time(spec, model=with_constants(spec, params)).step_s / measured_s) ** 2
     return total

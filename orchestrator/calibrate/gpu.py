@@ -24,10 +24,9 @@ from orchestrator.calibrate.published_gpu import (
     ROWS,
     SOURCES,
     GpuPublished,
-    cluster_spec,
-    gpu_cluster,
 )
 from orchestrator.calibrate.tpu import CONSTANTS, Check, check, markdown, print_fits, rows_markdown, write
+from orchestrator.plan import hardware
 
 CLUSTERS = (("H100", "dgx_h100"), ("H200", "dgx_h200"), ("B200", "dgx_b200"))
 # What each GPU's fit may move (FITTED's bounds); every other constant stays at its config's value. H100's
@@ -65,7 +64,7 @@ def loss(rows: Sequence[GpuPublished], params: dict[str, float]) -> float:
 
 def constants(cluster: str) -> dict[str, float]:
     """The fitted-constant keys as conf/cluster/<cluster>.yaml holds them."""
-    c = gpu_cluster(cluster, 8)
+    c = hardware.load(cluster)[1]
     return {k: float(getattr(c, k)) for k in FITTED}
 
 
@@ -74,7 +73,7 @@ def fit_gpu(cluster: str, fixed: dict[str, float] | None = None, rounds: int = R
     from START's values (the rest at the config's, or `fixed`); held-out rows never enter."""
     rows, fixed = rows_of(cluster), fixed or {}
     free = [k for k in FREE.get(cluster, ()) if k not in fixed]
-    start = cluster_spec(START)
+    start = hardware.load(START)[1]
     params = constants(cluster) | fixed | {k: float(getattr(start, k)) for k in free}
     return search(lambda p: loss(rows, p), params, free, rounds)
 

@@ -24,12 +24,13 @@ How a source's row becomes ours:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from functools import cache
 
 from jobs.flops import layer_flops
 from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
 from orchestrator.calibrate.published_tpu import LLAMA2_7B, Published, model
+from orchestrator.plan import hardware
 
 NEMO_H100, NEMO_B200, NEMO_PERF = "NeMo long-sequence H100", "NeMo long-sequence B200", "NeMo perf summary"
 JAXTB, TITAN = "JAX-Toolbox MaxText", "torchtitan CP"
@@ -90,10 +91,8 @@ def cluster_option(name: str) -> dict:
 
 
 def cluster_spec(name: str) -> ClusterSpec:
-    """The config as a ClusterSpec; a key ClusterSpec does not have (`env`, before it had it) is dropped: none
-    enters a step time."""
-    known = {f.name for f in fields(ClusterSpec)}
-    return ClusterSpec(**{k: v for k, v in cluster_option(name).items() if k in known})
+    """The config as the hosts get it."""
+    return hardware.load(name)[0]
 
 
 @cache

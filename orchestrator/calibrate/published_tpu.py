@@ -17,6 +17,7 @@ from functools import cache
 
 from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
 from orchestrator import REPO
+from orchestrator.plan import hardware
 
 CONF = REPO / "conf"
 V5P_LC, TPU7X_LC = "tpu-recipes v5p 8B-LC", "tpu-recipes Ironwood 8B-LC"
@@ -90,7 +91,7 @@ def model(name: str) -> ModelSpec:
 
 @cache
 def cluster(name: str, devices: int) -> ClusterSpec:
-    c = ClusterSpec(**_load("cluster", name))
+    c = hardware.load(name)[0]
     return replace(c, hosts=devices // c.devices_per_host)
 
 

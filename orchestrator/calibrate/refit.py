@@ -22,10 +22,12 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
-from jobs.spec import ClusterSpec, TrialSpec
+from jobs.spec import TrialSpec
 from orchestrator import provenance
 from orchestrator.calibrate.fit import FITTED, SHARED, Measured, search, step_loss, with_constants
 from orchestrator.calibrate.published_tpu import CONF
+from orchestrator.plan import hardware
+from orchestrator.plan.hardware import model_of
 from orchestrator.plan.steptime import step_time
 from orchestrator.provenance import Provenance
 
@@ -111,7 +113,7 @@ def constrained(
     cols, share = {}, {}
     for k in keys:
         lo, hi = BOUNDS[k]
-        v = float(getattr(rows[0][0].cluster, k))
+        v = float(getattr(model_of(rows[0][0].cluster), k))
         h = 1e-3 * (hi - lo) * (1 if v < hi else -1)
         col = [_log_step(s, {k: v + h}) - _log_step(s, {k: v}) for s, _ in rows]
         cols[k], share[k] = np.array(col) / h, abs(v) * float(np.mean(np.abs(col))) / abs(h)
@@ -135,7 +137,7 @@ def constrained(
 
 
 def _log_step(spec: TrialSpec, params: dict[str, float]) -> float:
-    return float(np.log(step_time(with_constants(spec, params)).step_s))
+    return float(np.log(step_time(spec, model=with_constants(spec, params)).step_s))
 
 
 @dataclass(frozen=True)
@@ -178,11 +180,11 @@ def refit(
         raise ValueError(f"no trial below --hold-out-from {hold_out_from} to fit on (lengths: {lengths})")
     keys, left = constrained(rows)
     left |= {k: "shared by every chip's fit; a sweep leaves it as the base has it" for k in SHARED}
-    base = {k: float(getattr(rows[0][0].cluster, k)) for k in FITTED}
+    base = {k: float(getattr(model_of(rows[0][0].cluster), k)) for k in FITTED}
     found = search(lambda p: step_loss(rows, p), {k: base[k] for k in keys}, keys, ROUNDS, BOUNDS)
     fitted = {k: float(f"{v:.4g}") for k, v in found.items()}  # as the config will hold them
     before = tuple(step_time(t.spec).step_s for t in trials)
-    after = tuple(step_time(with_constants(t.spec, fitted)).step_s for t in trials)
+    after = tuple(step_time(t.spec, model=with_constants(t.spec, fitted)).step_s for t in trials)
     return Refit(sweep_id, uri, names[0], hold_out_from, tuple(trials), fitted, base, left, before, after)
 
 
@@ -338,5 +340,5 @@ def cluster_yaml(r: Refit, name: str, made: Provenance) -> str:
             out.append(line)
     out += [f"{k}: {_num(v)}  # fitted ({r.cluster}: {r.base[k]:.4g})" for k, v in missing.items()]
     text = "\n".join(out) + "\n"
-    ClusterSpec(**OmegaConf.to_container(OmegaConf.create(text)))  # fails here, not at the next sweep
+    hardware.split(OmegaConf.to_container(OmegaConf.create(text)))  # fails here, not at the next sweep
     return text

@@ -14,13 +14,14 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from jobs.spec import ClusterSpec, TrialSpec
 from orchestrator import provenance
 from orchestrator.calibrate import refit
-from orchestrator.calibrate.fit import FITTED, SHARED, search
-from orchestrator.calibrate.published_tpu import ROWS, SOURCES, Published, _load
+from orchestrator.calibrate.fit import FITTED, SHARED, search, with_constants
+from orchestrator.calibrate.published_tpu import ROWS, SOURCES, Published
+from orchestrator.plan import hardware
+from orchestrator.plan.hardware import ClusterModel, model_of
 from orchestrator.plan.steptime import step_time
 
 TOLERANCE = 0.25  # held-out target: |predicted / published - 1| for every TPU row
@@ -38,8 +39,9 @@ class Check:
         return self.predicted / self.published - 1
 
 
-def check(row: Published, spec: TrialSpec | None = None) -> Check:
-    st = step_time(spec or row.spec, offload=row.offload)
+def check(row: Published, model: ClusterModel | None = None) -> Check:
+    """The row against the model, with its cluster's constants (or `model`'s)."""
+    st = step_time(row.spec, offload=row.offload, model=model)
     return Check(row, st.mfu, row.published_mfu(st.tflops_per_device, st.peak_tflops), st.limiter)
 
 
@@ -52,8 +54,7 @@ def table(rows: list[Published] | None = None) -> list[Check]:
 def _loss(rows: list[Published], params: dict[str, float]) -> float:
     total = 0.0
     for r in rows:
-        s = r.spec
-        c = check(r, replace(s, cluster=replace(s.cluster, **params)))
+        c = check(r, with_constants(r.spec, params))
         total += math.log(c.predicted / c.published) ** 2
     return total
 
@@ -63,7 +64,7 @@ def fit(cluster: str, fixed: dict[str, float] | None = None, rounds: int = 12) -
     are refitted with the same search by orchestrator/calibrate/refit.py."""
     rows = [r for r in ROWS if r.cluster == cluster and not r.held_out]
     fixed = fixed or {}
-    base = rows[0].spec.cluster
+    base = model_of(rows[0].spec.cluster)
     params = {k: float(getattr(base, k)) for k in FITTED if k not in fixed} | fixed
     free = [k for k in FITTED if k not in fixed]
     return search(lambda p: _loss(rows, p), params, free, rounds)
@@ -107,7 +108,7 @@ Calibration rows are what `--fit` fits the constants on; held-out rows never ent
 
 def constants_markdown() -> str:
     """The fitted constants per chip, as conf/cluster holds them; tpu7x's shared ones say they are v5p's."""
-    specs = {c: ClusterSpec(**_load("cluster", c)) for _, c in CHIPS}
+    specs = {c: hardware.load(c)[1] for _, c in CHIPS}
     lines = [
         "| chip | " + " | ".join(col for col, _, _ in CONSTANTS) + " |",
         "|---" * (len(CONSTANTS) + 1) + "|",
@@ -143,7 +144,7 @@ def page_body(checks: list[Check] | None = None) -> str:
     cal = [c for c in checks if not c.row.held_out]
     held = [c for c in checks if c.row.held_out]
     within = sum(abs(c.error) <= TOLERANCE for c in held)
-    v5p = ClusterSpec(**_load("cluster", "v5p_128"))
+    v5p = hardware.load("v5p_128")[1]
     worst = max(held, key=lambda c: abs(c.error))
     held_text = (
         f"all within {TOLERANCE:.0%}"
@@ -220,7 +221,7 @@ def main(argv: list[str]) -> int:
         return print_fits({"v5p_128": v5p, "tpu7x_128": fit("tpu7x_128", fixed={k: v5p[k] for k in SHARED})})
     if a.page:
         return write(
-            a.page, "python -m orchestrator.calibrate.tpu", argv, "Step-time calibration", NOTE, page_body()
+            a.page, "python -m orchestrator.calibrate", argv, "Step-time calibration", NOTE, page_body()
         )
     print(markdown(table()))
     return 0

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from jobs.spec import TrialSpec
 from orchestrator.plan import memory
+from orchestrator.plan.hardware import ClusterModel
 from orchestrator.plan.search import Answer, search
 
 if TYPE_CHECKING:
@@ -44,8 +45,11 @@ def tail(overrides: list[str], sized: bool = False) -> list[str]:
     return keep
 
 
-def answer(spec: TrialSpec, overrides: list[str], top: int, sizes: Search | None = None) -> Answer:
-    """The ranked answer for the point; `sizes` (the `search` switches) widens batch and grad_accum."""
+def answer(
+    spec: TrialSpec, model: ClusterModel, overrides: list[str], top: int, sizes: Search | None = None
+) -> Answer:
+    """The ranked answer for the point on `model` (its cluster as the planner prices it); `sizes` (the
+    `search` switches) widens batch and grad_accum."""
     b, a = (tuple(sizes.batch), tuple(sizes.grad_accum)) if sizes else ((), ())
     return search(
         spec.model,
@@ -56,6 +60,7 @@ def answer(spec: TrialSpec, overrides: list[str], top: int, sizes: Search | None
         tail=tail(overrides, sized=bool(b or a)),
         batch=b,
         grad_accum=a,
+        cluster_model=model,
     )
 
 

@@ -1,21 +1,32 @@
-"""Expand a sweep into frozen TrialSpecs: one compose, each axis option loaded once, points built in memory."""
+"""Expand a sweep into its grid points: one compose, each axis option loaded once, points built in memory.
+
+A point is its frozen TrialSpec (what the hosts run) and its cluster as the planner prices it (ClusterModel:
+the same cluster section's capacities, link rates and step-time constants, which never reach a host)."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
 import itertools
-from typing import Any
+from typing import Any, NamedTuple
 
 from omegaconf import DictConfig, OmegaConf
 
 from jobs import strategies
-from jobs.spec import ClusterSpec, MeshSpec, TrialSpec
+from jobs.spec import MeshSpec, TrialSpec
 from orchestrator.config import keys
 from orchestrator.config.load import CONF_DIR, group_option
 from orchestrator.config.schema import ConfigError, MeshConfig
+from orchestrator.plan.hardware import ClusterModel, split
 
 GROUP_AXES = ("model", "strategy", "mesh", "cluster")  # axis values name a config group option
+
+
+class GridPoint(NamedTuple):
+    """One point: the trial as its hosts run it, and its cluster as the planner prices it."""
+
+    spec: TrialSpec
+    cluster: ClusterModel
 
 
 def _set(d: dict, dotted: str, value: Any) -> None:
@@ -90,7 +101,13 @@ def resolve_mesh(mesh: dict, strategy: str, model: dict, devices: int) -> MeshSp
 
 
 def expand(cfg: DictConfig, conf_dir=CONF_DIR) -> list[TrialSpec]:
-    """Every point of the sweep (or the single base point) as a TrialSpec, in grid order."""
+    """Every point's TrialSpec, in grid order."""
+    return [p.spec for p in expand_points(cfg, conf_dir)]
+
+
+def expand_points(cfg: DictConfig, conf_dir=CONF_DIR) -> list[GridPoint]:
+    """Every point of the sweep (or the single base point), in grid order. A point asking `train.remat=auto`
+    keeps it: the planner chooses (orchestrator/plan/auto.py)."""
     base = OmegaConf.to_container(cfg, resolve=True)
     sweep = base.pop("sweep", None)
     sets = _dotted((sweep or {}).get("set") or {})
@@ -128,10 +145,9 @@ def expand(cfg: DictConfig, conf_dir=CONF_DIR) -> list[TrialSpec]:
     return specs
 
 
-def build(d: dict, point: tuple = ()) -> TrialSpec:
-    """One TrialSpec from a resolved config dict that passed keys.check_point; train.remat=auto becomes the
-    point's own policy here (orchestrator/plan/auto.py), before anything hashes or records it."""
-    cluster = ClusterSpec(**d["cluster"])
+def build(d: dict, point: tuple = ()) -> GridPoint:
+    """One point from a resolved config dict that passed keys.check_point."""
+    cluster, model = split(d["cluster"])
     mesh = resolve_mesh(d["mesh"], d["strategy"]["name"], d["model"], cluster.devices)
     spec = TrialSpec.from_dict(
         {
@@ -145,8 +161,4 @@ def build(d: dict, point: tuple = ()) -> TrialSpec:
             "axes": [list(kv) for kv in point],
         }
     )
-    if spec.train.remat != "auto":
-        return spec
-    from orchestrator.plan import auto  # the planner, only for a point that asks it to choose
-
-    return auto.resolve(spec)
+    return GridPoint(spec, model)

@@ -30,6 +30,7 @@ from jobs.spec import (
     TrainSpec,
 )
 from jobs.strategies.rules import LAYOUTS
+from orchestrator.plan.hardware import ClusterModel
 
 DATA_KINDS = ("recall", "tokens", "documents")
 TOKEN_DTYPES = ("uint16", "uint32")  # jobs/data/__init__.py memory-maps a flat file of these
@@ -138,9 +139,10 @@ class MeshConfig:
 
 
 @dataclass(frozen=True)
-class ClusterConfig(ClusterSpec):
-    """conf/cluster/: ClusterSpec's keys, with `env` as YAML writes it, a mapping of names to strings (the
-    frozen spec keeps it as sorted pairs, to stay hashable)."""
+class ClusterConfig(ClusterModel, ClusterSpec):
+    """conf/cluster/: ClusterSpec's keys (what the hosts get) and ClusterModel's (what the planner prices with),
+    with `env` as YAML writes it, a mapping of names to strings (the frozen spec keeps it as sorted pairs, to
+    stay hashable)."""
 
     env: dict[str, str] = field(default_factory=dict)
 

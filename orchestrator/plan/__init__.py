@@ -7,10 +7,10 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from jobs import strategies
-from jobs.spec import TrialSpec
-from orchestrator.config.schema import REMATS
+from jobs.spec import REMATS, TrialSpec
 from orchestrator.plan import cost, memory, packing, policies, roofline, steptime, work
 from orchestrator.plan import rules as validate
+from orchestrator.plan.hardware import ClusterModel, model_of
 from orchestrator.plan.render import render_table, to_markdown
 from orchestrator.plan.rules import Problem, point_label
 
@@ -58,7 +58,12 @@ def _accel(spec: TrialSpec) -> str:
     return spec.cluster.accelerator or spec.cluster.name
 
 
-def plan_one(spec: TrialSpec, problems: list[Problem] | None = None) -> PlanRow:
+def plan_one(
+    spec: TrialSpec, model: ClusterModel | None = None, problems: list[Problem] | None = None
+) -> PlanRow:
+    """One point's row; `model` is its cluster as the planner prices it (default: its conf/cluster/ file's),
+    `problems` its rule breaks when the caller found them already."""
+    model = model or model_of(spec.cluster)
     problems = validate.problems(spec) if problems is None else problems
     base = dict(
         trial_id=spec.trial_id,
@@ -71,17 +76,16 @@ def plan_one(spec: TrialSpec, problems: list[Problem] | None = None) -> PlanRow:
         policy=policies.short(spec.train),
     )
     w = None if problems else work.step_work(spec)  # one work model, priced at peak and as runs spend it
-    roof = None if problems else roofline.roofline(spec, w)
-    st = None if problems else steptime.step_time(spec, work=w)
+    roof = None if problems else roofline.roofline(spec, w, model)
+    st = None if problems else steptime.step_time(spec, work=w, model=model)
     tflops = roof.tflops_per_device if roof else _tflops(spec)
     if problems:
         reason = "; ".join(f"{p.rule}: {p.message}" for p in problems)
         return PlanRow(**base, verdict="invalid", reason=reason, tflops_per_device_per_step=tflops)
     mem = memory.breakdown(spec)
     hbm = memory.peak(mem)
-    c = spec.cluster
-    budget = float(c.max_step_seconds)
-    limit = int(c.hbm_bytes_per_device)
+    budget = float(model.max_step_seconds)
+    limit = int(model.hbm_bytes_per_device)
     why = []
     if limit and hbm > limit:
         top = max((k for k in mem if k != "host_offload"), key=mem.get)  # host memory is not HBM
@@ -92,7 +96,7 @@ def plan_one(spec: TrialSpec, problems: list[Problem] | None = None) -> PlanRow:
         hint = strategies.get(spec.strategy.name).overflow_hint(memory.local_sizes(spec))
         if hint:
             why[-1] += f"; {hint}"
-        policy = _policy_that_fits(spec, limit, budget)
+        policy = _policy_that_fits(spec, model, limit, budget)
         if policy:
             why[-1] += f"; {policy}"
     if budget > 0 and st.step_s > budget:
@@ -107,14 +111,14 @@ def plan_one(spec: TrialSpec, problems: list[Problem] | None = None) -> PlanRow:
     pk = packing.of(spec)
     if note := packing.words(pk, spec, st.mfu):
         why.append(note)
-    hours = cost.chip_hours(spec, st.step_s)
+    hours = cost.chip_hours(spec, model, st.step_s)
     return PlanRow(
         **base,
         verdict=verdict,
         reason="; ".join(why),
         tflops_per_device_per_step=tflops,
         chip_hours=hours,
-        cost=cost.price(spec, hours),
+        cost=cost.price(model, hours),
         predicted_hbm_bytes_per_device=hbm,
         predicted_step_s=st.step_s,
         predicted_mfu=st.mfu,
@@ -129,7 +133,7 @@ def plan_one(spec: TrialSpec, problems: list[Problem] | None = None) -> PlanRow:
     )
 
 
-def _policy_that_fits(spec: TrialSpec, limit: int, budget: float) -> str:
+def _policy_that_fits(spec: TrialSpec, model: ClusterModel, limit: int, budget: float) -> str:
     """For a point over HBM: the remat preset, other than its own, that would run and is fastest by the
     step-time model (e.g. "fits with train.remat=offload (43.2 GiB)"), or the leanest when none fits. Only points
     over HBM pay for this (a breakdown per preset, a step time per one that fits). train.memory stays as given:
@@ -144,7 +148,7 @@ def _policy_that_fits(spec: TrialSpec, limit: int, budget: float) -> str:
         if hbm > limit:
             over.append((hbm, remat))
             continue
-        step = steptime.step_time(alt).step_s
+        step = steptime.step_time(alt, model=model).step_s
         if budget <= 0 or step <= budget:
             fits.append((step, hbm, remat))
     if fits:
@@ -162,9 +166,12 @@ def _tflops(spec: TrialSpec) -> float:
     return train_tflops_per_device(spec.model, spec.context_length, spec.train.batch, max(spec.mesh.size, 1))
 
 
-def plan(specs: list[TrialSpec]) -> list[PlanRow]:
-    """A row per point, in grid order; the cluster of each point is its spec.cluster."""
-    return [plan_one(s) for s in specs]
+def plan(specs: list[TrialSpec], models: list[ClusterModel] | None = None) -> list[PlanRow]:
+    """A row per point, in grid order; `models`: each point's cluster as the planner prices it (default: each
+    spec's conf/cluster/ file's)."""
+    if models is None:
+        return [plan_one(s) for s in specs]
+    return [plan_one(s, m) for s, m in zip(specs, models, strict=True)]
 
 
 def to_json(rows: list[PlanRow]) -> str:

@@ -6,7 +6,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from jobs.spec import TrialSpec
-from orchestrator.plan.hardware import CHIPS  # not via plan.aot: the plan must not import the compile pool
+from orchestrator.plan.hardware import (  # not via plan.aot: the plan must not import the compile pool
+    CHIPS,
+    ClusterModel,
+)
 
 if TYPE_CHECKING:
     from orchestrator.plan import PlanRow
@@ -18,15 +21,15 @@ def chips(spec: TrialSpec) -> float:
     return spec.mesh.size / per_chip
 
 
-def chip_hours(spec: TrialSpec, step_s: float) -> float:
+def chip_hours(spec: TrialSpec, model: ClusterModel, step_s: float) -> float:
     """Steps at the predicted step time plus one compile, while the trial holds its chips."""
-    seconds = spec.train.steps * step_s + float(spec.cluster.compile_seconds)
+    seconds = spec.train.steps * step_s + float(model.compile_seconds)
     return chips(spec) * seconds / 3600
 
 
-def price(spec: TrialSpec, hours: float) -> float | None:
+def price(model: ClusterModel, hours: float) -> float | None:
     """The chip-hours at cluster.price_per_chip_hour; None without a price (no default: contracts differ)."""
-    p = float(spec.cluster.price_per_chip_hour)
+    p = float(model.price_per_chip_hour)
     return hours * p if p > 0 else None
 
 
@@ -55,7 +58,9 @@ def over_budget(specs: list[TrialSpec], rows: list[PlanRow], budget: float) -> s
 def _fewer_steps(run: list[tuple[TrialSpec, PlanRow]], budget: float) -> str:
     """The most train.steps every point could take within the budget (compiles are paid regardless)."""
     per_step = sum(chips(s) * r.predicted_step_s / 3600 for s, r in run)
-    fixed = sum(chips(s) * float(s.cluster.compile_seconds) / 3600 for s, _ in run)
+    fixed = sum(
+        r.chip_hours - chips(s) * s.train.steps * r.predicted_step_s / 3600 for s, r in run
+    )  # compiles
     steps = int((budget - fixed) / per_step) if per_step > 0 else 0
     current = min(s.train.steps for s, _ in run)
     return f"train.steps={steps}" if 1 <= steps < current else ""

@@ -1,16 +1,75 @@
-"""The chips the planner knows: libtpu's names for the TPUs and JAX devices per chip, and a device's peak rate,
-MFU's denominator (the spec sheet's, or on CPU the host's matmul rate measured once)."""
+"""The hardware as the planner sees it: each cluster's capacities, link rates and fitted step-time constants
+(ClusterModel, read from the same conf/cluster/*.yaml as the execution-side ClusterSpec, never sent to a host),
+libtpu's names for the TPUs with JAX devices per chip, and a device's peak rate, MFU's denominator (the spec
+sheet's, or on CPU the host's matmul rate measured once)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import OmegaConf
 
 from jobs.spec import ClusterSpec, TrialSpec
 from orchestrator import REPO
+
+
+@dataclass(frozen=True)
+class ClusterModel:
+    """What the planner alone knows of a cluster. The defaults price every FLOP at peak (the roofline) and
+    leave capacities and budgets unchecked."""
+
+    hbm_bytes_per_device: int = 0  # 0: HBM not checked
+    ici_bytes_per_s: float = 0.0  # one ICI link, one direction (0: the planner assumes 1e11)
+    dcn_bytes_per_s: float = 0.0  # data-centre network bandwidth per host, one direction (0: not modelled)
+    host_bytes_per_s: float = 0.0  # host offload bandwidth per device (0: transfers not modelled)
+    max_step_seconds: float = 0.0  # predicted-slower points are infeasible here (0: no budget)
+    # Cost before launch (orchestrator/plan/cost.py): chips are held through the compile and every step.
+    compile_seconds: float = 0.0  # an attempt's compile, chips held (0: not counted)
+    price_per_chip_hour: float = 0.0  # what a chip-hour costs you, any currency (0: chip-hours only)
+    # Step-time model (orchestrator/plan/steptime.py), fitted by orchestrator/calibrate.
+    matmul_efficiency: float = 1.0  # fraction of peak the layer matmuls reach
+    attention_efficiency: float = 1.0  # attention kernel's fraction of peak at large head_dim and blocks
+    attention_head_dim_half: float = 0.0  # head_dim at which softmax work halves the kernel's rate
+    attention_block_half: float = 0.0  # tokens per hop at which per-hop cost halves the kernel's rate
+    attention_recompute: float = 1.0  # attention forwards replayed in backward when its output is not saved
+    collective_links: float = 1.0  # ICI links an all-gather / all-to-all drives at once (a ring hop: one)
+    step_overhead_s: float = 0.0  # fixed cost per step (dispatch, optimizer update, host loop)
+
+
+MODEL_KEYS = frozenset(f.name for f in dataclasses.fields(ClusterModel))
+SPEC_KEYS = frozenset(f.name for f in dataclasses.fields(ClusterSpec))
+
+
+def split(cluster: Mapping[str, Any]) -> tuple[ClusterSpec, ClusterModel]:
+    """A cluster section (conf/cluster/*.yaml, composed and checked) as what the hosts get and what the planner
+    prices with."""
+    spec = ClusterSpec(**{k: v for k, v in cluster.items() if k in SPEC_KEYS})
+    return spec, ClusterModel(**{k: v for k, v in cluster.items() if k in MODEL_KEYS})
+
+
+@functools.cache
+def load(name: str) -> tuple[ClusterSpec, ClusterModel]:
+    """conf/cluster/<name>.yaml, read as the driver composes it (OmegaConf: YAML 1.1 reads `9.0e10` as a
+    string)."""
+    path = REPO / "conf" / "cluster" / f"{name}.yaml"
+    return split(OmegaConf.to_container(OmegaConf.load(path), resolve=True))
+
+
+def model_of(cluster: ClusterSpec) -> ClusterModel:
+    """The planner's model of a cluster named in conf/cluster/ (a spec built by hand for a cluster of another
+    name gets the defaults: the roofline, nothing checked)."""
+    if (REPO / "conf" / "cluster" / f"{cluster.name}.yaml").exists():
+        return load(cluster.name)[1]
+    return ClusterModel()
+
 
 # accelerator -> (topology name prefix, chip config, JAX devices per chip): a v5p chip is one megacore device,
 # a tpu7x chip two.

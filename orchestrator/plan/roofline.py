@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jobs.spec import TrialSpec
-from orchestrator.plan.hardware import peak_tflops
+from orchestrator.plan.hardware import ClusterModel, model_of, peak_tflops
 from orchestrator.plan.work import Rates, Work, price, step_work
 
 __all__ = ["Roofline", "roofline"]
@@ -25,11 +25,12 @@ class Roofline:
     dcn_exposed_s: float = 0.0  # part of exposed_comm_s: slice-crossing traffic compute does not hide
 
 
-def roofline(spec: TrialSpec, work: Work | None = None) -> Roofline:
-    """The bound for one trial; `work` is its step_work when the caller has it already."""
+def roofline(spec: TrialSpec, work: Work | None = None, model: ClusterModel | None = None) -> Roofline:
+    """The bound for one trial; `work` is its step_work when the caller has it already, `model` the
+    cluster's (its links; default: its conf/cluster/ file's)."""
     w = step_work(spec) if work is None else work
     peak = peak_tflops(spec)
-    t = price(w, Rates(peak), spec.cluster)
+    t = price(w, Rates(peak), spec.cluster, model or model_of(spec.cluster))
     d, step = t.dcn, t.step_s
     compute_s = t.matmul_s + t.attention_s
     if w.attention_ring_bytes and t.ring_ici_s > t.attention_s:

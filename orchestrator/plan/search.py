@@ -13,6 +13,7 @@ from jobs import strategies
 from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
 from orchestrator.plan import PlanRow, auto, memory, plan, plan_one, policies, steptime
 from orchestrator.plan import rules as validate
+from orchestrator.plan.hardware import ClusterModel, model_of
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,7 @@ def search(
     tail: list[str] | None = None,
     batch: tuple[int, ...] = (),
     grad_accum: tuple[int, ...] = (),
+    cluster_model: ClusterModel | None = None,
 ) -> Answer:
     """Every strategy x layout x mesh x memory policy, and each (batch, grad_accum) the user allows; the `top`
     fastest feasible (strategy, mesh) pairs, each under its fastest layout, policy and size, and a line per
@@ -74,7 +76,8 @@ def search(
     by the memory model alone (cheap), only the policies that fit get a step time, and a mesh whose leanest
     policy is over HBM at one microbatch is not tried at a larger one."""
     train, tail = train or TrainSpec(), tail or []
-    limit, budget = int(cluster.hbm_bytes_per_device), float(cluster.max_step_seconds)
+    cm = cluster_model or model_of(cluster)
+    limit, budget = int(cm.hbm_bytes_per_device), float(cm.max_step_seconds)
     cands = policies.candidates(cluster.platform)
     fits: dict[tuple, list] = {}  # (strategy, mesh) -> (per-token step, hbm, spec, policy) of each that fits
     lean: dict[str, tuple[int, TrialSpec, policies.Policy]] = {}  # strategy or family -> leanest seen
@@ -107,7 +110,7 @@ def search(
                         if limit and hbm > limit:
                             continue
                         fitted = True
-                        step = steptime.step_time(spec).step_s
+                        step = steptime.step_time(spec, model=cm).step_s
                         if budget > 0 and step > budget:
                             continue
                         t = step * scale
@@ -117,10 +120,12 @@ def search(
                     if not fitted:
                         over[(name, layout, mesh)] = b // a
     # each mesh under its own best layout, size and policy; across meshes a tie also goes to the leaner one
-    ranked = [(t, s, p) for t, _, s, p in auto.rank([auto.pick(runs) for runs in fits.values()])]
-    chosen = tuple(Choice(s, plan_one(s, []), p, command(s, p, tail, sized)) for _, s, p in ranked[:top])
+    ranked = [
+        (t, s, p) for t, _, s, p in auto.rank([auto.pick(runs, limit) for runs in fits.values()], limit)
+    ]
+    chosen = tuple(Choice(s, plan_one(s, cm, []), p, command(s, p, tail, sized)) for _, s, p in ranked[:top])
     if not chosen:
-        return Answer((), (), _closest(model, cluster, context_length, lean, invalid), searched)
+        return Answer((), (), _closest(model, cluster, context_length, lean, invalid, limit), searched)
     return Answer(
         chosen, _losers(ranked, lean, fast, invalid, limit, train.batch if sized else 0), "", searched
     )
@@ -181,11 +186,13 @@ def _behind(r: float) -> str:
     return f"slower by {r:.2f}x"
 
 
-def _closest(model: ModelSpec, cluster: ClusterSpec, length: int, lean: dict, invalid: dict) -> str:
+def _closest(
+    model: ModelSpec, cluster: ClusterSpec, length: int, lean: dict, invalid: dict, limit: int
+) -> str:
     why = f"nothing fits {model.name} at {length:,} tokens on {cluster.name}"
     sized = [v for k, v in lean.items() if k in strategies.CP_NAMES]
     if sized:
-        return f"{why}: {_leanest_words(*min(sized, key=lambda v: v[0]), int(cluster.hbm_bytes_per_device))}"
+        return f"{why}: {_leanest_words(*min(sized, key=lambda v: v[0]), limit)}"
     return f"{why}: every layout is invalid, e.g. " + next(iter(invalid.values()), "no candidate mesh")
 
 
@@ -246,14 +253,19 @@ def candidates(
 
 
 def recommend(
-    model: ModelSpec, cluster: ClusterSpec, context_length: int, train: TrainSpec | None = None
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    context_length: int,
+    train: TrainSpec | None = None,
+    cluster_model: ClusterModel | None = None,
 ) -> Recommendation:
     """Plan every candidate; pick the fastest step the model predicts among the `run` verdicts, and say why.
 
     Ranked by the calibrated step-time model (steptime.py), not the roofline: the roofline prices attention
     at peak, so it cannot see that a small ring hop or a head_dim of 128 costs a layout its lead."""
     specs = candidates(model, cluster, context_length, train)
-    rows = plan(specs)
+    cm = cluster_model or model_of(cluster)
+    rows = plan(specs, [cm] * len(specs))
     ok = [(r, s) for r, s in zip(rows, specs, strict=True) if r.verdict == "run"]
     if not ok:
         fitting = [r for r in rows if r.predicted_hbm_bytes_per_device is not None]

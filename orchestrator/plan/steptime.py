@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jobs.spec import ClusterSpec, TrialSpec
-from orchestrator.plan.hardware import peak_tflops
+from jobs.spec import TrialSpec
+from orchestrator.plan.hardware import ClusterModel, model_of, peak_tflops
 from orchestrator.plan.work import ATTN_BWD, Dcn, Rates, Work, price, step_work
 
 __all__ = ["StepTime", "kernel_efficiency", "step_time"]
@@ -47,7 +47,7 @@ class StepTime:
     limiter: str  # what the step spends most of its time on, in words
 
 
-def kernel_efficiency(c: ClusterSpec, head_dim: int, block: int) -> float:
+def kernel_efficiency(c: ClusterModel, head_dim: int, block: int) -> float:
     """Softmax work per score is fixed while MXU work grows with D (so D/(D+Dh)); a hop's fixed cost
     (launch, pipeline fill, merge) is spread over its block (so b/(b+bh))."""
     d = head_dim / (head_dim + c.attention_head_dim_half)
@@ -60,11 +60,12 @@ def step_time(
     offload: tuple[str, ...] | None = None,
     peak: float | None = None,
     work: Work | None = None,
+    model: ClusterModel | None = None,
 ) -> StepTime:
     """The model for one trial; `offload` overrides what the remat policy sends to host (published runs),
     `peak` the chip's rate (a CPU trial's own measurement, after the fact), `work` its step_work when the
-    caller has it already."""
-    m, c = spec.model, spec.cluster
+    caller has it already, `model` the cluster's (default: its conf/cluster/ file's)."""
+    m, c = spec.model, model or model_of(spec.cluster)
     w = step_work(spec, offload) if work is None else work
     peak = peak or peak_tflops(spec)
     eff = kernel_efficiency(c, m.head_dim, w.hop_tokens)
@@ -76,7 +77,7 @@ def step_time(
         attention_replay=c.attention_recompute,
         overhead_s=float(c.step_overhead_s),
     )
-    t = price(w, rates, c)
+    t = price(w, rates, spec.cluster, c)
     terms = t.parts(spec.strategy.name)
     step = sum(terms.values())
     return StepTime(

@@ -15,6 +15,7 @@ from jobs import strategies
 from jobs.flops import layer_flops, train_tflops_per_device
 from jobs.spec import ClusterSpec, TrialSpec, residuals
 from orchestrator.plan import packing
+from orchestrator.plan.hardware import ClusterModel
 from orchestrator.plan.memory import BF16, FP32, layer_params, local_sizes
 
 # The attention backward in forwards of work: model FLOPs count 2 (dQ, and dK with dV); a flash kernel forms
@@ -172,29 +173,29 @@ class Terms:
         return sum(self.parts("").values())
 
 
-def dcn_bytes_per_s(c: ClusterSpec) -> float:
+def dcn_bytes_per_s(c: ClusterSpec, m: ClusterModel) -> float:
     """One device's share of its host's DCN bandwidth: every device of a host may send across at once (a
     double ring's outer hop does), so a device gets 1/devices_per_host of the NIC."""
-    return float(c.dcn_bytes_per_s) / max(c.devices_per_host, 1)
+    return float(m.dcn_bytes_per_s) / max(c.devices_per_host, 1)
 
 
-def price(w: Work, r: Rates, c: ClusterSpec) -> Terms:
+def price(w: Work, r: Rates, c: ClusterSpec, m: ClusterModel) -> Terms:
     """Seconds per term. Compute at the rates; K,V gathers and all-to-alls drive collective_links links and
     block; a ring hop hides behind the previous hop's attention, FSDP's collectives behind the previous layer's
     matmuls; tensor all-reduces sit on the critical path; host offload, on its own DMA engines, hides behind
     all of that. Each pair of compute and what hides behind it costs max(compute, transfer), so faster rates
     never make a step slower: the roofline's step is at most the model's."""
-    bw = float(c.ici_bytes_per_s) or 1e11
+    bw = float(m.ici_bytes_per_s) or 1e11
     matmul_s = w.matmul_tflop / (r.peak_tflops * r.matmul_efficiency)
     attention_s = w.attention_tflop(r.attention_backward, r.attention_replay) / (
         r.peak_tflops * r.attention_efficiency
     )
     ring_ici_s, fsdp_ici_s = w.attention_ring_bytes / bw, w.fsdp_bytes / bw
     exposed_ring_s, exposed_fsdp_s = max(0.0, ring_ici_s - attention_s), max(0.0, fsdp_ici_s - matmul_s)
-    collectives_s, tensor_s = w.attention_blocking_bytes / (bw * c.collective_links), w.tensor_bytes / bw
-    dcn = _dcn(w, c, attention_s, ring_ici_s, matmul_s, fsdp_ici_s)
+    collectives_s, tensor_s = w.attention_blocking_bytes / (bw * m.collective_links), w.tensor_bytes / bw
+    dcn = _dcn(w, dcn_bytes_per_s(c, m), attention_s, ring_ici_s, matmul_s, fsdp_ici_s)
     busy = matmul_s + attention_s + exposed_ring_s + collectives_s + exposed_fsdp_s + tensor_s + dcn.exposed_s
-    host = c.host_bytes_per_s
+    host = m.host_bytes_per_s
     return Terms(
         matmul_s=matmul_s,
         attention_s=attention_s,
@@ -211,12 +212,11 @@ def price(w: Work, r: Rates, c: ClusterSpec) -> Terms:
 
 
 def _dcn(
-    w: Work, c: ClusterSpec, attention_s: float, ring_ici_s: float, matmul_s: float, fsdp_ici_s: float
+    w: Work, bw: float, attention_s: float, ring_ici_s: float, matmul_s: float, fsdp_ici_s: float
 ) -> Dcn:
     """A ring hop that crosses takes max(ICI, DCN) and hides behind attention (all hops alike, so totals compare
     as per hop); blocking transfers add; FSDP's collectives over a multislice axis run a DCN phase (each device
     swaps its shard with its S-1 peers) before the ICI one, both behind the matmuls."""
-    bw = dcn_bytes_per_s(c)
     if w.dcn_slices <= 1 or not w.dcn_axis or bw <= 0:
         return Dcn(axis=w.dcn_axis, slices=w.dcn_slices, bytes_per_s=bw)
     blocking_s, ring_s = w.dcn_blocking_bytes / bw, w.dcn_ring_bytes / bw

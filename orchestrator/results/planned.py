@@ -13,6 +13,7 @@ from typing import Any
 
 from jobs.spec import TrialSpec
 from orchestrator.plan import aot
+from orchestrator.plan.hardware import model_of
 from orchestrator.results.report import GIB, _axes, _finish
 from orchestrator.tracking import Tracker
 
@@ -61,7 +62,7 @@ def figures(points: list[tuple[TrialSpec, dict[str, float]]]) -> dict[str, Any]:
         comp = [m.get("compiled_bytes_per_device", float("nan")) / GIB for _, m in pts]
         if any(c == c for c in comp):
             bx.plot(xs, comp, marker="o", color=f"C{i}", label=f"{name} TPU-compiled")
-    hbm = points[0][0].cluster.hbm_bytes_per_device
+    hbm = model_of(points[0][0].cluster).hbm_bytes_per_device
     if hbm:
         bx.axhline(hbm / GIB, color="red", ls=":", label=f"HBM per device ({hbm / GIB:g} GiB)")
     return {"planned_mfu_vs_context": _finish(mfu_fig, ax), "planned_memory_vs_context": _finish(mem_fig, bx)}

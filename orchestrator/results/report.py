@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 from jobs.data.buckets import bucket_labels, position_buckets
 from jobs.records import ProfileRecord, Record, StartRecord, StepRecord, SummaryRecord, parse_known
 from jobs.spec import TrialSpec
+from orchestrator.plan.hardware import model_of
 from orchestrator.tracking import Tracker
 from orchestrator.tracking.layout import memory_bytes
 
@@ -165,7 +166,7 @@ def memory_figure(trials: list[TrialResult]) -> Figure:
         pred = [(t.predicted_bytes if t.predicted_bytes is not None else float("nan")) / GIB for t in ts]
         if any(p == p for p in pred):
             ax.plot(xs, pred, ls="--", marker="x", color=colour, alpha=0.7, label=f"{name} predicted")
-    hbm = trials[0].spec.cluster.hbm_bytes_per_device
+    hbm = model_of(trials[0].spec.cluster).hbm_bytes_per_device
     if hbm:
         ax.axhline(hbm / GIB, color="red", ls=":", label=f"HBM per device ({hbm / GIB:g} GiB)")
     return _finish(fig, ax)

@@ -40,6 +40,7 @@ from orchestrator.plan.aot.target import (
     topology_name,
     topology_tag,
 )
+from orchestrator.plan.hardware import model_of
 
 __all__ = [
     "CHIPS",
@@ -114,6 +115,7 @@ def compare(
     progress: str = "auto",
     console: Console | None = None,
     draws: int = 1,
+    hbm: list[int] | None = None,
 ) -> list[Comparison]:
     """Analytic vs compiled per-device memory, side by side, with the verdict of the compile. A refused compile
     counts its required bytes as compiled (a lower bound: the compiler names only the part that overflowed); any
@@ -123,7 +125,8 @@ def compare(
     (0: one per CPU of the Ray cluster; aot.pool), with a progress bar (`progress`: auto | rich | plain).
     `cache`: the compile cache, a directory or gs://bucket/prefix ("": $CP_AOT_CACHE, else .cache/aot).
     `draws` k > 1: each point compiled k times and judged by its worst draw (aot.draws), always on the pool:
-    a draw needs a process of its own."""
+    a draw needs a process of its own. `hbm`: each point's HBM per device to judge by (default: its
+    cluster's, conf/cluster/)."""
     if draws > 1 and workers is None:
         workers = 0
     if workers is None:
@@ -131,7 +134,8 @@ def compare(
             results = [_compiled(spec, topology) for spec in specs]
     else:
         results = pool.compile_specs(specs, topology, workers, cache, progress, console, draws)
-    return [_row(spec, got) for spec, got in zip(specs, results, strict=True)]
+    limits = hbm or [model_of(s.cluster).hbm_bytes_per_device for s in specs]
+    return [_row(s, got, limit) for s, got, limit in zip(specs, results, limits, strict=True)]
 
 
 def _compiled(spec: TrialSpec, topology: str | None) -> CompileResult:
@@ -141,12 +145,12 @@ def _compiled(spec: TrialSpec, topology: str | None) -> CompileResult:
         return failed(spec, topology, e)
 
 
-def _row(spec: TrialSpec, got: CompileResult) -> Comparison:
+def _row(spec: TrialSpec, got: CompileResult, hbm: int) -> Comparison:
     predicted = memory.total(spec)
     # the sum only where a cached compile predates the peak; with host temporaries there is no device peak,
     # so no ratio (docs/results/aot.md, remat=offload)
     judged = got.compiled_bytes if got.compiler_peak_bytes is None else got.device_peak
-    v, reason = verdict(spec, got)
+    v, reason = verdict(got, hbm)
     return Comparison(
         trial_id=spec.trial_id,
         strategy=spec.strategy.name,

@@ -191,7 +191,7 @@ def spread_note(got: CompileResult) -> str:
     return f"worst of {len(got.draw_bytes)} draws: {lo / 2**30:.1f}-{hi / 2**30:.1f} GiB, spread {hi / lo - 1:.1%}"
 
 
-def verdict(spec: TrialSpec, got: CompileResult) -> tuple[str, str]:
+def verdict(got: CompileResult, hbm: int) -> tuple[str, str]:
     """(run | infeasible | invalid, reason) from a compile: the compiler's refusal, or its peak over the cluster's
     HBM figure, is infeasible (DESIGN: RESOURCE_EXHAUSTED is never retried).
 
@@ -215,7 +215,7 @@ def verdict(spec: TrialSpec, got: CompileResult) -> tuple[str, str]:
         return "infeasible", f"TPU compiler: {figures}" + (f" (largest: {top})" if top else "") + spread
     if got.status == "failed":
         return "invalid", f"TPU compile failed: {got.error}"
-    limit = int(spec.cluster.hbm_bytes_per_device)
+    limit = int(hbm)
     own = got.device_peak
     peak = own or got.peak_bytes
     what = "compiler's peak" if own else "compiled peak"
