@@ -173,7 +173,7 @@ def _recipe_cells(xs: list[Recipe]) -> tuple[str, str, str]:
         if (p.predicted_mfu is not None and p.predicted_hbm_bytes_per_device is not None)
         else f"— ({p.verdict})"
     )
-    pubs = " / ".join(f"{y.published:.1%}" + (" **held out**" if y.row.held_out else "") for y in xs)
+    pubs = " / ".join(f"{y.published:.1%}" + (" **excluded**" if y.row.excluded else "") for y in xs)
     return _layout(x.spec, x.policy), own, pubs
 
 
@@ -228,18 +228,19 @@ Columns: *recipe* is the published layout (strategy, load-balancing layout, mesh
 `train.*` overrides (a recipe's host offload of the attention output is `train.remat=full` plus
 `train.memory.offload`). *Planner on the recipe* is `plan_one` on that configuration: predicted MFU, predicted
 peak HBM per device and verdict (`run`, `infeasible` or `invalid`). *Published MFU* is the source's (the
-midpoint of a range, or model FLOPs / (its step time × peak)); **held out** marks rows the constants were never
-fitted on. *Recommender's pick* and *pick: MFU, HBM/device* are what `search` ranks first and the planner's
+midpoint of a range, or model FLOPs / (its step time × peak)); **excluded** marks rows no fit sees (the model
+has no term for what made them differ; every other row is judged by the fit that never saw its table, on the
+calibration page). *Recommender's pick* and *pick: MFU, HBM/device* are what `search` ranks first and the planner's
 figures for it. *Why the pick* is computed: "same as the recipe" where strategy, layout, mesh and policy all
 match; otherwise what differs, the ratio of predicted step times with the step-time term that accounts for most
 of the gap (a tie within 0.5 % goes to the simplest policy that leaves 20 % of HBM free), the limiters where they differ, and both HBM figures; or the
 planner's verdict and reason where the recipe does not run. Predictions, not measurements: a pick is only as
-good as the model, and the planner does not check host memory capacity."""
+good as the model (its held-out errors and bands: the calibration page); it checks HBM and host RAM."""
 
 
 def page_body(pts: list[Point] | None = None) -> str:
     pts = points() if pts is None else pts
-    held = [x.row for p in pts for x in p.recipes if x.row.held_out]
+    held = [x.row for p in pts for x in p.recipes if x.row.excluded]
     picked = [(p.pick, p.recipes) for p in pts if p.pick]
     full = sum(any(same(c, x) for x in xs) for c, xs in picked)
     layout = sum(any(set(differ(c, x)) <= {"policy"} for x in xs) for c, xs in picked)
@@ -249,9 +250,9 @@ def page_body(pts: list[Point] | None = None) -> str:
 {len(pts)} points; the pick is a recipe's own configuration at {full}, and a recipe's strategy, layout and mesh
 under another memory policy at {layout - full}.
 
-## Held-out rows
+## Excluded rows
 
-""" + "\n".join(f"- {r.label}: {r.held_out}" for r in held)
+""" + "\n".join(f"- {r.label}: {r.excluded}" for r in held)
 
 
 def main(argv: list[str]) -> int:

@@ -1,81 +1,126 @@
-"""The step-time model against published runs: recompute the calibration table, hold the held-out rows to 25 %."""
+"""The step-time model against published TPU runs: every table held out of its own fit, the bands those errors
+give, the configs holding the fit's constants, and the mechanisms the model prices."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from orchestrator.calibrate import tpu as calibration
+from orchestrator.calibrate import family, fit
 from orchestrator.calibrate.published_tpu import ROWS
+from orchestrator.calibrate.tpu import KNOBS, check
+from orchestrator.plan import hardware
 from orchestrator.plan.hardware import model_of
 from orchestrator.plan.steptime import kernel_efficiency, step_time
 
-EIGHT_M = 8 * 2**20
-TABLE = calibration.table()
+GOAL = 0.20  # every held-out cell's step within 20 % (issue #40's goal)
+PICK = 0.05  # a held-out fit's pick within 5 % of the best measured step
 
 
-def _id(c: calibration.Check) -> str:
-    return c.row.label.replace(" ", "_")
+@pytest.fixture(scope="module")
+def result() -> family.Result:
+    return family.calibrate(family.TPU)
 
 
-def test_every_long_row_is_held_out():
-    """Calibrate only up to 4M tokens: every row of 8M tokens or more is held out, and so are the chosen ones."""
+def test_rows_have_a_source_a_figure_and_a_reason_to_be_excluded():
     for r in ROWS:
-        if r.length >= EIGHT_M:
-            assert r.held_out, r.label
         assert r.source and (r.mfu is not None) != (r.step_s is not None), r.label
-    held = [r for r in ROWS if r.held_out]
-    assert len(held) >= 10 and any(r.length < EIGHT_M for r in held)
+    assert [r.label for r in ROWS if r.excluded] == ["tpu7x_128 8B-hd256 ring 4,096K"]  # the clock setting
+    assert len({r.table for r in ROWS}) >= 5
 
 
-def test_fit_never_sees_held_out_rows(monkeypatch):
-    seen = []
-    real = calibration.check
-    monkeypatch.setattr(calibration, "check", lambda row, spec=None: seen.append(row) or real(row, spec))
-    calibration.fit("tpu7x_128", rounds=1)
-    assert seen and not any(r.held_out for r in seen) and {r.cluster for r in seen} == {"tpu7x_128"}
+def test_no_fit_sees_the_table_it_predicts_or_an_excluded_row(monkeypatch):
+    seen: list[set[str]] = []
+
+    def spy(
+        rows, knobs, base, fixed=None
+    ):  # records what a fit would see; prices with the configs' constants
+        seen.append({r.table for r in rows})
+        return {chip: {} for chip in base}
+
+    monkeypatch.setattr(fit, "fit", spy)
+    rows = family.TPU.rows()
+    cells = fit.leave_one_table_out(rows, KNOBS, family.TPU.base())
+    tables = list(dict.fromkeys(r.table for r in rows))
+    assert seen == [set(tables) - {t} for t in tables]
+    assert {c.row.table for c in cells} == set(tables) and len(cells) == len(rows)
 
 
-@pytest.mark.parametrize("c", [c for c in TABLE if not c.row.held_out], ids=_id)
-def test_calibration_rows(c):
-    """Predicted vs published for every row the constants were fitted on (a fit, so only a loose bound)."""
-    print(f"{c.row.label}: published {c.published:.1%}, predicted {c.predicted:.1%} ({c.error:+.0%})")
-    assert abs(c.error) < 0.30, c
+def test_every_held_out_cell_is_within_the_goal(result):
+    """Predicted by the fit on every other table: each fitted cell's step within 20 % of the published one."""
+    for c in result.held_out:
+        print(f"{c.row.table}: {c.row.label}: {c.error:+.0%}")
+    missed = [
+        (c.row.label, f"{c.error:+.0%}")
+        for c in result.held_out
+        if not c.row.excluded and abs(c.error) > GOAL
+    ]
+    assert not missed, missed
 
 
-@pytest.mark.parametrize("c", [c for c in TABLE if c.row.held_out], ids=_id)
-def test_held_out_rows_within_25_percent(c):
-    """Never fitted on: MFU within 25 % (relative) of the published figure, for every TPU row."""
-    print(f"{c.row.label}: published {c.published:.1%}, predicted {c.predicted:.1%} ({c.error:+.0%})")
-    assert abs(c.error) <= calibration.TOLERANCE, f"{c.row.label} ({c.row.held_out}): {c.error:+.0%}"
+def test_held_out_picks(result):
+    """At each point of a table that compares strategies, the held-out fit's fastest against the measured best:
+    every pick within 5 % but PR #4836's 64K (the model's fixed costs per ring hop are pinned by that table
+    alone: held out, it prices usp8x8 ahead of all-gather, 9.9 % slower measured)."""
+    regret = {p.point: p.regret for p in result.picks}
+    assert len(regret) == 4
+    assert sorted(r <= PICK for r in regret.values()) == [False, True, True, True], regret
+    assert max(regret.values()) < 0.10, regret
 
 
-def test_table_renders_every_row():
-    md = calibration.markdown(TABLE)
-    assert md.count("\n") == len(ROWS) + 1 and "held out: 8M tokens or more" in md
+def test_configs_hold_the_fit_and_its_bands(result):
+    """conf/cluster/*.yaml carries what `python -m orchestrator.calibrate --fit --write` computes (4 digits)."""
+    for chip, values in result.constants.items():
+        have = hardware.load(chip)[1]
+        for k, v in values.items():
+            assert getattr(have, k) == pytest.approx(v, rel=2e-3, abs=1e-9), (chip, k)
+    (lo, hi) = result.bands["step"]
+    assert lo < 1 < hi and hi - lo < 0.4  # compute-bound steps: a band of about +-15 %
 
 
-def test_page_has_constants_both_tables_and_caveats():
-    """docs/results/calibration.md's body: every row once, the three chips' constants, tpu7x's shared ones marked."""
-    body = calibration.page_body(TABLE)
-    labels = [c.row.label for c in TABLE]  # the 4M Ironwood run is there twice: with and without p-state 7
-    assert all(body.count(f"| {x} |") == labels.count(x) for x in labels)
-    assert body.count("| held out because |") == 1 and "## Caveats" in body
-    for chip in ("| v5p |", "| tpu7x |", "| local CPU |"):
-        assert chip in body
-    marked = body.count("(v5p's)") - 1  # less the sentence that explains the mark
-    assert marked == len(calibration.SHARED)
+def test_band_covers_the_held_out_cells(result):
+    inside = sum(c.row.step_s / c.predicted_s >= 0.999 * result.bands["step"][0] for c in result.held_out)
+    assert inside >= 0.9 * len(result.held_out) - 2
 
 
-def test_kernel_efficiency_grows_with_head_dim_and_block():
+def test_published_14m_points_with_their_host_ram():
+    """The hidden-transfer and host-RAM terms on the published 14M runs: MFU within 25 % of 0.371 (v5p,
+    layer inputs offloaded) and 0.487 (tpu7x, layer inputs and attention outputs), and both fit their hosts."""
+    from orchestrator.plan import plan_one
+    from orchestrator.plan.policies import Policy
+
+    for label, published in (
+        ("v5p_128 8B-hd256 ring 14,336K", 0.371),
+        ("tpu7x_128 8B-hd256 ring 14,336K", 0.487),
+    ):
+        row = next(r for r in ROWS if r.label == label)
+        c = check(row)
+        assert abs(c.predicted / published - 1) <= 0.25, (label, c.predicted)
+        policy = Policy("full", replace(row.spec.train.memory, offload=row.offload))
+        planned = plan_one(replace(row.spec, train=policy.apply(row.spec.train)))
+        host = next(r for r in planned.resources if r.name == "host_memory")
+        assert host.verdict == "fits" and 0 < host.used < host.capacity, (label, host)
+
+
+def test_kernel_efficiency_grows_with_head_dim():
     c = model_of(ROWS[0].spec.cluster)
-    assert kernel_efficiency(c, 128, 65536) < kernel_efficiency(c, 256, 65536) <= c.attention_efficiency
-    assert kernel_efficiency(c, 256, 1024) < kernel_efficiency(c, 256, 65536)
+    assert kernel_efficiency(c, 128) < kernel_efficiency(c, 256) <= c.attention_efficiency
+
+
+def test_zigzag_balances_what_contiguous_leaves_on_the_last_device():
+    """The schedule's busiest device: contiguous causal shards leave the last one about twice the mean; zigzag
+    halves the chunks and evens the work; the step keeps what the halved chunks cost."""
+    base = next(r for r in ROWS if r.label == "v5p 8B ring 256K cp64").spec
+    contiguous = step_time(base)
+    zigzag = step_time(replace(base, strategy=replace(base.strategy, layout="zigzag")))
+    assert 1.3 < contiguous.attention_s / zigzag.attention_s < 2.0
+    assert zigzag.step_s < contiguous.step_s
 
 
 def test_remat_and_offload_cost_time_not_model_flops():
-    """Recompute lowers MFU at the same model FLOPs; offload adds transfer that compute hides at these sizes."""
-    from dataclasses import replace
-
+    """Recompute lowers MFU at the same model FLOPs; offload costs its exposed share, and limits the step when the
+    host link starves."""
     base = next(r for r in ROWS if r.label == "v5p_128 8B-hd256 ring 4,096K").spec
     runs = {
         p: step_time(replace(base, train=replace(base.train, remat=p))) for p in ("none", "save_attn", "full")
@@ -83,8 +128,10 @@ def test_remat_and_offload_cost_time_not_model_flops():
     assert len({round(s.tflops_per_device, 6) for s in runs.values()}) == 1
     assert runs["none"].step_s < runs["save_attn"].step_s < runs["full"].step_s
     off = step_time(replace(base, train=replace(base.train, remat="offload")))
-    assert off.exposed_offload_s == 0.0 and off.step_s == pytest.approx(runs["full"].step_s)
-    tiny = replace(model_of(base.cluster), host_bytes_per_s=1e6)  # a starved host link: offload limits
+    m = model_of(base.cluster)
+    assert off.exposed_offload_s == pytest.approx(m.offload_exposed * off.offload_s, rel=1e-6)
+    assert off.step_s == pytest.approx(runs["full"].step_s + off.exposed_offload_s, rel=1e-9)
+    tiny = replace(m, host_bytes_per_s=1e6)  # a starved host link: offload becomes the limiter
     slow = step_time(replace(base, train=replace(base.train, remat="offload")), model=tiny)
     assert slow.exposed_offload_s > 0 and slow.limiter.startswith("offload bandwidth")
 
@@ -119,8 +166,6 @@ def test_step_time_plot_draws_predicted_next_to_measured():
 
 def test_cpu_probe_measures_this_host(monkeypatch):
     """Unpinned, the planner runs the job's own matmul probe in a child process (no jax in the driver)."""
-    from orchestrator.plan import hardware as peak
-
-    monkeypatch.delenv(peak.CPU_PEAK_ENV, raising=False)
-    rate = peak.measured_cpu_tflops.__wrapped__(4, "float32")
-    assert rate > 0 and rate != peak.NOMINAL_CPU_TFLOPS  # measured, not the fallback
+    monkeypatch.delenv(hardware.CPU_PEAK_ENV, raising=False)
+    rate = hardware.measured_cpu_tflops.__wrapped__(4, "float32")
+    assert rate > 0 and rate != hardware.NOMINAL_CPU_TFLOPS  # measured, not the fallback

@@ -62,10 +62,10 @@ def test_a_row_per_point(points):
     assert len(points) == len(keys) and sum(len(p.recipes) for p in points) == len(CP_ROWS)
     table = bp.markdown(points).splitlines()
     assert len(table) == 2 + len(points) and all(line.count(" | ") == len(bp.HEAD) - 1 for line in table[2:])
-    held = [r for r in CP_ROWS if r.held_out]
-    assert "\n".join(table).count("**held out**") == len(held)
+    held = [r for r in CP_ROWS if r.excluded]
+    assert "\n".join(table).count("**excluded**") == len(held)
     body = bp.page_body(points)
-    assert all(f"- {r.label}: {r.held_out}" in body for r in held)
+    assert all(f"- {r.label}: {r.excluded}" in body for r in held)
 
 
 def test_why_says_same_or_not_runnable(points):

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from jobs.strategies.base import BF16, TILE_BYTES, Local, Strategy, kernel_bytes
+from jobs.strategies.base import (
+    BF16,
+    TILE_BYTES,
+    Hop,
+    Local,
+    Schedule,
+    Strategy,
+    gathered_scores,
+    kernel_bytes,
+)
 
 
 class AllGather(Strategy):
@@ -30,6 +39,11 @@ class AllGather(Strategy):
 
     def comm_bytes(self, x: Local) -> tuple[int, int]:
         return int(2 * (x.P - 1) / x.P * x.L * x.kv_token * BF16), 0
+
+    def schedule(self, x: Local, layout: str, block_q: int, block_kv: int) -> Schedule:
+        busiest, mean, calls = gathered_scores(x.P, x.Ll, x.L, layout, block_q, block_kv)
+        gathered = self.comm_bytes(x)[0]
+        return Schedule((Hop(busiest, mean, calls, 0),), x.hq, block_q, block_kv, gathered, x.P)
 
     def dcn_bytes(self, x: Local, mesh: Mapping[str, int], axis: str, slices: int) -> tuple[int, int]:
         return ((slices - 1) * 2 * x.Ll * x.kv_token * BF16, 0) if axis == "context" else (0, 0)

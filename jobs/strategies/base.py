@@ -10,6 +10,7 @@ import importlib
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 
 BF16, FP32 = 2, 4
 TILE_BYTES = 15  # per score element of the attention kernel's working tile, see kernel_bytes
@@ -54,6 +55,107 @@ def kernel_bytes(x: Local, tq: int, tk: int, hq: int, hkv: int, block_q: int, bl
     acc = x.B * (tq * hq * (2 * x.D + 1) * FP32 + tk * hkv * 2 * x.D * FP32)
     tile = x.B * hq * min(block_q, tq) * min(block_kv, tk) * TILE_BYTES
     return acc + tile
+
+
+@lru_cache(maxsize=4096)
+def causal_scores(q0: int, nq: int, k0: int, nk: int, bq: int, bk: int) -> int:
+    """Score entries a block-skipping causal kernel computes on queries at true positions [q0, q0+nq) and keys
+    at [k0, k0+nk): every (block_q x block_kv) tile with at least one visible score (query position >= key
+    position) is computed whole, the others skipped. Blocks are aligned to each range's start (a call's own
+    blocks); the last one in each direction may be short."""
+    bq, bk = max(min(bq, nq), 1), max(min(bk, nk), 1)
+    total = 0
+    for start in range(0, nq, bq):
+        rows = min(bq, nq - start)
+        last_q = q0 + start + rows - 1  # the block's last query sees keys up to its own position
+        visible = min(max(last_q - k0 + 1, 0), nk)
+        total += rows * min(-(-visible // bk) * bk, nk)
+    return total
+
+
+@dataclass(frozen=True)
+class Hop:
+    """One step of a layer's attention forward on the busiest device: the tiles it computes, the kernel calls
+    they take, and the K,V each device passes to its ring neighbour meanwhile (the next step's block)."""
+
+    scores: (
+        int  # of one q head: score entries computed, whole tiles with a visible score (masked ones skipped)
+    )
+    mean_scores: float  # the same averaged over the devices (what shared cores see: simulated CPU devices)
+    calls: int  # kernel calls on the busiest device
+    send_bytes: int  # per device, during this hop (0: nothing travels)
+    count: int = 1  # identical consecutive hops
+    merged: int = 0  # queries whose running (out, lse) this hop's partial result is merged into (0: none)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A layer's attention forward on one device: the hops in order, the q heads each kernel call covers, the
+    tile shape, and the blocking collectives around the hops (an all-gather of K,V before them, all-to-alls
+    around them). The backward and a replayed forward repeat it (backward: its own kernel cost, dK,dV travel)."""
+
+    hops: tuple[Hop, ...]
+    heads: int
+    block_q: int
+    block_kv: int
+    gather_bytes: int = 0  # K,V an all-gather brings each device (the backward reduce-scatters dK,dV back)
+    gather_group: int = 1
+    a2a_bytes: int = 0  # what each device sends in the all-to-alls around the hops (q, k, v out; out back)
+    a2a_group: int = 1
+    ring_group: int = 1  # devices the K,V blocks travel around (1: nothing travels)
+
+    @property
+    def steps(self) -> int:
+        return sum(h.count for h in self.hops)
+
+    def scores(self, busiest: bool = True) -> float:
+        return sum((h.scores if busiest else h.mean_scores) * h.count for h in self.hops)
+
+
+def ring_hops(x: Local, P: int, Ll: int, layout: str, bq: int, bk: int, send: int) -> tuple[Hop, ...]:
+    """The P steps of a causal ring over shards of Ll tokens, the busiest device's at every step (steps are in
+    lockstep: each waits for the neighbour's block). Contiguous: at step s only the devices r >= s see their
+    source's keys, so every step after the first is a whole block somewhere. Zigzag (device r holds chunks r and
+    2P-1-r of Ll/2): the first step is two diagonals and a whole chunk pair, every later one two whole chunk
+    pairs on every device."""
+    if P <= 1:
+        return (Hop(causal_scores(0, Ll, 0, Ll, bq, bk), causal_scores(0, Ll, 0, Ll, bq, bk), 1, 0),)
+    if layout == "zigzag" and Ll % 2 == 0:
+        C = Ll // 2
+        diag, full = causal_scores(0, C, 0, C, bq, bk), causal_scores(C, C, 0, C, bq, bk)
+        first = 2 * diag + full
+        # every step merges a partial result into the running one of all Ll local queries (a later step: both
+        # chunks against one key chunk, or the second chunk against both)
+        return (
+            Hop(first, first, 3, send, merged=Ll),
+            Hop(2 * full, 2 * full, 2, send, P - 2, merged=Ll),
+            Hop(2 * full, 2 * full, 2, 0, merged=Ll),
+        )
+    diag, full = causal_scores(0, Ll, 0, Ll, bq, bk), causal_scores(Ll, Ll, 0, Ll, bq, bk)
+    # step s: P - s devices have a visible (whole) block, the rest skip theirs
+    mean_later = full / 2  # (P - s) / P of the devices at step s, averaged over the P - 1 later steps
+    return (
+        Hop(diag, diag, 1, send, merged=Ll),
+        Hop(full, mean_later, 1, send, P - 2, merged=Ll),
+        Hop(full, mean_later, 1, 0, merged=Ll),
+    )
+
+
+def gathered_scores(P: int, Ll: int, L: int, layout: str, bq: int, bk: int) -> tuple[int, float, int]:
+    """(busiest, mean score entries, calls) of local queries against the whole gathered sequence's keys."""
+    if P <= 1:
+        t = causal_scores(0, L, 0, L, bq, bk)
+        return t, float(t), 1
+    if layout == "zigzag" and Ll % 2 == 0:
+        C = Ll // 2
+        per = [
+            causal_scores(r * C, C, 0, L, bq, bk) + causal_scores((2 * P - 1 - r) * C, C, 0, L, bq, bk)
+            for r in (0, P // 2, P - 1)
+        ]
+        return max(per), sum(per) / len(per), 2
+    busiest = causal_scores((P - 1) * Ll, Ll, 0, L, bq, bk)
+    mean = sum(causal_scores(r * Ll, Ll, 0, L, bq, bk) for r in (0, P // 2, P - 1)) / 3
+    return busiest, mean, 1
 
 
 def divisors(n: int) -> list[int]:
@@ -125,6 +227,11 @@ class Strategy:
     def hop_tokens(self, x: Local) -> int:
         """Keys one kernel call sees (a ring hop's block, or the whole gathered sequence)."""
         return x.L
+
+    def schedule(self, x: Local, layout: str, block_q: int, block_kv: int) -> Schedule:
+        """A layer's attention forward on the busiest device (the default: the whole sequence in one call)."""
+        t = causal_scores(0, x.L, 0, x.L, block_q, block_kv)
+        return Schedule((Hop(t, float(t), 1, 0),), x.hq, block_q, block_kv)
 
     def imbalance(self, x: Local, layout: str) -> float:
         """Busiest device's causal work over the mean: contiguous shards leave the last device (2R-1)/R."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from jobs.strategies.base import BF16, FP32, Local, Strategy, kernel_bytes
+from jobs.strategies.base import BF16, FP32, Local, Schedule, Strategy, kernel_bytes, ring_hops
 
 
 def travelling_kv_bytes(x: Local, tokens: int, hkv: int) -> int:
@@ -31,6 +31,11 @@ class Ring(Strategy):
 
     def hop_tokens(self, x: Local) -> int:
         return x.Ll
+
+    def schedule(self, x: Local, layout: str, block_q: int, block_kv: int) -> Schedule:
+        block = 2 * x.Ll * x.kv_token * BF16  # the K,V shard each hop passes on
+        hops = ring_hops(x, x.P, x.Ll, layout, block_q, block_kv, block)
+        return Schedule(hops, x.hq, block_q, block_kv, ring_group=x.P)
 
     def dcn_bytes(self, x: Local, mesh: Mapping[str, int], axis: str, slices: int) -> tuple[int, int]:
         # A ring laid across slices has slice-crossing transfers at every hop (a hop waits for its slowest).

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from jobs.strategies.base import BF16, FP32, Local, Strategy, kernel_bytes
+from jobs.strategies.base import BF16, FP32, Local, Schedule, Strategy, kernel_bytes, ring_hops
 
 
 class Ulysses(Strategy):
@@ -33,6 +33,15 @@ class Ulysses(Strategy):
         a2a = int((U - 1) / U**2 * (x.L / R) * x.D * (2 * x.hq + 2 * hkv) * x.B * BF16)
         ring = int(2 * (R - 1) / R * x.L * max(x.hkv // U, 1) * x.D * x.B * BF16) if R > 1 else 0
         return a2a, ring
+
+    def schedule(self, x: Local, layout: str, block_q: int, block_kv: int) -> Schedule:
+        """The all-to-alls, then H/U heads over the whole sequence, or (usp) over a ring of R shards of L/R."""
+        U, R = x.U, x.R
+        shard = x.L // R
+        block = 2 * x.B * shard * max(x.hkv // U, 1) * x.D * BF16
+        hops = ring_hops(x, R, shard, layout, block_q, block_kv, block)
+        a2a = self.comm_bytes(x)[0]
+        return Schedule(hops, max(x.hq // U, 1), block_q, block_kv, a2a_bytes=a2a, a2a_group=U, ring_group=R)
 
 
 STRATEGY = Ulysses()

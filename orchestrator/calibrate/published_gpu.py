@@ -178,7 +178,7 @@ def _titan(length: int, fsdp: int, cp: int, tps: float) -> GpuPublished:
         None,
         step,
         TITAN,
-        held_out="500 W H100s of unknown peak (the source's footnote), Float8 linear layers",
+        excluded="500 W H100s of unknown peak (the source's footnote), Float8 linear layers",
     )
 
 

@@ -1,13 +1,17 @@
-"""Published TPU training runs the step-time model is calibrated and checked on, each with its source.
+"""Published TPU training runs the step-time model is fitted and judged on, table by table, each with its source.
+
+A row is one published step: where it ran, how (model, mesh, strategy, layout, remat, what went to host, the
+splash block sizes where the source gives them) and what it measured (MFU low..high, or a median step time). Its
+`source` is its table: the unit the calibration holds out of its own fit (orchestrator/calibrate/fit.py).
 
 MFU is against bf16 peak with MaxText's current causal FLOP count: every row is from 2026, and jobs/flops.py
 reproduces each TFLOP/s a source gives to within 0.6 % (step-time rounding), so no row needs the pre-mid-2025
-full-attention correction. Runs that give a range (a microbenchmark and the recipe's own run) keep both
+full-attention correction. A source that gives a range (a microbenchmark and the recipe's own run) keeps both
 ends; the model is compared with the midpoint.
 
 MaxText `remat_policy=custom` with `context` (the attention output) saved or offloaded and the other names
-rematerialised is our `save_attn`; `offload` lists what went to host memory. `held_out` rows are never used
-to fit: every row of 8M tokens or more, and the ones named with their reason.
+rematerialised is our `save_attn`; `offload` lists what went to host memory. A row with `excluded` set is never
+fitted: the model has no term for what made it differ (a clock setting); it is still shown with its reason.
 """
 
 from __future__ import annotations
@@ -28,10 +32,11 @@ SOURCES = {  # tag -> where the figures are (the sources' tables, "Measured MFU"
     TPU7X_LC: "github.com/AI-Hypercomputer/tpu-recipes training/ironwood/Llama3.1-8B-LongContext-Maxtext/"
     "cluster_toolkit/README.md (runs of 2026-10-05)",
     PR4687: "github.com/AI-Hypercomputer/maxtext/pull/4687 (Ulysses CP): v5p-128, 2M tokens/step, "
-    "remat custom context=device",
+    "remat custom context=device, best block sizes per strategy (2048 Ulysses, 1024 ring and all-gather)",
     PR4836: "github.com/AI-Hypercomputer/maxtext/pull/4836 (USP CP): v5p-128, CP64, batch 1, no load "
-    "balancing, default remat (full), median step times",
-    IRONWOOD: "github.com/AI-Hypercomputer/tpu-recipes training/ironwood/README.md, Llama3.1-70B bf16 table",
+    "balancing, default remat (full) and splash blocks (512), median step times",
+    IRONWOOD: "github.com/AI-Hypercomputer/tpu-recipes training/ironwood/README.md, Llama3.1-70B bf16 table "
+    "(the 128K recipe: run_recipe.sh of llama3.1-70b/128k-bf16-tpu7x-4x8x8, sa_block_q/kv 2048)",
 }
 LLAMA2_7B = ModelSpec(
     "llama2_7b",
@@ -63,17 +68,29 @@ class Published:
     offload: tuple[str, ...]
     mfu: tuple[float, float] | None  # published MFU range (fractions)
     step_s: float | None  # or a published step time
-    source: str
-    held_out: str = ""  # why this row is never fitted on ("" = calibration)
+    source: str  # the table it belongs to
+    excluded: str = ""  # why this row is never fitted on ("": it is)
+    block_q: int = 512  # splash's, where the source gives them (MaxText's default otherwise)
+    block_kv: int = 512
 
     @property
     def spec(self) -> TrialSpec:
         return _spec(self)
 
+    @property
+    def table(self) -> str:
+        return self.source
+
     def published_mfu(self, tflops_per_device: float, peak: float) -> float:
         if self.mfu is not None:
             return sum(self.mfu) / 2
         return tflops_per_device / (self.step_s * peak)
+
+    def published_step(self, tflops_per_device: float, peak: float) -> float:
+        """The step in seconds: as published, or model FLOPs over the published MFU's midpoint."""
+        if self.step_s is not None:
+            return self.step_s
+        return tflops_per_device / (self.published_mfu(tflops_per_device, peak) * peak)
 
 
 def _load(group: str, name: str) -> dict:
@@ -99,7 +116,7 @@ def _spec(p: Published) -> TrialSpec:
     return TrialSpec(
         model=model(p.model),
         mesh=p.mesh,
-        strategy=StrategySpec(name=p.strategy, layout=p.layout),
+        strategy=StrategySpec(name=p.strategy, layout=p.layout, block_q=p.block_q, block_kv=p.block_kv),
         context_length=p.length,
         train=TrainSpec(batch=p.batch, remat=p.remat),
         cluster=cluster(p.cluster, p.chips_devices),
@@ -114,97 +131,103 @@ def _lc(
     batch: int,
     offload,
     mfu,
-    src,
     remat="save_attn",
-    held_out="",
-) -> Published:
+    excluded="",
+):
     """A row of the long-context recipes: the Llama3.1-8B variant (head_dim 256), ring CP, zigzag."""
-    mesh = MeshSpec(fsdp=devices // cp, context=cp)
-    label = f"{cluster_} 8B-hd256 ring {length // 1024:,}K"
+    src = V5P_LC if cluster_ == "v5p_128" else TPU7X_LC
     return Published(
-        label,
-        cluster_,
-        devices,
-        "llama3_1_8b_long",
-        "ring",
-        "zigzag",
-        mesh,
-        length,
-        batch,
-        remat,
-        tuple(offload),
-        mfu,
-        None,
-        src,
-        held_out,
+        label=f"{cluster_} 8B-hd256 ring {length // 1024:,}K",
+        cluster=cluster_,
+        chips_devices=devices,
+        model="llama3_1_8b_long",
+        strategy="ring",
+        layout="zigzag",
+        mesh=MeshSpec(fsdp=devices // cp, context=cp),
+        length=length,
+        batch=batch,
+        remat=remat,
+        offload=tuple(offload),
+        mfu=mfu,
+        step_s=None,
+        source=src,
+        excluded=excluded,
     )
 
 
 OUT, BOTH = ("attn_out",), ("attn_out", "layer_input")  # what went to host memory
 K, M = 1024, 1024 * 1024
-LONG = "8M tokens or more"
-# fmt: off
 ROWS: list[Published] = [
-    _lc("v5p_128", 64, 64 * K, 4, 32, (), (0.673, 0.673), V5P_LC),
-    _lc("v5p_128", 64, 256 * K, 16, 8, BOTH, (0.681, 0.681), V5P_LC),
-    _lc("v5p_128", 64, 1 * M, 64, 2, OUT, (0.6486, 0.6875), V5P_LC),
-    _lc("v5p_128", 64, 2 * M, 64, 2, BOTH, (0.6763, 0.6988), V5P_LC),
-    _lc("v5p_128", 64, 4 * M, 64, 2, BOTH, (0.6950, 0.7029), V5P_LC),
-    _lc("v5p_128", 64, 10 * M, 64, 1, (), (0.3674, 0.3674), V5P_LC, remat="full", held_out=LONG),
-    _lc("v5p_128", 64, 14 * M, 64, 1, ("layer_input",), (0.3707, 0.3707), V5P_LC, remat="offload", held_out=LONG),
-    _lc("tpu7x_128", 128, 64 * K, 2, 64, (), (0.517, 0.517), TPU7X_LC),
-    _lc("tpu7x_128", 128, 256 * K, 8, 16, (), (0.507, 0.507), TPU7X_LC),
-    _lc("tpu7x_128", 128, 1 * M, 32, 4, (), (0.4998, 0.5090), TPU7X_LC),
-    _lc("tpu7x_128", 128, 2 * M, 64, 2, (), (0.5080, 0.5103), TPU7X_LC),
-    _lc("tpu7x_128", 128, 4 * M, 128, 1, (), (0.5093, 0.5093), TPU7X_LC),
-    _lc("tpu7x_128", 128, 4 * M, 128, 1, (), (0.4460, 0.4460), TPU7X_LC,
-        held_out="without --xla_tpu_dvfs_p_state=7: a clock the model has no term for"),
-    _lc("tpu7x_128", 128, 10 * M, 128, 1, (), (0.5211, 0.5254), TPU7X_LC, held_out=LONG),
-    _lc("tpu7x_128", 128, 14 * M, 128, 1, BOTH, (0.4871, 0.4880), TPU7X_LC, held_out=LONG),
-    _lc("tpu7x_128", 128, 16 * M, 128, 1, BOTH, (0.488, 0.488), TPU7X_LC, held_out=LONG),
+    _lc("v5p_128", 64, 64 * K, 4, 32, (), (0.673, 0.673)),
+    _lc("v5p_128", 64, 256 * K, 16, 8, BOTH, (0.681, 0.681)),
+    _lc("v5p_128", 64, 1 * M, 64, 2, OUT, (0.6486, 0.6875)),
+    _lc("v5p_128", 64, 2 * M, 64, 2, BOTH, (0.6763, 0.6988)),
+    _lc("v5p_128", 64, 4 * M, 64, 2, BOTH, (0.6950, 0.7029)),
+    _lc("v5p_128", 64, 10 * M, 64, 1, (), (0.3674, 0.3674), remat="full"),
+    _lc("v5p_128", 64, 14 * M, 64, 1, ("layer_input",), (0.3707, 0.3707), remat="offload"),
+    _lc("tpu7x_128", 128, 64 * K, 2, 64, (), (0.517, 0.517)),
+    _lc("tpu7x_128", 128, 256 * K, 8, 16, (), (0.507, 0.507)),
+    _lc("tpu7x_128", 128, 1 * M, 32, 4, (), (0.4998, 0.5090)),
+    _lc("tpu7x_128", 128, 2 * M, 64, 2, (), (0.5080, 0.5103)),
+    _lc("tpu7x_128", 128, 4 * M, 128, 1, (), (0.5093, 0.5093)),
+    _lc(
+        "tpu7x_128",
+        128,
+        4 * M,
+        128,
+        1,
+        (),
+        (0.4460, 0.4460),
+        excluded="without --xla_tpu_dvfs_p_state=7: a clock the model has no term for",
+    ),
+    _lc("tpu7x_128", 128, 10 * M, 128, 1, (), (0.5211, 0.5254)),
+    _lc("tpu7x_128", 128, 14 * M, 128, 1, BOTH, (0.4871, 0.4880)),
+    _lc("tpu7x_128", 128, 16 * M, 128, 1, BOTH, (0.488, 0.488)),
 ]
-# fmt: on
-# PR #4687: every cell 2M tokens per step on 64 v5p chips.
-for _name, _layout, _mfu in (
-    ("ulysses", "contiguous", 0.522),
-    ("all_gather", "zigzag", 0.529),
-    ("ring", "zigzag", 0.285),
+# PR #4687: every cell 2M tokens per step on 64 v5p chips, each strategy at its best block size.
+for _name, _layout, _mfu, _block in (
+    ("ulysses", "contiguous", 0.522, 2048),
+    ("all_gather", "zigzag", 0.529, 1024),
+    ("ring", "zigzag", 0.285, 1024),
 ):
     ROWS.append(
         Published(
-            f"v5p llama2-7b {_name} 32K cp16",
-            "v5p_128",
-            64,
-            "llama2_7b",
-            _name,
-            _layout,
-            MeshSpec(fsdp=4, context=16),
-            32 * K,
-            64,
-            "save_attn",
-            (),
-            (_mfu, _mfu),
-            None,
-            PR4687,
+            label=f"v5p llama2-7b {_name} 32K cp16",
+            cluster="v5p_128",
+            chips_devices=64,
+            model="llama2_7b",
+            strategy=_name,
+            layout=_layout,
+            mesh=MeshSpec(fsdp=4, context=16),
+            length=32 * K,
+            batch=64,
+            remat="save_attn",
+            offload=(),
+            mfu=(_mfu, _mfu),
+            step_s=None,
+            source=PR4687,
+            block_q=_block,
+            block_kv=_block,
         )
     )
 ROWS.append(
     Published(
-        "v5p 8B ulysses 64K cp4",
-        "v5p_128",
-        64,
-        "llama3_1_8b",
-        "ulysses",
-        "contiguous",
-        MeshSpec(fsdp=16, context=4),
-        64 * K,
-        32,
-        "save_attn",
-        (),
-        (0.530, 0.530),
-        None,
-        PR4687,
-        held_out="chosen: stock 8B (head_dim 128) at a length no fitted head_dim-128 row has",
+        label="v5p 8B ulysses 64K cp4",
+        cluster="v5p_128",
+        chips_devices=64,
+        model="llama3_1_8b",
+        strategy="ulysses",
+        layout="contiguous",
+        mesh=MeshSpec(fsdp=16, context=4),
+        length=64 * K,
+        batch=32,
+        remat="save_attn",
+        offload=(),
+        mfu=(0.530, 0.530),
+        step_s=None,
+        source=PR4687,
+        block_q=2048,
+        block_kv=2048,
     )
 )
 # PR #4836: median step times, stock Llama3-8B (32 q / 8 kv heads, head_dim 128), CP over all 64 chips.
@@ -221,56 +244,56 @@ for _key, _steps in _STEPS.items():
     for _length, _step in zip((64 * K, 128 * K, 256 * K), _steps, strict=True):
         ROWS.append(
             Published(
-                f"v5p 8B {_key} {_length // K}K cp64",
-                "v5p_128",
-                64,
-                "llama3_1_8b",
-                _key[:3] if _key.startswith("usp") else _key,
-                "contiguous",
-                MeshSpec(context=_r, context_ulysses=_u),
-                _length,
-                1,
-                "full",
-                (),
-                None,
-                _step,
-                PR4836,
-                held_out="chosen: the 256K column of PR #4836" if _length == 256 * K else "",
+                label=f"v5p 8B {_key} {_length // K}K cp64",
+                cluster="v5p_128",
+                chips_devices=64,
+                model="llama3_1_8b",
+                strategy="usp" if _key.startswith("usp") else _key,
+                layout="contiguous",
+                mesh=MeshSpec(context=_r, context_ulysses=_u),
+                length=_length,
+                batch=1,
+                remat="full",
+                offload=(),
+                mfu=None,
+                step_s=_step,
+                source=PR4836,
             )
         )
 ROWS += [
     Published(
-        "tpu7x llama3.1-70b 8K fsdp",
-        "tpu7x_128",
-        128,
-        "llama3_1_70b",
-        "none",
-        "contiguous",
-        MeshSpec(fsdp=128),
-        8 * K,
-        256,
-        "save_attn",
-        (),
-        None,
-        12.20,
-        IRONWOOD,
+        label="tpu7x llama3.1-70b 8K fsdp",
+        cluster="tpu7x_128",
+        chips_devices=128,
+        model="llama3_1_70b",
+        strategy="none",
+        layout="contiguous",
+        mesh=MeshSpec(fsdp=128),
+        length=8 * K,
+        batch=256,
+        remat="save_attn",
+        offload=(),
+        mfu=None,
+        step_s=12.20,
+        source=IRONWOOD,
     ),
     # MaxText's default context_parallel_strategy (all_gather) with its default load balancing.
     Published(
-        "tpu7x llama3.1-70b 128K cp8",
-        "tpu7x_128",
-        512,
-        "llama3_1_70b",
-        "all_gather",
-        "zigzag",
-        MeshSpec(fsdp=64, context=8),
-        128 * K,
-        64,
-        "save_attn",
-        (),
-        None,
-        34.02,
-        IRONWOOD,
-        held_out="chosen: the only 70B long-context run",
+        label="tpu7x llama3.1-70b 128K cp8",
+        cluster="tpu7x_128",
+        chips_devices=512,
+        model="llama3_1_70b",
+        strategy="all_gather",
+        layout="zigzag",
+        mesh=MeshSpec(fsdp=64, context=8),
+        length=128 * K,
+        batch=64,
+        remat="save_attn",
+        offload=(),
+        mfu=None,
+        step_s=34.02,
+        source=IRONWOOD,
+        block_q=2048,
+        block_kv=2048,
     ),
 ]

@@ -24,19 +24,28 @@ from omegaconf import OmegaConf
 
 from jobs.spec import TrialSpec
 from orchestrator import provenance
-from orchestrator.calibrate.fit import FITTED, SHARED, Measured, search, step_loss, with_constants
+from orchestrator.calibrate import fit
+from orchestrator.calibrate.fit import Knob, Measured
 from orchestrator.calibrate.published_tpu import CONF
 from orchestrator.plan import hardware
 from orchestrator.plan.hardware import model_of
-from orchestrator.plan.steptime import step_time
+from orchestrator.plan.steptime import SETTLED, step_time
 from orchestrator.provenance import Provenance
 
-# The SHARED constants are fitted on v5p's published runs (two head_dims, full remat, all-gather / all-to-all);
-# a sweep of one model and one remat policy cannot improve on them, so they stay as the base config has them.
-CANDIDATES = tuple(k for k in FITTED if k not in SHARED)
-# FITTED's floors are TPU ones (splash reaches >= 30 % of peak); on CPU the blockwise kernel reaches ~20 % of
-# the matmul probe's rate, so a sweep's fit may go lower.
-BOUNDS = FITTED | {"matmul_efficiency": (0.01, 1.0), "attention_efficiency": (0.01, 1.0)}
+# What a sweep of one cluster may refit, with bounds wide enough for a CPU host (its blockwise kernel reaches
+# ~20 % of the matmul probe's rate). The family's head_dim and replay constants stay as the base has them: a
+# sweep of one model and one remat policy cannot tell them apart.
+BOUNDS = {
+    "matmul_efficiency": (0.01, 1.0),
+    "attention_efficiency": (0.01, 1.0),
+    "call_overhead_s": (0.0, 0.05),
+    "layer_overhead_s": (0.0, 0.5),
+    "collective_efficiency": (0.01, 1.0),
+    "collective_latency_s": (0.0, 0.05),
+    "step_overhead_s": (0.0, 5.0),
+}
+CANDIDATES = tuple(BOUNDS)
+KEPT = ("attention_head_dim_half", "attention_recompute", "offload_exposed")
 SEPARABLE = 0.1  # smallest singular value of the kept constants' unit sensitivity columns
 ROUNDS = 60  # the published fit does 12; a sweep has few rows (cheap) and its two kernel constants trade off
 TRIALS = "tags.sweep_id = '{}' and tags.kind = 'trial' and tags.status = 'finished'"
@@ -136,6 +145,11 @@ def constrained(
     return [k for k in keys if k in kept], why
 
 
+def with_constants(spec: TrialSpec, params: dict[str, float]) -> hardware.ClusterModel:
+    """The trial's cluster as the planner prices it, with these step-time constants replaced."""
+    return replace(model_of(spec.cluster), **params)
+
+
 def _log_step(spec: TrialSpec, params: dict[str, float]) -> float:
     return float(np.log(step_time(spec, model=with_constants(spec, params)).step_s))
 
@@ -149,8 +163,10 @@ class Refit:
     cluster: str  # the base config, conf/cluster/<cluster>.yaml
     hold_out_from: int  # trials of this context length and longer are never fitted on
     trials: tuple[Trial, ...]
-    fitted: dict[str, float]  # the constants fitted: their new values (4 significant figures, as written)
-    base: dict[str, float]  # every constant of FITTED as the sweep ran with it
+    fitted: dict[
+        str, float
+    ]  # the constants fitted (and the band): new values, 4 significant figures, as written
+    base: dict[str, float]  # every constant of BOUNDS and the band as the sweep ran with it
     left: dict[str, str]  # the constants not fitted, and why
     before: tuple[float, ...]  # predicted step per trial, s
     after: tuple[float, ...]
@@ -179,13 +195,41 @@ def refit(
     if not rows:
         raise ValueError(f"no trial below --hold-out-from {hold_out_from} to fit on (lengths: {lengths})")
     keys, left = constrained(rows)
-    left |= {k: "shared by every chip's fit; a sweep leaves it as the base has it" for k in SHARED}
-    base = {k: float(getattr(model_of(rows[0][0].cluster), k)) for k in FITTED}
-    found = search(lambda p: step_loss(rows, p), {k: base[k] for k in keys}, keys, ROUNDS, BOUNDS)
-    fitted = {k: float(f"{v:.4g}") for k, v in found.items()}  # as the config will hold them
+    left |= {
+        k: "the family's, fitted on published runs; a sweep of one model and policy cannot move it"
+        for k in KEPT
+    }
+    model = model_of(rows[0][0].cluster)
+    base = {k: float(getattr(model, k)) for k in (*CANDIDATES, *KEPT, *BAND)}
+    measured = [Measured(f"{s.trial_id}", "sweep", names[0], s, m) for s, m in rows]
+    knobs = [Knob(k, *BOUNDS[k], per_chip=True) for k in keys]
+    found = fit.fit(measured, knobs, {names[0]: model})[names[0]] if knobs else {}
+    fitted = {k: float(f"{v:.4g}") for k, v in found.items() if k in keys}  # as the config will hold them
     before = tuple(step_time(t.spec).step_s for t in trials)
-    after = tuple(step_time(t.spec, model=with_constants(t.spec, fitted)).step_s for t in trials)
+    after_st = [step_time(t.spec, model=with_constants(t.spec, fitted)) for t in trials]
+    after = tuple(st.step_s for st in after_st)
+    held = [(t, st) for t, st in zip(trials, after_st, strict=True) if t.spec.context_length >= hold_out_from]
+    fitted |= _band(held, model)
     return Refit(sweep_id, uri, names[0], hold_out_from, tuple(trials), fitted, base, left, before, after)
+
+
+BAND = ("step_band_low", "step_band_high", "fixed_band_low", "fixed_band_high")
+
+
+def _band(held: list, model: hardware.ClusterModel) -> dict[str, float]:
+    """The band from the sweep's own held-out trials under the refit (measured over predicted, each regime's
+    range); a regime without held-out trials keeps the base's. Few trials give the range they span, not a
+    coverage the published fit's quantiles claim: the band says what this sweep has measured."""
+    out = {}
+    for regime, keep in (
+        ("step", lambda st: st.settled >= SETTLED),
+        ("fixed", lambda st: st.settled < SETTLED),
+    ):
+        ratios = [t.measured_s / st.step_s for t, st in held if keep(st)]
+        if ratios:
+            out[f"{regime}_band_low"] = float(f"{min(min(ratios), 1.0):.4g}")
+            out[f"{regime}_band_high"] = float(f"{max(max(ratios), 1.0):.4g}")
+    return out
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:

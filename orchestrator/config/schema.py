@@ -96,12 +96,23 @@ RULES: dict[str, Rule] = {
     "cluster.peak_tflops_per_device": NON_NEGATIVE,  # 0: measured on the spot
     "cluster.hbm_bytes_per_device": NON_NEGATIVE,
     "cluster.ici_bytes_per_s": NON_NEGATIVE,
+    "cluster.hbm_bytes_per_s": NON_NEGATIVE,
     "cluster.max_step_seconds": NON_NEGATIVE,  # 0: no budget
     "cluster.concurrency": NON_NEGATIVE,  # 0: one trial per slice
     "cluster.matmul_efficiency": Rule(gt=0, le=1),  # a fraction of peak
     "cluster.attention_efficiency": Rule(gt=0, le=1),
     "cluster.attention_head_dim_half": NON_NEGATIVE,
-    "cluster.attention_block_half": NON_NEGATIVE,
+    "cluster.call_overhead_s": NON_NEGATIVE,
+    "cluster.layer_overhead_s": NON_NEGATIVE,
+    "cluster.collective_latency_s": NON_NEGATIVE,
+    "cluster.collective_efficiency": Rule(gt=0, le=1),
+    "cluster.offload_exposed": Rule(ge=0, le=1),
+    "cluster.host_memory_bytes": NON_NEGATIVE,  # 0: host RAM not checked
+    "cluster.host_bytes_per_s_per_host": NON_NEGATIVE,
+    "cluster.step_band_low": Rule(gt=0, le=1),
+    "cluster.step_band_high": Rule(ge=1),
+    "cluster.fixed_band_low": Rule(gt=0, le=1),
+    "cluster.fixed_band_high": Rule(ge=1),
     "cluster.attention_recompute": NON_NEGATIVE,
     "cluster.collective_links": Rule(gt=0),
     "cluster.step_overhead_s": NON_NEGATIVE,
@@ -335,6 +346,8 @@ DOCS: dict[str, str] = {
     "cluster.hbm_bytes_per_device": "Device memory per JAX device, in bytes: points the planner predicts "
     "above it are infeasible (0: no limit).",
     "cluster.ici_bytes_per_s": "ICI bandwidth of one link, one direction, in bytes/s (planner; 0: 1e11 assumed).",
+    "cluster.hbm_bytes_per_s": "HBM bandwidth per JAX device, in bytes/s (planner: what merging a ring hop's "
+    "partial attention into the running result costs; 0: not priced).",
     "cluster.dcn_bytes_per_s": "Data-centre network bandwidth per host, one direction, in bytes/s (planner; "
     "0: DCN time not modelled).",
     "cluster.max_step_seconds": "Planner's budget, in seconds per step: points predicted slower are "
@@ -352,19 +365,39 @@ DOCS: dict[str, str] = {
     "before JAX starts, e.g. `NCCL_SOCKET_IFNAME`, `NCCL_IB_HCA`, or `XLA_FLAGS` (appended to the platform's "
     "own flags, never replacing them).",
     "cluster.matmul_efficiency": "Step-time model: fraction of peak the layer matmuls reach.",
-    "cluster.attention_efficiency": "Step-time model: the attention kernel's fraction of peak at large "
-    "head_dim and blocks.",
+    "cluster.attention_efficiency": "Step-time model: the attention kernel's fraction of peak on the tiles it "
+    "computes, at large head_dim.",
     "cluster.attention_head_dim_half": "Step-time model: head_dim Dh at which softmax work halves the kernel's "
     "rate (x D/(D+Dh); 0: no head_dim effect).",
-    "cluster.attention_block_half": "Step-time model: tokens per hop bh at which per-hop cost halves the "
-    "kernel's rate (x b/(b+bh); 0: no block effect).",
+    "cluster.call_overhead_s": "Step-time model: fixed seconds per attention kernel call (launch, pipeline "
+    "fill, merging a hop's partial result): what makes many small ring hops slower than one large call.",
+    "cluster.layer_overhead_s": "Step-time model: fixed seconds per layer and pass (dispatch, norms and "
+    "elementwise work the FLOP count leaves out): what a few tokens per device cannot amortise.",
+    "cluster.collective_latency_s": "Step-time model: fixed seconds per collective on the critical path (a "
+    "ring hop's exchange, a K,V all-gather, an all-to-all).",
+    "cluster.collective_efficiency": "Step-time model: fraction of the links' line rate a collective reaches "
+    "(ring hops, gathers, all-to-alls, FSDP and tensor collectives).",
+    "cluster.offload_exposed": "Step-time model: share of the host transfers (train.memory.offload, the "
+    "offload preset) that no compute hides: DMA to host competes with the step's HBM traffic.",
+    "cluster.host_memory_bytes": "Host RAM per host, in bytes: a point whose offloaded activations and "
+    "host-resident state (train.memory) overflow it is infeasible (0: not checked).",
+    "cluster.host_bytes_per_s_per_host": "The host's total offload bandwidth shared by its devices, in bytes/s "
+    "(0: only each device's own link, `host_bytes_per_s`).",
+    "cluster.step_band_low": "Step-time band of a step its kernels and matmuls price (nine tenths of it or "
+    "more): the fastest it is expected to be, as a multiple of the prediction (the fit's leave-one-table-out "
+    "errors; orchestrator/calibrate).",
+    "cluster.step_band_high": "Step-time band: the slowest a step is expected to be, as a multiple of the "
+    "prediction.",
+    "cluster.fixed_band_low": "Step-time band of a step whose fixed costs and exposed transfers are over a "
+    "tenth of it (few tables measure those): the fastest it is expected to be, as a multiple of the prediction.",
+    "cluster.fixed_band_high": "The same band's slowest, as a multiple of the prediction.",
     "cluster.attention_recompute": "Step-time model: attention forwards replayed in backward when remat does "
     "not keep the attention output.",
-    "cluster.collective_links": "Step-time model: ICI links an all-gather or all-to-all drives at once (a "
-    "ring hop uses one).",
+    "cluster.collective_links": "Step-time model: links an all-gather or all-to-all drives at once where the "
+    "cluster has no torus topology (NVSwitch, simulated devices); a TPU slice's come from `topology`.",
     "cluster.step_overhead_s": "Step-time model: fixed seconds per step (dispatch, optimizer update, host loop).",
-    "cluster.host_bytes_per_s": "Step-time model: host offload bandwidth per device, in bytes/s (0: offload "
-    "transfers not modelled).",
+    "cluster.host_bytes_per_s": "Step-time model: host offload bandwidth of one device's own link (a chip's "
+    "PCIe), in bytes/s (0: offload transfers not modelled).",
     # --- train -----------------------------------------------------------------------------------------------
     "train": "Training settings of a trial.",
     "train.steps": "Optimizer steps per trial; each attempt's first step is warm-up, left out of the median "

@@ -8,7 +8,7 @@ from typing import Any
 
 from jobs import strategies
 from jobs.spec import REMATS, TrialSpec
-from orchestrator.plan import cost, memory, packing, policies, roofline, steptime, work
+from orchestrator.plan import cost, memory, packing, policies, resources, roofline, steptime, work
 from orchestrator.plan import rules as validate
 from orchestrator.plan.hardware import ClusterModel, model_of
 from orchestrator.plan.render import render_table, to_markdown
@@ -44,6 +44,12 @@ class PlanRow:
     chip_hours: float | None = None  # steps x predicted step + a compile, times the chips (plan/cost.py)
     cost: float | None = None  # chip_hours x cluster.price_per_chip_hour (None without a price)
     useful_mfu: float | None = None  # packed documents: MFU counting their own attention, not the causal row
+    # The band: where the fit's held-out errors (conf/cluster step_band_low/high) put the real step and MFU.
+    predicted_step_low_s: float | None = None
+    predicted_step_high_s: float | None = None
+    predicted_mfu_low: float | None = None
+    predicted_mfu_high: float | None = None
+    resources: tuple[resources.Resource, ...] = ()  # every resource the step uses, with its verdict
     # The step-time terms behind predicted_step_s, carried so that nothing downstream (tracking, the report)
     # runs the model again; not part of the row's printed or JSON form.
     step: steptime.StepTime | None = field(default=None, compare=False, repr=False)
@@ -99,14 +105,23 @@ def plan_one(
         policy = _policy_that_fits(spec, model, limit, budget)
         if policy:
             why[-1] += f"; {policy}"
+    used = resources.resources(spec, model, mem, hbm, w, st)
+    for r in resources.overflowing(used):
+        if r.name == "host_memory":
+            why.append(
+                f"host RAM: needs {memory.gib(r.used)} per host ({r.note}: offloaded activations and host-resident "
+                f"state {memory.gib(mem['host_offload'])}/device), the host has {memory.gib(r.capacity)}"
+            )
     if budget > 0 and st.step_s > budget:
         why.append(f"predicted step {st.step_s:,.3g} s > this cluster's {budget:g} s budget")
     verdict = "infeasible" if why else "run"
     if not why:
         cap = f" of {memory.gib(limit)}" if limit else ""
+        low, high = st.mfu_band
         why.append(
-            f"fits: {memory.gib(hbm)}{cap}; predicted step {st.step_s:,.3g} s at MFU {st.mfu:.2f} "
-            f"(roofline ≤ {roof.mfu:.2f}), limited by {st.limiter}"
+            f"fits: {memory.gib(hbm)}{cap}; predicted step {st.step_s:,.3g} s ({st.step_low_s:,.3g}-"
+            f"{st.step_high_s:,.3g}) at MFU {st.mfu:.2f} ({low:.2f}-{high:.2f}; roofline ≤ {roof.mfu:.2f}), "
+            f"limited by {st.limiter}"
         )
     pk = packing.of(spec)
     if note := packing.words(pk, spec, st.mfu):
@@ -129,6 +144,11 @@ def plan_one(
         limiter=st.limiter,
         dcn_exposed_s=st.dcn_exposed_s,
         useful_mfu=packing.useful_mfu(spec, pk, st.mfu) if pk else None,
+        predicted_step_low_s=st.step_low_s,
+        predicted_step_high_s=st.step_high_s,
+        predicted_mfu_low=st.mfu_band[0],
+        predicted_mfu_high=st.mfu_band[1],
+        resources=used,
         step=st,
     )
 

@@ -10,7 +10,7 @@ from dataclasses import replace
 from functools import cache
 
 from jobs.spec import TrialSpec
-from orchestrator.plan import memory, policies, rules, steptime
+from orchestrator.plan import memory, policies, resources, rules, steptime
 from orchestrator.plan.hardware import ClusterModel, model_of
 
 AUTO = "auto"
@@ -25,9 +25,9 @@ Run = tuple[float, int, TrialSpec, policies.Policy]  # (predicted step s, HBM by
 
 def pick(runs: list[Run], hbm: int = 0) -> Run:
     """Of runs that fit: among those within TIE of the fastest step, the simplest policy (fewest override words)
-    that leaves HEADROOM of HBM free, else the leanest. Simplest, because the planner prices host traffic it can
-    hide as free and checks no host memory, so an extra offload in a tie buys nothing it can see; headroom,
-    because the planner's HBM is an estimate the real compile may exceed."""
+    that leaves HEADROOM of HBM free, else the leanest. Simplest, because an extra offload in a tie buys nothing
+    the model can see and costs host RAM and host-link time; headroom, because the planner's HBM is an estimate
+    the real compile may exceed."""
     t0 = min(r[0] for r in runs)
     tied = [r for r in runs if r[0] <= t0 * (1 + TIE)]
     roomy = [r for r in tied if r[1] <= HEADROOM * (hbm or float("inf"))]
@@ -66,12 +66,16 @@ def resolve_all(specs: list[TrialSpec], models: list[ClusterModel]) -> list[Tria
 def _fastest(spec: TrialSpec, model: ClusterModel) -> TrialSpec:
     limit, budget = int(model.hbm_bytes_per_device), float(model.max_step_seconds)
     runs, lean = [], None
+    host = int(model.host_memory_bytes) if spec.cluster.platform != "cpu" else 0
     for p in _candidates(spec.cluster.platform):
         s = replace(spec, train=p.apply(spec.train))
-        hbm = memory.peak(memory.breakdown(s))
+        mem = memory.breakdown(s)
+        hbm = memory.peak(mem)
         if lean is None or hbm < lean[0]:
             lean = (hbm, s)
         if limit and hbm > limit:
+            continue
+        if host and resources.host_memory_bytes(s, mem) > host:
             continue
         step = steptime.step_time(s, model=model).step_s
         if budget <= 0 or step <= budget:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import os
 import subprocess
 import sys
@@ -27,24 +28,51 @@ class ClusterModel:
     leave capacities and budgets unchecked."""
 
     hbm_bytes_per_device: int = 0  # 0: HBM not checked
+    host_memory_bytes: int = (
+        0  # host RAM per host, for offloaded activations and host-resident state (0: not checked)
+    )
+    hbm_bytes_per_s: float = (
+        0.0  # HBM bandwidth per device (what a ring hop's merge of partial results costs)
+    )
     ici_bytes_per_s: float = 0.0  # one ICI link, one direction (0: the planner assumes 1e11)
     dcn_bytes_per_s: float = 0.0  # data-centre network bandwidth per host, one direction (0: not modelled)
-    host_bytes_per_s: float = 0.0  # host offload bandwidth per device (0: transfers not modelled)
+    host_bytes_per_s: float = (
+        0.0  # host offload bandwidth of one device's own link (0: transfers not modelled)
+    )
+    host_bytes_per_s_per_host: float = (
+        0.0  # the host's total for its devices' offload (0: only their own links)
+    )
     max_step_seconds: float = 0.0  # predicted-slower points are infeasible here (0: no budget)
     # Cost before launch (orchestrator/plan/cost.py): chips are held through the compile and every step.
     compile_seconds: float = 0.0  # an attempt's compile, chips held (0: not counted)
     price_per_chip_hour: float = 0.0  # what a chip-hour costs you, any currency (0: chip-hours only)
     # Step-time model (orchestrator/plan/steptime.py), fitted by orchestrator/calibrate.
     matmul_efficiency: float = 1.0  # fraction of peak the layer matmuls reach
-    attention_efficiency: float = 1.0  # attention kernel's fraction of peak at large head_dim and blocks
+    attention_efficiency: float = 1.0  # attention kernel's fraction of peak on its tiles at large head_dim
     attention_head_dim_half: float = 0.0  # head_dim at which softmax work halves the kernel's rate
-    attention_block_half: float = 0.0  # tokens per hop at which per-hop cost halves the kernel's rate
     attention_recompute: float = 1.0  # attention forwards replayed in backward when its output is not saved
-    collective_links: float = 1.0  # ICI links an all-gather / all-to-all drives at once (a ring hop: one)
-    step_overhead_s: float = 0.0  # fixed cost per step (dispatch, optimizer update, host loop)
+    call_overhead_s: float = (
+        0.0  # fixed per attention kernel call: launch, pipeline fill, the merge of results
+    )
+    layer_overhead_s: float = 0.0  # fixed per layer and pass: dispatch, norms, elementwise work
+    collective_latency_s: float = 0.0  # per collective on the critical path
+    collective_efficiency: float = 1.0  # of the links' line rate a collective reaches
+    collective_links: float = (
+        1.0  # links a gather or all-to-all drives without a torus topology (a switch: 1)
+    )
+    offload_exposed: float = 0.0  # share of host transfers no compute hides
+    step_overhead_s: float = 0.0  # fixed cost per step (optimizer update, host loop)
+    # The band of a predicted step, as multipliers on it: the fit's leave-one-table-out errors
+    # (orchestrator/calibrate), for steps its kernels' and matmuls' rates mostly price (steptime.SETTLED or more
+    # of the step) and for steps the fixed costs and exposed transfers weigh on, which fewer tables measure.
+    step_band_low: float = 1.0
+    step_band_high: float = 1.0
+    fixed_band_low: float = 1.0
+    fixed_band_high: float = 1.0
 
 
-MODEL_KEYS = frozenset(f.name for f in dataclasses.fields(ClusterModel))
+MODEL_ORDER = tuple(f.name for f in dataclasses.fields(ClusterModel))
+MODEL_KEYS = frozenset(MODEL_ORDER)
 SPEC_KEYS = frozenset(f.name for f in dataclasses.fields(ClusterSpec))
 
 
@@ -116,3 +144,22 @@ def peak_tflops(spec: TrialSpec) -> float:
     c = spec.cluster
     peak = float(c.peak_tflops_per_device)
     return peak if peak > 0 else measured_cpu_tflops(c.devices_per_host, spec.train.dtype)
+
+
+def collective_links(c: ClusterSpec, m: ClusterModel, group: int) -> float:
+    """Link directions a gather or all-to-all over `group` devices drives at once. A TPU slice is a torus
+    (cluster.topology, e.g. 4x4x4): a group spanning k of its axes uses both directions of each, 2k links (a
+    partly spanned axis counts by the log of its share); elsewhere (NVSwitch, simulated devices) the cluster's
+    collective_links."""
+    if c.platform != "tpu" or not c.topology or group <= 1:
+        return float(m.collective_links)
+    dims = sorted((int(d) for d in c.topology.split("x") if d.isdigit()), reverse=True)
+    chips = group / CHIPS.get(c.accelerator, (None, None, 1))[2]
+    spanned = 0.0
+    for d in dims:
+        if chips <= 1 or d <= 1:
+            break
+        span = min(float(d), chips)
+        spanned += math.log(span) / math.log(d)
+        chips /= span
+    return max(2.0 * spanned, 1.0)

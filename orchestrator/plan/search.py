@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 from jobs import strategies
 from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
-from orchestrator.plan import PlanRow, auto, memory, plan, plan_one, policies, steptime
+from orchestrator.plan import PlanRow, auto, memory, plan, plan_one, policies, resources, steptime
 from orchestrator.plan import rules as validate
 from orchestrator.plan.hardware import ClusterModel, model_of
 
@@ -78,6 +78,8 @@ def search(
     train, tail = train or TrainSpec(), tail or []
     cm = cluster_model or model_of(cluster)
     limit, budget = int(cm.hbm_bytes_per_device), float(cm.max_step_seconds)
+    host_limit = int(cm.host_memory_bytes) if cluster.platform != "cpu" else 0
+    host_over: dict[str, tuple[int, TrialSpec, policies.Policy]] = {}  # policy family -> first over host RAM
     cands = policies.candidates(cluster.platform)
     fits: dict[tuple, list] = {}  # (strategy, mesh) -> (per-token step, hbm, spec, policy) of each that fits
     lean: dict[str, tuple[int, TrialSpec, policies.Policy]] = {}  # strategy or family -> leanest seen
@@ -103,13 +105,17 @@ def search(
                     for p in cands:
                         searched += 1
                         spec = replace(spec0, train=p.apply(tr))
-                        hbm = memory.peak(memory.breakdown(spec))
+                        mem = memory.breakdown(spec)
+                        hbm = memory.peak(mem)
                         for k in (name, p.family):
                             if k not in lean or hbm < lean[k][0]:
                                 lean[k] = (hbm, spec, p)
                         if limit and hbm > limit:
                             continue
                         fitted = True
+                        if host_limit and resources.host_memory_bytes(spec, mem) > host_limit:
+                            host_over.setdefault(p.family, (resources.host_memory_bytes(spec, mem), spec, p))
+                            continue
                         step = steptime.step_time(spec, model=cm).step_s
                         if budget > 0 and step > budget:
                             continue
@@ -126,9 +132,10 @@ def search(
     chosen = tuple(Choice(s, plan_one(s, cm, []), p, command(s, p, tail, sized)) for _, s, p in ranked[:top])
     if not chosen:
         return Answer((), (), _closest(model, cluster, context_length, lean, invalid, limit), searched)
-    return Answer(
-        chosen, _losers(ranked, lean, fast, invalid, limit, train.batch if sized else 0), "", searched
+    losers = _losers(
+        ranked, lean, fast, invalid, limit, train.batch if sized else 0, host_over, host_limit, cm
     )
+    return Answer(chosen, losers, "", searched)
 
 
 def _leanest_words(hbm: int, spec: TrialSpec, p: policies.Policy, limit: int) -> str:
@@ -138,9 +145,20 @@ def _leanest_words(hbm: int, spec: TrialSpec, p: policies.Policy, limit: int) ->
     )
 
 
-def _losers(ranked: list, lean: dict, fast: dict, invalid: dict, limit: int, base: int) -> tuple[str, ...]:
+def _losers(
+    ranked: list,
+    lean: dict,
+    fast: dict,
+    invalid: dict,
+    limit: int,
+    base: int,
+    host_over: dict,
+    host_limit: int,
+    cm: ClusterModel,
+) -> tuple[str, ...]:
     """Why each other strategy and each other policy family loses to the winner (ranked[0]); `base`: the point's
-    own batch when the search chose sizes (their per-token times are scaled to it), else 0."""
+    own batch when the search chose sizes (their per-token times are scaled to it), else 0. Slower means beyond
+    both bands: a loser whose band overlaps the winner's is a tie, lost on the tie-break."""
     (t0, win, win_policy), out = ranked[0], []
     for name in strategies.CP_NAMES:
         if name == win.strategy.name:
@@ -150,7 +168,7 @@ def _losers(ranked: list, lean: dict, fast: dict, invalid: dict, limit: int, bas
             t, s, p = mine
             step = t * s.train.batch / base if base else t
             out.append(
-                f"{name}: {_behind(t / t0)} (its best: {_where(s, base)}, {p.label()}, {step:,.3g} s/step)"
+                f"{name}: {_behind(t / t0, s, win, cm)} (its best: {_where(s, base)}, {p.label()}, {step:,.3g} s/step)"
             )
         elif name in lean:
             out.append(f"{name}: does not fit: {_leanest_words(*lean[name], limit)}")
@@ -162,7 +180,14 @@ def _losers(ranked: list, lean: dict, fast: dict, invalid: dict, limit: int, bas
         if fam in fast:
             t, s, p = fast[fam]
             out.append(
-                f"policy {fam}: {_behind(t / t0)} at best ({p.label()}, {s.strategy.name} on {_where(s, base)})"
+                f"policy {fam}: {_behind(t / t0, s, win, cm)} at best ({p.label()}, {s.strategy.name} on "
+                f"{_where(s, base)})"
+            )
+        elif fam in host_over:
+            used, s, p = host_over[fam]
+            out.append(
+                f"policy {fam}: does not fit host RAM: {p.label()} ({s.strategy.name} on {s.mesh.label()}) needs "
+                f"{memory.gib(used)} a host, the host has {memory.gib(host_limit)}"
             )
         elif fam in lean:
             out.append(f"policy {fam}: does not fit: {_leanest_words(*lean[fam], limit)}")
@@ -179,11 +204,21 @@ def _where(s: TrialSpec, sized: int) -> str:
     return " ".join(words)
 
 
-def _behind(r: float) -> str:
-    """How a loser's step compares with the winner's: a tie (within TIE, lost on HBM) or slower by a factor."""
-    if r < 1 + auto.TIE:
-        return f"a tie within the model's precision ({abs(r - 1) * 100:.2f}% apart), lost on HBM"
-    return f"slower by {r:.2f}x"
+def _behind(r: float, loser: TrialSpec, winner: TrialSpec, cm: ClusterModel) -> str:
+    """How a loser compares with the winner (`r`: its step over the winner's, per token): a tie when their bands
+    overlap, else slower by its margin."""
+    if overlap(winner, loser, r, cm):
+        return f"a tie: {abs(r - 1) * 100:.1f}% apart, within the bands (lost on the tie-break: leaner or simpler)"
+    return f"slower by {r:.2f}x, beyond the bands"
+
+
+def overlap(winner: TrialSpec, loser: TrialSpec, r: float, cm: ClusterModel) -> bool:
+    """Whether the loser's band reaches into the winner's: the winner's slow end at or past the loser's fast end
+    (`r`: the loser's predicted step over the winner's, in the same units)."""
+    w, lo = steptime.step_time(winner, model=cm), steptime.step_time(loser, model=cm)
+    high = w.step_high_s / w.step_s if w.step_s else 1.0
+    low = lo.step_low_s / lo.step_s if lo.step_s else 1.0
+    return high >= r * low
 
 
 def _closest(

@@ -2,16 +2,21 @@
 
 The step's work is work.py's, the same the roofline (roofline.py) prices at peak; this model prices it as
 measured runs spend it (constants per chip in conf/cluster/*.yaml, fitted on the published runs in
-orchestrator/calibrate/published_tpu.py):
+orchestrator/calibrate/ and checked table by table, each held out of its own fit):
 
   step = matmuls / (peak x matmul_efficiency)                         layer weights, unembedding
-       + attention x imbalance / (peak x attention kernel efficiency)  efficiency(D, b) = e x D/(D+Dh) x b/(b+bh)
-       + exposed communication                                         as the roofline: what compute does not hide
-       + exposed host offload                                          layer inputs / attention outputs over PCIe
+       + per ring hop and pass: max(tiles / (peak x e(D)) + calls x call_overhead_s, K,V exchange)
+           tiles: the busiest device's live (block_q x block_kv) tiles under the causal mask, so a contiguous
+           layout's imbalance and zigzag's half-size chunks come out of the schedule (jobs/strategies);
+           e(D) = attention_efficiency x D / (D + attention_head_dim_half)
+       + blocking collectives: K,V all-gather, the all-to-alls, over the links the torus gives the group
+       + exposed FSDP gathers (behind the layers' compute), tensor all-reduces
+       + exposed host offload (its offload_exposed share, and what the rest does not hide)
        + exposed DCN (mesh.dcn across slices)                          ring hops at max(ICI, DCN), hidden as above
-       + step_overhead_s                                               dispatch, optimizer, host loop
+       + layer_overhead_s per layer and pass + step_overhead_s
 
-Remat recompute enters as extra hardware FLOPs; it is never model FLOPs, so it lowers the MFU.
+Remat recompute enters as extra hardware FLOPs; it is never model FLOPs, so it lowers the MFU. Every
+prediction carries a band, the leave-one-table-out errors of the fit (step_band_low, step_band_high).
 """
 
 from __future__ import annotations
@@ -22,7 +27,11 @@ from jobs.spec import TrialSpec
 from orchestrator.plan.hardware import ClusterModel, model_of, peak_tflops
 from orchestrator.plan.work import ATTN_BWD, Dcn, Rates, Work, price, step_work
 
-__all__ = ["StepTime", "kernel_efficiency", "step_time"]
+__all__ = ["SETTLED", "StepTime", "band_of", "kernel_efficiency", "rates", "step_time"]
+
+# A step whose kernels and matmuls are at least this share of it is priced mostly by the rates every table pins
+# (long steps): its band is step_band_*; below, fixed_band_* (held-out errors grow there: the calibration page).
+SETTLED = 0.9
 
 
 @dataclass(frozen=True)
@@ -33,7 +42,7 @@ class StepTime:
     peak_tflops: float
     matmul_s: float
     attention_s: float
-    attention_efficiency: float  # of the kernel, at this head_dim and hop block
+    attention_efficiency: float  # of the kernel on its tiles, at this head_dim
     hop_tokens: int  # tokens per device per hop (per kernel call where nothing rotates)
     exposed_ring_s: float
     collectives_s: float  # all-to-all / all-gather of K,V: not overlapped
@@ -45,14 +54,51 @@ class StepTime:
     step_s: float
     mfu: float
     limiter: str  # what the step spends most of its time on, in words
+    calls_s: float = 0.0  # the attention kernel calls' fixed cost
+    layers_s: float = 0.0  # the layers' fixed cost
+    offload_s: float = 0.0  # host transfers at the host link's rate, hidden or not
+    step_low_s: float = 0.0  # the band: where the fit's held-out errors say the real step lies
+    step_high_s: float = 0.0
+
+    @property
+    def settled(self) -> float:
+        """The share of the step its kernels' and matmuls' rates price: what long steps of every table pin.
+        The rest (fixed costs per step, layer and call, exposed transfers and collectives) is what only a few
+        tables' short steps measure, and where held-out predictions miss most (docs/results/calibration.md)."""
+        return (self.matmul_s + self.attention_s) / self.step_s if self.step_s > 0 else 1.0
+
+    @property
+    def mfu_band(self) -> tuple[float, float]:
+        """(low, high) MFU: the band's slow end gives the low MFU."""
+        f = self.tflops_per_device / self.peak_tflops if self.peak_tflops else 0.0
+        return (
+            f / self.step_high_s if self.step_high_s else 0.0,
+            f / self.step_low_s if self.step_low_s else 0.0,
+        )
 
 
-def kernel_efficiency(c: ClusterModel, head_dim: int, block: int) -> float:
-    """Softmax work per score is fixed while MXU work grows with D (so D/(D+Dh)); a hop's fixed cost
-    (launch, pipeline fill, merge) is spread over its block (so b/(b+bh))."""
+def kernel_efficiency(c: ClusterModel, head_dim: int) -> float:
+    """The kernel's rate on its tiles: softmax work per score is fixed while MXU work grows with D, so
+    D/(D+Dh) of the asymptote; a call's fixed cost is priced apart (call_overhead_s)."""
     d = head_dim / (head_dim + c.attention_head_dim_half)
-    b = block / (block + c.attention_block_half)
-    return max(c.attention_efficiency * d * b, 1e-6)
+    return max(c.attention_efficiency * d, 1e-6)
+
+
+def rates(c: ClusterModel, head_dim: int, peak: float) -> Rates:
+    """The model's rates for a cluster (the roofline's are Rates(peak))."""
+    return Rates(
+        peak,
+        matmul_efficiency=c.matmul_efficiency,
+        attention_efficiency=kernel_efficiency(c, head_dim),
+        attention_backward=ATTN_BWD,
+        attention_replay=c.attention_recompute,
+        overhead_s=float(c.step_overhead_s),
+        call_s=float(c.call_overhead_s),
+        layer_s=float(c.layer_overhead_s),
+        latency_s=float(c.collective_latency_s),
+        collective_efficiency=float(c.collective_efficiency),
+        offload_exposed=float(c.offload_exposed),
+    )
 
 
 def step_time(
@@ -68,24 +114,17 @@ def step_time(
     m, c = spec.model, model or model_of(spec.cluster)
     w = step_work(spec, offload) if work is None else work
     peak = peak or peak_tflops(spec)
-    eff = kernel_efficiency(c, m.head_dim, w.hop_tokens)
-    rates = Rates(
-        peak,
-        matmul_efficiency=c.matmul_efficiency,
-        attention_efficiency=eff,
-        attention_backward=ATTN_BWD,
-        attention_replay=c.attention_recompute,
-        overhead_s=float(c.step_overhead_s),
-    )
-    t = price(w, rates, spec.cluster, c)
+    r = rates(c, m.head_dim, peak)
+    t = price(w, r, spec.cluster, c)
     terms = t.parts(spec.strategy.name)
     step = sum(terms.values())
+    band = band_of(c, (t.matmul_s + t.attention_s) / step if step > 0 else 1.0)
     return StepTime(
         tflops_per_device=w.model_tflops,
         peak_tflops=peak,
         matmul_s=t.matmul_s,
         attention_s=t.attention_s,
-        attention_efficiency=eff,
+        attention_efficiency=r.attention_efficiency,
         hop_tokens=w.hop_tokens,
         exposed_ring_s=t.exposed_ring_s,
         collectives_s=t.collectives_s,
@@ -96,8 +135,20 @@ def step_time(
         overhead_s=t.overhead_s,
         step_s=step,
         mfu=w.model_tflops / (step * peak) if step > 0 else 0.0,
-        limiter=_limiter(terms, step, eff, m.head_dim, w.hop_tokens) + _dcn_note(t.dcn),
+        limiter=_limiter(terms, step, r.attention_efficiency, m.head_dim, w) + _dcn_note(t.dcn),
+        calls_s=t.calls_s,
+        layers_s=t.layers_s,
+        offload_s=t.offload_s,
+        step_low_s=step * band[0],
+        step_high_s=step * band[1],
     )
+
+
+def band_of(c: ClusterModel, settled: float) -> tuple[float, float]:
+    """The (low, high) multipliers of a step whose `settled` share the well-pinned rates price."""
+    if settled >= SETTLED:
+        return float(c.step_band_low), float(c.step_band_high)
+    return float(c.fixed_band_low), float(c.fixed_band_high)
 
 
 def run_peak(spec: TrialSpec, measured: float | None) -> float | None:
@@ -109,11 +160,13 @@ def run_peak(spec: TrialSpec, measured: float | None) -> float | None:
     return float(measured)
 
 
-def _limiter(terms: dict[str, float], step: float, eff: float, head_dim: int, hop: int) -> str:
+def _limiter(terms: dict[str, float], step: float, eff: float, head_dim: int, w: Work) -> str:
     name, secs = max(terms.items(), key=lambda kv: kv[1])
     share = f"{name} {secs / step:.0%} of the step" if step > 0 else name
     if name == "attention kernel":
-        share += f" (kernel at {eff:.0%} of peak: head_dim {head_dim}, {hop:,}-token blocks)"
+        hops = w.schedule.steps if w.schedule else 1
+        where = f"{hops} hops of {w.hop_tokens:,} tokens" if hops > 1 else f"{w.hop_tokens:,}-token blocks"
+        share += f" (kernel at {eff:.0%} of peak on its tiles: head_dim {head_dim}, {where})"
     return share
 
 
