@@ -9,8 +9,7 @@ from omegaconf import OmegaConf
 
 from orchestrator.config import grid
 from orchestrator.config.load import load
-from orchestrator.plan import plan
-from orchestrator.plan import rules
+from orchestrator.plan import plan, rules
 
 BUDGET_S = 2.0
 POINTS = 1000
