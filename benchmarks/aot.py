@@ -25,16 +25,32 @@ from jobs import strategies  # noqa: E402
 from jobs.spec import DataSpec, MemorySpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec  # noqa: E402
 from orchestrator.config import grid  # noqa: E402
 from orchestrator.config.load import group_option  # noqa: E402
-from orchestrator.plan import (  # noqa: E402
-    aot,
-    hardware,  # noqa: E402
-    render,
-    rules,
-)
+from orchestrator.plan import aot, hardware, render, rules  # noqa: E402
+from orchestrator.ui import markdown  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+HEAD = [
+    "cluster",
+    "strategy",
+    "mesh",
+    "context",
+    "remat",
+    "analytic GiB",
+    "compiled GiB",
+    "compiler's peak",
+    "analytic / peak",
+    "verdict",
+    "compile s",
+]
 L14M = 14_680_064
 LENGTHS = [131_072, 1_048_576, 4_194_304, L14M]
+
+
+def head(at_plan: bool, at_mib: list[int], band: bool) -> list[str]:
+    """The table's columns: HEAD, then the extra compiles asked for (--at-plan, --at-mib, --band)."""
+    extra = ["at the planner's HBM"] if at_plan else []
+    extra += [f"at {m:,} MiB" for m in at_mib]
+    return HEAD + extra + (["analytic / needed (capped)"] if band else [])
 
 
 def conf(group: str, name: str) -> dict:
@@ -172,23 +188,7 @@ def main(argv: list[str]) -> int:
     if not aot.available():
         print("error: needs libtpu: pip install -e '.[tpu]'", file=sys.stderr)
         return 2
-    head = [
-        "cluster",
-        "strategy",
-        "mesh",
-        "context",
-        "remat",
-        "analytic GiB",
-        "compiled GiB",
-        "compiler's peak",
-        "analytic / peak",
-        "verdict",
-        "compile s",
-    ]
-    head += ["at the planner's HBM"] if a.at_plan else []
-    head += [f"at {m:,} MiB" for m in a.at_mib]
-    head += ["analytic / needed (capped)"] if a.band else []
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = []
     done: list[tuple[str, aot.Comparison]] = []
     for cluster in a.clusters:
         for strategy in a.strategies:
@@ -227,8 +227,8 @@ def main(argv: list[str]) -> int:
                     cells.append(at_plan_cell(spec, r))
                 cells += [cap_cell(spec, r, m) for m in a.at_mib]
                 cells += [band_cell(spec, r)] if a.band else []
-                lines.append("| " + " | ".join(cells) + " |")
-    print("\n".join(lines))
+                lines.append(cells)
+    print(markdown.table(head(a.at_plan, a.at_mib, a.band), lines))
     ratios = [(r.ratio, c, r) for c, r in done if r.ratio is not None and r.status == "compiled"]
     if ratios:
         worst = max(ratios, key=lambda t: abs(t[0] - 1.0))

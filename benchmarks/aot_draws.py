@@ -27,7 +27,8 @@ from jobs import storage  # noqa: E402
 from orchestrator import provenance  # noqa: E402
 from orchestrator.plan import aot, memory  # noqa: E402
 from orchestrator.plan.aot import cache  # noqa: E402
-from orchestrator.plan.aot import result as draws
+from orchestrator.plan.aot import result as draws  # noqa: E402
+from orchestrator.ui import markdown  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 POINTS = [
@@ -105,7 +106,7 @@ def main(argv: list[str]) -> int:
     rows = aot.compare([s for *_, s in specs], workers=a.workers, progress="plain", draws=a.draws)
     heads = ["cluster", "strategy", "context", "planner GiB", *(f"draw {d}" for d in range(1, a.draws + 1))]
     heads += [*(CALLERS if callers_for else []), "spread", "judged (worst)", "verdict"]
-    out = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+    out = []
     for p, (cluster, strategy, length, spec), r in zip(a.points, specs, rows, strict=True):
         each = list(r.result.draw_bytes) or [draws.judged_bytes(r.result)] * (r.status != "failed")
         each += [None] * (a.draws - len(each))  # a failed point: no figure per draw
@@ -127,13 +128,14 @@ def main(argv: list[str]) -> int:
             gib(draws.judged_bytes(r.result)),
             r.verdict if r.status != "failed" else r.reason[:80],
         ]
-        out.append("| " + " | ".join(cells) + " |")
+        out.append(cells)
     took = f"{len(specs)} points x {a.draws} draws in {time.perf_counter() - t0:.0f} s (cache hits included)"
+    table = markdown.table(heads, out)
     if a.page:
-        path = provenance.write_page(a.page, "Compile draws", made, NOTE, "\n".join(out) + f"\n\n{took}.")
+        path = provenance.write_page(a.page, "Compile draws", made, NOTE, f"{table}\n\n{took}.")
         print(f"wrote {path}")
     else:
-        print("\n".join(out) + f"\n\n{took}")
+        print(f"{table}\n\n{took}")
     return 0
 
 

@@ -11,22 +11,10 @@ import math
 import re
 from dataclasses import dataclass
 
-from benchmarks.aot import BAND
+from benchmarks.aot import BAND, HEAD
 from orchestrator.plan import hardware  # noqa: E402
+from orchestrator.ui import markdown
 
-HEAD = [
-    "cluster",
-    "strategy",
-    "mesh",
-    "context",
-    "remat",
-    "analytic GiB",
-    "compiled GiB",
-    "compiler's peak",
-    "analytic / peak",
-    "verdict",
-    "compile s",
-]
 BAND_HEAD = [
     "cluster",
     "strategy",
@@ -59,20 +47,19 @@ class Row:
 
 
 def table(head: list[str], rows: list[Row]) -> str:
-    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
-    return "\n".join(lines + ["| " + " | ".join(r.cells[h] for h in head) + " |" for r in rows])
+    return markdown.table(head, ([r.cells[h] for h in head] for r in rows))
 
 
-def rows_from(markdown: str, head: list[str]) -> list[Row]:
-    """Every row of every table in `markdown` whose header is `head` (indented tables too; bold dropped)."""
+def rows_from(text: str, head: list[str]) -> list[Row]:
+    """Every row of every Markdown table in `text` whose header is `head`, however padded (indented tables
+    too; bold dropped)."""
     out, inside = [], False
-    want = "| " + " | ".join(head) + " |"
-    for line in markdown.splitlines():
+    for line in text.splitlines():
         s = line.strip()
-        if s == want:
+        cells = [c.strip().replace("**", "") for c in s.strip("|").split("|")] if s.startswith("|") else None
+        if cells == head:
             inside = True
-        elif inside and s.startswith("|"):
-            cells = [c.strip().replace("**", "") for c in s.strip("|").split("|")]
+        elif inside and cells is not None:
             if not set("".join(cells)) <= set("-: "):  # not the separator
                 out.append(Row(dict(zip(head, cells, strict=True))))
         else:

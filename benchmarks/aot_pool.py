@@ -27,6 +27,7 @@ from orchestrator import provenance  # noqa: E402
 from orchestrator.config.load import group_option  # noqa: E402
 from orchestrator.plan import aot, hardware  # noqa: E402
 from orchestrator.plan.aot import pool, target  # noqa: E402
+from orchestrator.ui import markdown  # noqa: E402
 
 # (cluster, strategy, mesh): tpu7x 2x2x1 is 4 chips = 8 devices, v5p 2x2x1 4 megacore devices
 POINTS = [
@@ -119,10 +120,11 @@ def table(rows: list[tuple], n: int, same: bool) -> list[str]:
     out = [
         f"{n} compiles (distinct programs), each worker count on a fresh empty cache, then rerun on it:",
         "",
-        "| workers | cold wall s | cold hits | sum of compile s | rerun wall s | rerun hits |",
-        "|---|---|---|---|---|---|",
+        *markdown.table(
+            ["workers", "cold wall s", "cold hits", "sum of compile s", "rerun wall s", "rerun hits"],
+            ([w, f"{c:.1f}", h, f"{cs:.1f}", f"{r:.1f}", rh] for w, c, h, cs, r, rh in rows),
+        ).splitlines(),
     ]
-    out += [f"| {w} | {c:.1f} | {h} | {cs:.1f} | {r:.1f} | {rh} |" for w, c, h, cs, r, rh in rows]
     if len(rows) > 1:
         base = rows[0]
         out.append("")

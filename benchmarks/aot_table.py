@@ -18,10 +18,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python benchmarks/...` finds `benchmarks`
 
 from benchmarks import aot_page  # noqa: E402
-from benchmarks.aot import LENGTHS, at_plan_cell, band_cell, cap_cell, row_cells, spec_for  # noqa: E402
+from benchmarks.aot import LENGTHS, at_plan_cell, band_cell, cap_cell, head, row_cells, spec_for  # noqa: E402
 from jobs import strategies  # noqa: E402
 from orchestrator import provenance  # noqa: E402
 from orchestrator.plan import aot, memory, rules  # noqa: E402
+from orchestrator.ui import markdown  # noqa: E402
 
 # The page's models, each with the context_ulysses degrees looked up (mesh=auto's, and one more split).
 PAGE_MODELS = [("llama3_1_8b_long", ["auto", "2"]), ("llama3_1_8b", ["auto", "4"])]
@@ -110,7 +111,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--remat", nargs="+", default=["full", "offload"])
     ap.add_argument("--ulysses", nargs="+", default=["auto"], help="context_ulysses degrees to look up")
     ap.add_argument("--terms", action="store_true", help="print the planner's terms next to each row")
-    ap.add_argument("--markdown", action="store_true", help="rows as benchmarks/aot.py's markdown table")
+    ap.add_argument("--markdown", action="store_true", help="benchmarks/aot.py's markdown table")
     ap.add_argument(
         "--at-plan", action="store_true", help="with --markdown: the cached compile at the planner's HBM"
     )
@@ -131,6 +132,7 @@ def main(argv: list[str]) -> int:
     a = ap.parse_args(argv)
     if a.page:
         return write_page(a, argv)
+    rows = []
     for cluster, spec, row in cached(a.model, a.remat, a.ulysses):
         if a.markdown:
             cells = row_cells(cluster, row)
@@ -138,7 +140,7 @@ def main(argv: list[str]) -> int:
                 cells.append(at_plan_cell(spec, row, compile=False))
             cells += [cap_cell(spec, row, m, compile=False) for m in a.at_mib]
             cells += [band_cell(spec, row, compile=False)] if a.band else []
-            print("| " + " | ".join(cells) + " |")
+            rows.append(cells)
             continue
         comp = row.compiled_bytes or 0
         print(
@@ -149,6 +151,8 @@ def main(argv: list[str]) -> int:
         if a.terms:
             b = memory.breakdown(spec)
             print("    " + ", ".join(f"{k} {v / 2**30:.1f}" for k, v in b.items() if v > 2**28))
+    if a.markdown:
+        print(markdown.table(head(a.at_plan, a.at_mib, a.band), rows))
     return 0
 
 

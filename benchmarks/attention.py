@@ -30,6 +30,7 @@ from jobs.attention.kernels import AUTO, KERNELS  # noqa: E402
 from jobs.attention.sharding import qkv_spec  # noqa: E402
 from jobs.mesh import small_mesh  # noqa: E402
 from orchestrator import provenance  # noqa: E402
+from orchestrator.ui import markdown  # noqa: E402
 
 
 def ringattention_peer(mesh: Mesh, block: int):
@@ -258,8 +259,6 @@ def page_body(setup: str, a: argparse.Namespace, table: list[list[str]], notes: 
         "MiB/device",
         "busiest device's share of the scores",
     ]
-    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in table]
     return f"""\
 Setup: `{setup}`, fwd+bwd, median of {a.iters} runs after a warm-up.
 
@@ -271,7 +270,7 @@ robust to other load); *× dense* wall time over the first row's; *compile s* on
 *MiB/device* the compiled step's arguments + temporaries per device (`memory_analysis`); the last column is the
 share of the L × L score matrix the busiest device computes under the causal mask (dense on one device: 50 %).
 
-{chr(10).join(lines)}
+{markdown.table(head, table)}
 
 """ + "\n".join(f"- {n}" for n in notes)
 

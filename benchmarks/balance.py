@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from jobs.data import balance  # noqa: E402
 from orchestrator import provenance  # noqa: E402
+from orchestrator.ui import markdown  # noqa: E402
 
 PROG = "python benchmarks/balance.py"
 LENGTHS = (65_536, 1_048_576, 14_680_064)
@@ -74,19 +75,17 @@ def measure(lengths: np.ndarray, seeds: int, block: int, chunk: int) -> list[dic
 
 
 def table(rows: list[dict], block: int) -> str:
-    head = (
-        "| L | P | documents per row | useful fraction | "
-        + " | ".join(f"{n} entries | {n} {block}-tiles" for n in balance.LAYOUTS)
-        + " | balanced layout time |"
-    )
-    lines = [head, "|---" * (5 + 2 * len(balance.LAYOUTS)) + "|"]
-    for r in rows:
-        cells = " | ".join(f"{r[n][0]:.3f} | {r[n][1]:.3f}" for n in balance.LAYOUTS)
-        lines.append(
-            f"| {r['L']:,} | {r['P']} | {r['docs']:.0f} | {r['useful']:.4f} | {cells} | "
-            f"{r['balanced_s'] * 1e3:.0f} ms |"
-        )
-    return "\n".join(lines)
+    head = ["L", "P", "documents per row", "useful fraction"]
+    head += [h for n in balance.LAYOUTS for h in (f"{n} entries", f"{n} {block}-tiles")]
+    cells = lambda r: [
+        f"{r['L']:,}",
+        r["P"],
+        f"{r['docs']:.0f}",
+        f"{r['useful']:.4f}",
+        *(f"{r[n][i]:.3f}" for n in balance.LAYOUTS for i in (0, 1)),
+        f"{r['balanced_s'] * 1e3:.0f} ms",
+    ]
+    return markdown.table([*head, "balanced layout time"], map(cells, rows))
 
 
 def note(source: str, seeds: int, block: int, chunk: int) -> str:

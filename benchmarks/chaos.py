@@ -29,6 +29,7 @@ from mlflow import MlflowClient  # noqa: E402
 from servers import start_mlflow_server  # noqa: E402
 
 from orchestrator import provenance  # noqa: E402
+from orchestrator.ui import markdown  # noqa: E402
 
 GRID = [
     "-m",
@@ -187,12 +188,8 @@ def main(argv: list[str]) -> int:
     finally:
         server.stop()
     cols = list(rows[0])
-    table = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    table += [
-        "| " + " | ".join(f"{r[c]:.0f}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |"
-        for r in rows
-    ]
-    body = "\n".join(table)
+    cell = lambda v: f"{v:.0f}" if isinstance(v, float) else str(v)
+    body = markdown.table(cols, ([cell(r[c]) for c in cols] for r in rows))
     print(body)
     if a.page:
         print(f"wrote {provenance.write_page(a.page, 'Chaos soak', made, NOTE, body)}")

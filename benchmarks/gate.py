@@ -40,6 +40,7 @@ from mlflow import MlflowClient  # noqa: E402
 
 from orchestrator import provenance  # noqa: E402
 from orchestrator.results import gate as regress  # noqa: E402
+from orchestrator.ui import markdown  # noqa: E402
 
 EXP = "cp_scaling"
 TOKENS = "final_tokens_per_s"
@@ -82,21 +83,29 @@ def step_times(client: MlflowClient, eid: str, sweep_ids: list[str]) -> dict[str
     return {k: statistics.median(v) for k, v in per.items()}
 
 
-def rows(sid: str, code: int, result: regress.GateResult) -> list[str]:
-    """The markdown rows of one sweep's verdict: one per compared trial."""
+HEAD = ["sweep", "exit", "trial", "baseline runs", "median tokens/s", "now", "band (± spread)", "verdict"]
+
+
+def rows(sid: str, code: int, result: regress.GateResult) -> list[list[str]]:
+    """The table rows (HEAD's cells) of one sweep's verdict: one per compared trial."""
     if not result.changes:
         n = len(result.new)
-        return [
-            f"| {sid} | {code} | {n} {'trial' if n == 1 else 'trials'}, all new: the baseline | | | | | |"
-        ]
+        return [[sid, str(code), f"{n} {'trial' if n == 1 else 'trials'}, all new: the baseline", *[""] * 5]]
     out = []
     for c in result.changes:
         med, now = c.values.get(TOKENS, (float("nan"), float("nan")))
-        verdict = "REGRESSED" if c.dropped else "ok"
+        band = f"{c.bands.get(TOKENS, float('nan')):.1%} (±{c.noise.get(TOKENS, 0.0):.1%})"
         out.append(
-            f"| {sid} | {code} | {c.label} | {len(c.baseline_sweeps)} ({', '.join(c.baseline_sweeps)}) | "
-            f"{med:.0f} | {now:.0f} ({c.delta(TOKENS):+.1%}) | {c.bands.get(TOKENS, float('nan')):.1%} "
-            f"(±{c.noise.get(TOKENS, 0.0):.1%}) | {verdict} |"
+            [
+                sid,
+                str(code),
+                c.label,
+                f"{len(c.baseline_sweeps)} ({', '.join(c.baseline_sweeps)})",
+                f"{med:.0f}",
+                f"{now:.0f} ({c.delta(TOKENS):+.1%})",
+                band,
+                "REGRESSED" if c.dropped else "ok",
+            ]
         )
     return out
 
@@ -111,10 +120,7 @@ def main(argv: list[str]) -> int:
     )
     a = ap.parse_args(argv)
     made = provenance.current("python benchmarks/gate.py", argv, load=True)
-    table = [
-        "| sweep | exit | trial | baseline runs | median tokens/s | now | band (± spread) | verdict |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    table: list[list[str]] = []
     ok, quiet = True, []
     with tempfile.TemporaryDirectory(prefix="gate-bench-") as tmp:
         where, store = Path(tmp), f"sqlite:///{tmp}/mlflow.db"
@@ -145,7 +151,11 @@ def main(argv: list[str]) -> int:
             quiet += [] if slowed else [sid]
     verdict = "both hold" if ok else "NOT as expected: see the rows above"
     body = "\n".join(
-        [*table, "", f"Quiet reruns pass, the {a.slowdown:.0%} slowdown trips the gate: {verdict}."]
+        [
+            markdown.table(HEAD, table),
+            "",
+            f"Quiet reruns pass, the {a.slowdown:.0%} slowdown trips the gate: {verdict}.",
+        ]
     )
     print("\n" + body)
     if a.out:

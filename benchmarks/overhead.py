@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from orchestrator import provenance  # noqa: E402
+from orchestrator.ui import markdown  # noqa: E402
 
 
 def overrides(args, sweep_id: str, seeds: list[int]) -> list[str]:
@@ -334,15 +335,14 @@ ROWS = [
 
 def page_body(args, results: dict[str, dict], ok: bool) -> str:
     names = list(results)
-    lines = ["| figure | " + " | ".join(names) + " | what it is |", "|---" * (len(names) + 2) + "|"]
-    for label, key, fmt, what in ROWS:
-        lines.append(
-            f"| {label} | " + " | ".join(fmt.format(results[n][key]) for n in names) + f" | {what} |"
-        )
+    table = markdown.table(
+        ["figure", *names, "what it is"],
+        ([label, *(fmt.format(results[n][key]) for n in names), what] for label, key, fmt, what in ROWS),
+    )
     trials = results["ours"]["trials"]
     return (
         f"Setup: {trials} trials of {args.steps} steps at {args.length} tokens, {args.concurrency} at a time.\n\n"
-        + "\n".join(lines)
+        + table
         + f"\n\nTargets for ours ({TARGETS}): {'met' if ok else 'not met'}.\n"
     )
 

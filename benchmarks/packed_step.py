@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from jobs.train import train  # noqa: E402
 from orchestrator.config.grid import expand  # noqa: E402
 from orchestrator.config.load import load  # noqa: E402
+from orchestrator.ui import markdown  # noqa: E402
 
 
 def median_step_s(overrides: list[str]) -> float:
@@ -47,14 +48,16 @@ def main(argv: list[str]) -> int:
         "cluster.max_step_seconds=1000",
     ]
     docs = ["train.data.kind=documents", f"train.data.sources=[{a.corpus}]"]
-    print(f"| layout | unpacked s/step | packed s/step | speedup |  (ring, L={a.length:,}, 8 CPU devices)")
-    print("|---|---|---|---|")
+    rows = []
     for layout in ("contiguous", "zigzag", "balanced"):
         lay = [f"strategy.layout={layout}"]
         flat = median_step_s([*base, *lay]) if layout != "balanced" else None
         packed = median_step_s([*base, *lay, *docs])
         cells = [f"{flat:.2f}" if flat else "—", f"{packed:.2f}", f"{flat / packed:.2f}x" if flat else "—"]
-        print(f"| {layout} | " + " | ".join(cells) + " |", flush=True)
+        print(f"{layout}: {', '.join(cells)}", file=sys.stderr, flush=True)  # each layout takes minutes
+        rows.append([layout, *cells])
+    print(f"ring, L={a.length:,}, 8 CPU devices:\n")
+    print(markdown.table(["layout", "unpacked s/step", "packed s/step", "speedup"], rows))
     return 0
 
 

@@ -20,6 +20,7 @@ from orchestrator import provenance
 from orchestrator.config import grid
 from orchestrator.config.load import load
 from orchestrator.plan import VERDICTS, PlanRow, plan, to_markdown
+from orchestrator.ui import markdown
 
 STRATEGIES = ["all_gather", "ulysses", "ring", "usp"]
 LENGTHS = [131_072, 14_680_064]
@@ -71,20 +72,16 @@ def auto_section(overrides: list[str]) -> str:
     rows = plan(grid.expand(load(["+sweep=cp_scaling", *overrides, "train.remat=auto"])))
     names = list(dict.fromkeys(r.strategy for r in rows))
     cell = {(r.strategy, r.context_length): r for r in rows}
-    lines = ["| context | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
-    for length in sorted({r.context_length for r in rows}):
-        cells = []
-        for n in names:
-            r = cell[n, length]
-            cells.append(
-                r.verdict if r.verdict == "invalid" else f"{r.policy}: {r.verdict}, MFU {r.predicted_mfu:.2f}"
-            )
-        lines.append(f"| {length:,} | " + " | ".join(cells) + " |")
+    what = lambda r: (
+        r.verdict if r.verdict == "invalid" else f"{r.policy}: {r.verdict}, MFU {r.predicted_mfu:.2f}"
+    )
+    lengths = sorted({r.context_length for r in rows})
+    table = markdown.table(
+        ["context", *names], ([f"{length:,}", *(what(cell[n, length]) for n in names)] for length in lengths)
+    )
     title = ", ".join(f"`{o}`" for o in [*overrides, "train.remat=auto"])
     hours = sum(r.chip_hours or 0 for r in rows if r.verdict == "run")
-    return (
-        f"## {title} (cp_scaling)\n\n" + "\n".join(lines) + f"\n\nRunnable points: {hours:,.4g} chip-hours.\n"
-    )
+    return f"## {title} (cp_scaling)\n\n" + table + f"\n\nRunnable points: {hours:,.4g} chip-hours.\n"
 
 
 def main(argv: list[str]) -> int:

@@ -27,6 +27,7 @@ from jobs.spec import TrialSpec  # noqa: E402
 from orchestrator import provenance  # noqa: E402
 from orchestrator.plan.steptime import run_peak, step_time  # noqa: E402
 from orchestrator.results import report as rb  # noqa: E402
+from orchestrator.ui import markdown  # noqa: E402
 
 NOTE = """Each row is one trial of a profiled sweep on this machine (`python -m orchestrator +sweep=cp_scaling
 'sweep.axes.context_length=[1024,2048,4096]' train.steps=8 'run.profile_steps=[4]' sweep.id=prof-1`, the tiny
@@ -107,7 +108,7 @@ def table(rs: list[dict]) -> str:
         "predicted limiter",
         "before / traced / after s",
     ]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = []
     for r in rs:
         cells = [r["strategy"], f"{r['L']:,}", f"{r['measured_step']:.3f} / {r['predicted_step']:.3f}"]
         cells += [f"{r['measured'][g]:.3f} / {r['predicted'][g]:.3f}" for g in groups]
@@ -116,8 +117,8 @@ def table(rs: list[dict]) -> str:
             r["predicted_limiter"].split(" (")[0],
             f"{r['before']:.3f} / {r['traced']:.3f} / {r['after']:.3f}",
         ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        lines.append(cells)
+    return markdown.table(head, lines)
 
 
 def main(argv: list[str]) -> int:

@@ -24,6 +24,7 @@ from orchestrator.plan.auto import TIE
 from orchestrator.plan.memory import gib
 from orchestrator.plan.policies import Policy
 from orchestrator.plan.search import Answer, Choice, search
+from orchestrator.ui.markdown import table
 
 PROG = "python benchmarks/published.py"
 K = 1024
@@ -212,9 +213,7 @@ def cells(pt: Point) -> list[str]:
 
 
 def markdown(pts: list[Point]) -> str:
-    lines = ["| " + " | ".join(HEAD) + " |", "|---" * len(HEAD) + "|"]
-    lines += ["| " + " | ".join(cells(p)) + " |" for p in pts]
-    return "\n".join(lines)
+    return table(HEAD, (cells(p) for p in pts))
 
 
 NOTE = """\

@@ -25,8 +25,10 @@ class Checkpointer:
     def __init__(self, uri: str, every: int, keep: int = 2):
         self.uri, self.every = uri, every
         # Multi-host: orbax writes gs:// itself (tensorstore's GCS driver, real GCS) so all hosts share one
-        # directory, as its commit protocol needs. One host: stage locally and mirror through
-        # google-cloud-storage, which also works against a GCS emulator.
+        # directory, as its commit protocol needs. One host: stage locally and mirror through jobs.storage
+        # (gcsfs), which also works against a GCS emulator: tensorstore does not (gcp-storage-emulator sends
+        # no x-goog-generation and ignores ifGenerationMatch, so reading OCDBT's manifest fails with
+        # "Malformed StorageGeneration" intermittently).
         self.mirror = storage.is_gcs(uri) and jax.process_count() == 1
         if storage.is_gcs(uri) and not self.mirror:
             self.local = uri

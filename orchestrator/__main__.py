@@ -115,8 +115,12 @@ def _aot(specs: list, rows: list, options: Options) -> tuple[dict, int]:
     from rich.console import Console
 
     console = Console(width=max(Console().width, 140))
+    from orchestrator.cli.commands import join_ray
+
     # on a Ray pool (aot.pool): options.aot_workers at once, on the shared cache options.aot_cache
     try:
+        if valid:
+            join_ray(valid[0].cluster)  # the cluster's Ray for the pool, before the planner asks for compiles
         compared = aot.compare(
             valid,
             options.aot_topology or None,

@@ -109,16 +109,11 @@ def stdlib_corpus(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def gcs():
-    """A GCS emulator for the real google-cloud-storage client; yields its bucket as gs://cp-test."""
+def gcs(monkeypatch):
+    """A GCS emulator for the real clients (gcsfs, google-cloud-storage); yields its bucket, gs://cp-test."""
     from servers import start_gcs_emulator
 
-    from jobs import storage
-
     url, stop = start_gcs_emulator(bucket="cp-test")
-    os.environ["STORAGE_EMULATOR_HOST"] = url
-    storage.client.cache_clear()
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", url)
     yield "gs://cp-test"
     stop()
-    os.environ.pop("STORAGE_EMULATOR_HOST", None)
-    storage.client.cache_clear()

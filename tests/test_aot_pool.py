@@ -1,5 +1,5 @@
 """aot=true on a Ray pool: the same answers as one compile after another, a rerun served by the cache alone, a
-gs:// cache shared between runs (GCS emulator, the real google-cloud-storage client), and the host memory each
+gs:// cache shared between runs (GCS emulator: gcsfs writes, google-cloud-storage looks), and the host memory each
 compile reserves."""
 
 from __future__ import annotations
@@ -57,13 +57,11 @@ def fresh_ray(monkeypatch):
 
 @pytest.fixture
 def gcs(monkeypatch):
-    """A GCS emulator with one bucket; google-cloud-storage (jobs.storage, and the pool's workers) on it."""
+    """A GCS emulator with one bucket; gcsfs (jobs.storage, and the pool's workers) on it."""
     url, stop = start_gcs_emulator(bucket=BUCKET)
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", url)
     monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "test")
-    storage.client.cache_clear()
     yield url
-    storage.client.cache_clear()
     stop()
 
 

@@ -163,7 +163,7 @@ def test_unknown_cluster_key_in_a_cluster_file_is_rejected_not_dropped(tmp_path)
 
 
 def test_gcs_data_path_is_looked_up_when_credentials_allow(monkeypatch):
-    """Against a GCS emulator (real google-cloud-storage client): a missing object is bad input before launch,
+    """Against a GCS emulator (the real gcsfs client): a missing object is bad input before launch,
     an existing one passes; without credentials the lookup is left to the job."""
     from servers import start_gcs_emulator
 
@@ -172,7 +172,6 @@ def test_gcs_data_path_is_looked_up_when_credentials_allow(monkeypatch):
     url, stop = start_gcs_emulator(bucket="cp-schema")
     try:
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", url)
-        storage.client.cache_clear()
         checks._path_problem.cache_clear()
         storage.write_bytes("gs://cp-schema/data/tokens.bin", b"\0" * 64)
         expand(load(["train.data.kind=tokens", "train.data.path=gs://cp-schema/data/tokens.bin"]))
@@ -180,5 +179,4 @@ def test_gcs_data_path_is_looked_up_when_credentials_allow(monkeypatch):
             expand(load(["train.data.kind=tokens", "train.data.path=gs://cp-schema/data/missing.bin"]))
     finally:
         stop()
-        storage.client.cache_clear()
         checks._path_problem.cache_clear()

@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import pytest
+from servers import gcs_client
 
 from jobs import storage, strategies
 from jobs.data import RECALL_VALUES, chance_loss, recall_batch, recall_vocab
@@ -131,7 +132,9 @@ def test_gcs_token_data_and_checkpoints(gcs):
     )
     start, losses, _ = run(s)
     assert start["resumed_from_step"] == 0 and len(losses) == 4 and all(np.isfinite(losses))
-    names = [b.name for b in storage.client().list_blobs("cp-test", prefix="ckpt/")]
+    names = [
+        b.name for b in gcs_client(os.environ["STORAGE_EMULATOR_HOST"]).list_blobs("cp-test", prefix="ckpt/")
+    ]
     assert any(n.startswith("ckpt/3/") for n in names), names[:5]
     # a longer trial on the same checkpoint prefix picks up where the first stopped
     longer = dataclasses.replace(s, train=dataclasses.replace(s.train, steps=6))

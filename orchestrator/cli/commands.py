@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from typing import TYPE_CHECKING
 
-from jobs.spec import TrialSpec
+from jobs.spec import ClusterSpec, TrialSpec
 from orchestrator.plan import memory
 from orchestrator.plan.hardware import ClusterModel
 from orchestrator.plan.search import Answer, search
@@ -15,6 +16,7 @@ if TYPE_CHECKING:
     from orchestrator.config.schema import Options, Search
     from orchestrator.plan.aot import Comparison
 
+log = logging.getLogger(__name__)
 # Words the answer's command lines set themselves, or that only ask for the answer: left out of their tail.
 _OWN = (
     "strategy",
@@ -64,11 +66,28 @@ def answer(
     )
 
 
+def join_ray(cluster: ClusterSpec) -> None:
+    """The Ray an AOT pool compiles on: the cluster's, joined as a sweep joins it, when it names an address
+    (address=auto only when one is running); otherwise the pool starts a local one."""
+    if not cluster.address:
+        return
+    from orchestrator.launch import cluster as clusters
+
+    try:
+        clusters.connect(cluster)
+    except ConnectionError:
+        if cluster.address != "auto":  # an address that was named must answer
+            raise
+        log.info("address=auto: no Ray running; compiling on a local Ray")
+
+
 def confirm(a: Answer, options: Options, console) -> list[Comparison]:
     """aot=true: compile the listed configurations for the cluster's TPU topology on the Ray pool (aot.pool),
     so each answer says whether the compiler fits it too."""
     from orchestrator.plan import aot
 
+    if a.top:
+        join_ray(a.top[0].spec.cluster)
     return aot.compare(
         [c.spec for c in a.top],
         options.aot_topology or None,

@@ -12,7 +12,7 @@ from typing import Any
 
 from rich.console import Console
 
-from jobs.spec import ClusterSpec, TrialSpec
+from jobs.spec import TrialSpec
 from orchestrator import REPO
 from orchestrator.plan.aot import cache
 from orchestrator.plan.aot import result as draws
@@ -61,24 +61,14 @@ def _task() -> Any:
     return ray.remote(num_cpus=1, max_calls=1, max_retries=0)(_compile)
 
 
-def start(cluster: ClusterSpec, workers: int = 0) -> None:
-    """The Ray to compile on: the one this driver is already connected to, the cluster's (joined as
-    orchestrator.launch.cluster joins it; address=auto only when one is running), or a local Ray of `workers` CPUs
-    (0: one per core). Never the fake TPU cluster: a compile needs CPUs, not slices."""
+def start(workers: int = 0) -> None:
+    """The Ray to compile on: the one this driver is already connected to (the command line joins a cluster's
+    Ray before it asks for compiles: orchestrator/cli/commands.py), else a local Ray of `workers` CPUs (0: one
+    per core). Never the fake TPU cluster: a compile needs CPUs, not slices."""
     import ray
 
     if ray.is_initialized():
         return
-    if cluster.address:
-        from orchestrator.launch import cluster as ray_cluster
-
-        try:
-            ray_cluster.connect(cluster)
-            return
-        except ConnectionError:
-            if cluster.address != "auto":  # an address that was named must answer
-                raise
-            log.info("address=auto: no Ray running; compiling on a local Ray")
     # workers import jobs/ and orchestrator/; a local Ray's workers inherit the driver's environment
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     os.environ["PYTHONPATH"] = os.pathsep.join(paths if ROOT in paths else [ROOT, *paths])
@@ -120,7 +110,7 @@ def compile_all(
         return []
     import ray
 
-    start(specs[0].cluster, workers)
+    start(workers)
     slots = workers or max(int(ray.cluster_resources().get("CPU", 1)), 1)
     cap, env, task = node_memory(), worker_env(cache_at), _task()
     k = max(draws_per_point, 1)
