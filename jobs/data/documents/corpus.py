@@ -18,7 +18,7 @@ import math
 import os
 import sysconfig
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +27,12 @@ from jobs import storage
 from jobs.data.documents.sources import encode_record
 
 SUFFIXES = (".py", ".txt", ".rst")
+# Corpora this module knows how to build, by the source path a config names them with: a sweep that names a
+# missing one gets it built (and kept) on first use; any other missing source is the user's error.
+KNOWN = {"data/stdlib": {"vocab": 4096}}  # the standard library's own files, a 4096-entry BPE
+Progress = Callable[[str, int, int], None]  # (stage, done, total)
 SKIP_DIRS = {"site-packages", "dist-packages", "__pycache__"}  # installed packages are not the stdlib
+BATCH = 512  # documents per tokenizer call (a progress tick)
 PAD = "<pad>"  # id 0: the packers pad with 0, so no real token is ever padding
 FORMATS = ("arrayrecord", "parquet", "both")
 
@@ -113,19 +118,30 @@ def build(
     max_docs: int = 0,
     shard_docs: int = 512,
     train_bytes: int = 8 << 20,
+    progress: Progress | None = None,
 ) -> dict:
-    """Build the corpus in `out` (a directory or gs:// prefix); returns meta.json's content."""
+    """Build the corpus in `out` (a directory or gs:// prefix); returns meta.json's content. `progress` is told
+    each stage's (done, total): reading, training the tokenizer, tokenizing, writing."""
+    say = progress or (lambda stage, done, total: None)
     if fmt not in FORMATS:
         raise ValueError(f"--format {fmt!r}; use one of {', '.join(FORMATS)}")
     if vocab < 257:
         raise ValueError(f"--vocab {vocab}: a byte-level BPE needs at least 257 entries (256 bytes + pad)")
+    say("reading text files", 0, 1)
     texts = collect(list(srcs) or [stdlib_dir()], max_docs)
+    say("training the tokenizer", 0, 1)
     tok = train_tokenizer(texts, vocab, train_bytes)
-    docs = [np.asarray(e.ids, np.uint32) for e in tok.encode_batch(texts, add_special_tokens=False)]
+    docs: list[np.ndarray] = []
+    for start in range(0, len(texts), BATCH):
+        say("tokenizing documents", start, len(texts))
+        batch = tok.encode_batch(texts[start : start + BATCH], add_special_tokens=False)
+        docs += [np.asarray(e.ids, np.uint32) for e in batch]
+    say("tokenizing documents", len(texts), len(texts))
     lengths = np.array([len(d) for d in docs], np.int64)
     with tempfile.TemporaryDirectory() as tmp:
         local = Path(tmp if storage.is_gcs(out) else out)
         local.mkdir(parents=True, exist_ok=True)
+        say("writing shards", 0, 1)
         names = write_shards(docs, local, fmt, shard_docs)
         tok.save(str(local / "tokenizer.json"))
         np.save(local / "lengths.npy", lengths)
@@ -143,7 +159,17 @@ def build(
         (local / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
         if storage.is_gcs(out):
             storage.upload_dir(tmp, out)
+    say("done", 1, 1)
     return meta
+
+
+def known(source: str) -> dict | None:
+    """How to build `source` when it is a corpus this module knows (its build arguments), else None."""
+    return KNOWN.get(source.rstrip("/"))
+
+
+def built(source: str) -> bool:
+    return storage.exists(storage.join(source.rstrip("/"), "meta.json"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

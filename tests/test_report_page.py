@@ -1,0 +1,114 @@
+"""The sweep's HTML page in a real browser: headless Chromium (Debian's, as .ci/run installs it) opens the
+self-contained file, every plot decodes, the per-length tables and the links to the child runs are there."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+
+import pytest
+
+from orchestrator.results import html
+
+BROWSER = shutil.which("chromium") or shutil.which("chromium-browser")
+DRIVER = shutil.which("chromedriver")
+
+
+def browser():
+    if not (BROWSER and DRIVER):
+        if os.environ.get("CP_TEST_BROWSER") == "required":  # .ci/run installs it: missing is a failure
+            pytest.fail("Chromium is not installed, and CP_TEST_BROWSER=required")
+        pytest.skip("Chromium is not installed (apt-get install chromium chromium-driver)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = BROWSER
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--window-size=1300,1000",
+    ):
+        opts.add_argument(flag)
+    return webdriver.Chrome(service=Service(DRIVER), options=opts)
+
+
+def png(colour: str) -> bytes:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(3, 2))
+    fig.add_subplot().plot([0, 1], [0, 1], color=colour)
+    out = io.BytesIO()
+    fig.savefig(out, format="png")
+    return out.getvalue()
+
+
+def points() -> list[html.Point]:
+    ran = dict(predicted_step_s=0.5, step_low_s=0.45, step_high_s=0.6, predicted_mfu=0.1, predicted_gib=0.2)
+    return [
+        html.Point(
+            "ring",
+            "context8",
+            1024,
+            "full",
+            "finished",
+            "fits",
+            **ran,
+            measured_step_s=0.55,
+            measured_step_spread=0.1,
+            measured_mfu=0.09,
+            link="http://127.0.0.1:5000/#/runs/a",
+        ),
+        html.Point(
+            "ulysses",
+            "context8",
+            1024,
+            "full",
+            "finished",
+            "fits",
+            **ran,
+            measured_step_s=0.7,
+            measured_mfu=0.07,
+            link="http://127.0.0.1:5000/#/runs/b",
+        ),
+        html.Point(
+            "ring", "context8", 8192, "full", "infeasible", "predicted step 4 s > this cluster's 1 s budget"
+        ),
+        html.Point("ulysses", "context16", 8192, "full", "invalid", "ulysses splits q heads over context=16"),
+    ]
+
+
+def test_the_page_opens_in_a_browser_with_its_plots_tables_and_links(tmp_path):
+    page = html.page(
+        "sweep quickstart-1",
+        ["4 grid points: 2 finished, 1 infeasible, 1 invalid"],
+        points(),
+        {"mfu_vs_context": png("C0"), "loss": png("C1")},
+        notes=["CPU MFU is not TPU MFU"],
+    )
+    path = tmp_path / "report.html"
+    path.write_text(page)
+    drv = browser()
+    try:
+        drv.get(path.as_uri())
+        assert drv.title == "sweep quickstart-1"
+        images = drv.find_elements("css selector", "figure img")
+        assert len(images) == 2 and all(
+            drv.execute_script("return arguments[0].naturalWidth", i) > 0 for i in images
+        )
+        text = drv.find_element("tag name", "body").text
+        assert "recommended: ring on context8" in text and "fastest measured: ring 0.55 s" in text
+        assert "CPU MFU is not TPU MFU" in text and "budget" in text
+        links = [a.get_attribute("href") for a in drv.find_elements("css selector", "a")]
+        assert "http://127.0.0.1:5000/#/runs/a" in links and "http://127.0.0.1:5000/#/runs/b" in links
+        cells = [td.text for td in drv.find_elements("css selector", "td")]
+        assert "inside" in cells and "outside" in cells  # 0.55 s in the 0.45-0.6 band, 0.7 s beyond it
+        assert drv.get_screenshot_as_png()[:4] == b"\x89PNG"
+    finally:
+        drv.quit()
