@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.config import data, schema
 from orchestrator.config import keys as checks
-from orchestrator.config import schema
 from orchestrator.config.grid import expand
 from orchestrator.config.load import CONF_DIR, ConfigError, load
 from orchestrator.plan import rules as validate
@@ -173,7 +173,7 @@ def test_gcs_data_path_is_looked_up_when_credentials_allow(monkeypatch):
     try:
         monkeypatch.setenv("STORAGE_EMULATOR_HOST", url)
         storage.client.cache_clear()
-        checks._path_problem.cache_clear()
+        data.path_problem.cache_clear()
         storage.write_bytes("gs://cp-schema/data/tokens.bin", b"\0" * 64)
         expand(load(["train.data.kind=tokens", "train.data.path=gs://cp-schema/data/tokens.bin"]))
         with pytest.raises(ConfigError, match="does not exist in the bucket"):
@@ -181,4 +181,4 @@ def test_gcs_data_path_is_looked_up_when_credentials_allow(monkeypatch):
     finally:
         stop()
         storage.client.cache_clear()
-        checks._path_problem.cache_clear()
+        data.path_problem.cache_clear()

@@ -1,40 +1,25 @@
 """Hold a composed config against orchestrator/config/schema.py: each bad key as one line (what, where, allowed, fix).
 
-Each key on its own (type, range, choices, a data path that names a readable file); rules across keys and
-against the cluster or model are orchestrator/plan/rules.py's. Driver options are checked once at compose
-time (`check_options`, from config.load); trial keys per grid point (`check_point`, from grid.expand), since a
-sweep may set any of them. Nothing here imports Ray, JAX or MLflow.
+Each key on its own (type, range, choices); rules across keys and against the cluster or model are
+orchestrator/plan/rules.py's, whether the data can be read is orchestrator/config/data.py's. Driver options are
+checked once at compose time (`check_options`, from config.load); trial keys per grid point (`check_point`, from
+grid.expand), since a sweep may set any of them. Nothing here imports Ray, JAX or MLflow.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import types
 import typing
-from dataclasses import dataclass
-from functools import cache, lru_cache
+from functools import cache
 from typing import Any
 
-from orchestrator.config.schema import RULES, TRIAL_KEYS, ConfigError, Options, PointConfig, Rule
+from jobs.profile import steps_problem
+from orchestrator.config import data
+from orchestrator.config.schema import RULES, TRIAL_KEYS, ConfigError, Options, PointConfig, Problem, Rule
 
 MISSING = dataclasses.MISSING
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One bad key: what is wrong and what is allowed; `line(where)` adds the grid point."""
-
-    key: str
-    value: Any  # MISSING: the key itself is the problem (unknown or missing)
-    wrong: str
-    allowed: str
-    fix: str
-
-    def line(self, where: str) -> str:
-        shown = self.key if self.value is MISSING else f"{self.key}={self.value!r}"
-        return f"{shown} {self.wrong} ({where}); allowed: {self.allowed} — {self.fix}"
 
 
 @cache
@@ -192,127 +177,21 @@ def _make(cls: type, d: dict) -> Any:
     )
 
 
-def _gcs_credentials() -> bool:
-    """Credentials found without a network round trip (an emulator, a key file, gcloud's ADC file). The GCE
-    metadata server is not asked: off GCP that lookup stalls, and a laptop planning a TPU sweep has none."""
-    adc = os.path.join(os.path.expanduser("~"), ".config", "gcloud", "application_default_credentials.json")
-    return bool(
-        os.environ.get("STORAGE_EMULATOR_HOST") or os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
-    ) or (os.path.exists(adc))
-
-
-def _gcs_missing(path: str) -> bool:
-    """True only when the store answered that the object is not there; any other outcome leaves it to the job."""
-    if not _gcs_credentials():
-        return False
-    from jobs import storage  # google-cloud-storage: imported only for a gs:// data path
-
-    try:
-        return not storage.exists(path)
-    except Exception:  # noqa: BLE001 - no answer is not a "no": the job reports a real failure itself
-        return False
-
-
-@lru_cache(maxsize=256)
-def _path_problem(path: str) -> str | None:
-    """Why a data path cannot be read (None: fine). A gs:// object is looked up when credentials allow."""
-    if path.startswith("gs://"):
-        bucket, _, name = path[len("gs://") :].partition("/")
-        if not (bucket and name):
-            return "is not a gs://bucket/object"
-        return "does not exist in the bucket" if _gcs_missing(path) else None
-    if "://" in path:
-        return "is neither a local file nor a gs:// object"
-    if not os.path.exists(path):
-        return "does not exist"
-    return None if os.path.isfile(path) else "is not a file"
-
-
-def _data_path(d: dict, out: list[Problem]) -> None:
-    """train.data.path, once its type is known good: a readable local file or gs:// object, when set;
-    packed documents: their sources and options, by a peek at each source's first record."""
-    data = d["train"].get("data") or {}
-    if data.get("kind") == "documents":
-        key = (
-            tuple(data.get("sources") or ()),
-            data.get("path") or "",
-            tuple(data.get("weights") or ()),
-            data["pack"],
-            data["long_docs"],
-            int(d["context_length"]),
-            int(d["train"]["batch"]),
-            int(d["model"]["vocab"]),
-        )
-        if why := _documents_problem(*key):
-            out.append(
-                Problem(
-                    "train.data.sources",
-                    list(key[0]) or key[1],
-                    why,
-                    "readable document shards (python -m jobs.data.documents.corpus writes them)",
-                    "fix the source or the option the message names",
-                )
-            )
-        return
-    path = data.get("path")
-    if path and (why := _path_problem(path)):
-        out.append(
-            Problem(
-                "train.data.path",
-                path,
-                why,
-                "an existing local file or gs://bucket/object",
-                "fix the path, or drop it (train.data.path='') for the recall task",
-            )
-        )
-
-
-@lru_cache(maxsize=64)
-def _documents_problem(
-    sources: tuple, path: str, weights: tuple, pack: str, long_docs: str, length: int, batch: int, vocab: int
-) -> str | None:
-    """Why a documents trial's data cannot be read (None: fine): jobs.data.documents.check, once per distinct set."""
-    from jobs import data
-    from jobs.data import documents  # grain: imported only for a documents trial
-
-    o = documents.Options(
-        sources=sources or ((path,) if path else ()),
-        context_length=length,
-        batch=batch,
-        vocab=vocab,
-        weights=weights,
-        pack=pack,
-        long_docs=long_docs,
-    )
-    if not o.sources:
-        return "is empty: train.data.kind=documents reads train.data.sources (or train.data.path)"
-    try:
-        documents.check(o, data.default_cache())
-    except (ValueError, OSError) as e:
-        return str(e).splitlines()[0]
-    return None
-
-
 def check_point(d: dict) -> list[Problem]:
-    """Every bad key of one grid point (a resolved config dict); the data path once the keys are good."""
+    """Every bad key of one grid point (a resolved config dict); then, the keys good, whether its data reads."""
     out: list[Problem] = []
     _walk(PointConfig, {k: d[k] for k in TRIAL_KEYS if k in d}, "", out)
     if not out:
         _auto_memory(d, out)
         _profile_steps(d, out)
-    if not out:
-        _data_path(d, out)
-    return out
+    return out or data.problems(d)
 
 
 def _profile_steps(d: dict, out: list[Problem]) -> None:
-    """run.profile_steps within the trial: step 0's time is the warm-up (first allocations and transfers, not
-    the step), and a step past the last never runs."""
-    steps, n = list((d.get("run") or {}).get("profile_steps") or ()), int(d["train"]["steps"])
-    if bad := [s for s in steps if not 0 < s < n]:
-        wrong = "names step 0, the warm-up, not a step's time" if 0 in bad else "names a step past the last"
-        fix = f"e.g. run.profile_steps=[{min(2, n - 1)}]" if n > 1 else "raise train.steps to trace a step"
-        out.append(Problem("run.profile_steps", steps, wrong, f"steps 1 to train.steps - 1 = {n - 1}", fix))
+    """run.profile_steps within the trial (the job's own rule, jobs.profile.steps_problem)."""
+    steps = list((d.get("run") or {}).get("profile_steps") or ())
+    if why := steps_problem(steps, int(d["train"]["steps"])):
+        out.append(Problem("run.profile_steps", steps, *why))
 
 
 def _auto_memory(d: dict, out: list[Problem]) -> None:

@@ -1,5 +1,5 @@
 """The config schema: each key's type (a dataclass field), its range or allowed values (RULES), its meaning (DOCS),
-and the error bad input raises (ConfigError).
+and the error bad input raises (ConfigError, one Problem per line).
 
 A trial's sections take their keys and types from the seam's own dataclasses (jobs/spec.py), so a field added
 there is checked without a second list; the driver's switches have small dataclasses here.
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 from jobs import strategies
 from jobs.spec import (
@@ -458,3 +459,18 @@ DOCS: dict[str, str] = {
 
 class ConfigError(ValueError):
     """Bad input found before anything starts: the CLI prints it as one line and exits 2."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One bad key: what is wrong and what is allowed; `line(where)` adds the grid point (a ConfigError's text)."""
+
+    key: str
+    value: Any  # dataclasses.MISSING: the key itself is the problem (unknown or missing)
+    wrong: str
+    allowed: str
+    fix: str
+
+    def line(self, where: str) -> str:
+        shown = self.key if self.value is dataclasses.MISSING else f"{self.key}={self.value!r}"
+        return f"{shown} {self.wrong} ({where}); allowed: {self.allowed} — {self.fix}"
