@@ -197,14 +197,16 @@ def test_help_lists_groups_switches_examples_and_exit_codes(capsys):
         row = " ".join([lines[at], *(ln.strip() for ln in more)])
         assert [o.rstrip("*") for o in row.split(maxsplit=1)[1].split("  (")[0].split(", ")] == opts
     assert "tiny*" in text and "ring*" in text and "(none by default)" in text
-    # every switch of conf/config.yaml, with its default and a meaning; nothing else
-    defaults = helptext.switch_defaults()
-    assert set(defaults) == set(helptext.SWITCHES) and {
-        "retries.failure",
-        "gate.max_drop",
-        "aot_topology",
-    } <= set(defaults)
+    # every switch, with its declared default and the first sentence of its declared meaning
+    switches = helptext.switches()
+    assert {"retries.failure", "gate.max_drop", "aot_topology", "search.batch"} <= set(switches)
     assert "  dry_run=false " in text and "  retries.preemption=3 " in text and '  aot_topology="" ' in text
+    for k, key in switches.items():
+        at = next(i for i, ln in enumerate(lines) if ln.startswith(f"  {k}="))
+        more = itertools.takewhile(lambda ln: ln.startswith(" " * 28) and ln[28] != " ", lines[at + 1 :])
+        meaning = " ".join([lines[at][28:], *(ln.strip() for ln in more)])
+        assert meaning == helptext.summary(key.doc) and "`" not in meaning and meaning.endswith((".", ")"))
+    assert helptext.summary("Plan it; e.g. `x`. Then more.") == "Plan it; e.g. x."
     for section in ("Config groups", "Driver switches", "Flags:", "Examples:", "Exit codes:"):
         assert section in text
     examples = [
@@ -268,6 +270,7 @@ def test_info_shows_search_path_groups_and_defaults(capsys):
         "cluster: local",
         "tracking: local",
         "_self_",
+        "switches",
         "sweep: smoke",
     ]
     assert tree == ["<root>:", "  config:", *(f"    {ln}" for ln in leaves)]
@@ -281,6 +284,7 @@ def test_info_shows_search_path_groups_and_defaults(capsys):
         "cluster/local",
         "tracking/local",
         "config",
+        "switches",
         "sweep/smoke",
     ]
     assert yaml.safe_load(out.split("\nConfig\n")[1])["sweep"]["axes"]["context_length"] == [1, 2]

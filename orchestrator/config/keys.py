@@ -1,9 +1,12 @@
-"""Hold a composed config against orchestrator/config/schema.py: each bad key as one line (what, where, allowed, fix).
+"""Hold a composed config against its declarations (orchestrator/config/schema.py): each bad key as one line
+(what, where, allowed, fix).
 
-Each key on its own (type, range, choices); rules across keys and against the cluster or model are
-orchestrator/plan/rules.py's, whether the data can be read is orchestrator/config/data.py's. Driver options are
-checked once at compose time (`check_options`, from config.load); trial keys per grid point (`check_point`, from
-grid.expand), since a sweep may set any of them. Nothing here imports Ray, JAX or MLflow.
+Each key on its own (type, then the range or names its `key()` declares), unknown and missing keys, and two
+rules across trial keys that are bad input rather than an invalid point (train.memory with train.remat=auto,
+run.profile_steps within train.steps); the other rules across keys and against the cluster or model are
+orchestrator/plan/rules.py's, whether the data can be read is orchestrator/config/data.py's.
+Driver options are checked once at compose time (`check_options`, from config.load); trial keys per grid point
+(`check_point`, from grid.expand), since a sweep may set any of them. Nothing here imports Ray, JAX or MLflow.
 """
 
 from __future__ import annotations
@@ -12,33 +15,77 @@ import dataclasses
 import math
 import types
 import typing
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from jobs import fields
+from jobs.fields import MISSING, Rule
 from jobs.profile import steps_problem
 from orchestrator.config import data
-from orchestrator.config.schema import RULES, TRIAL_KEYS, ConfigError, Options, PointConfig, Problem, Rule
-
-MISSING = dataclasses.MISSING
+from orchestrator.config.schema import TRIAL_KEYS, ConfigError, Options, PointConfig, Problem
 
 
 @cache
-def _hints(cls: type) -> dict[str, Any]:
+def hints(cls: type) -> dict[str, Any]:
+    """A dataclass's field types, resolved."""
     return typing.get_type_hints(cls)
 
 
-def _section(hint: Any) -> type | None:
+def section(hint: Any) -> type | None:
     """The dataclass a field holds (also through `X | None`), else None."""
     return next((h for h in (hint, *typing.get_args(hint)) if dataclasses.is_dataclass(h)), None)
 
 
-def _scalar(hint: Any) -> Any:
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):  # `int | str`: the str is "auto"
+def scalar(hint: Any) -> Any:
+    """A field's type without its alternative: `int | str` is an int key that also takes "auto"."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
         return next(h for h in typing.get_args(hint) if h is not type(None))
     return hint
 
 
-def _allowed(hint: Any, rule: Rule) -> str:
+@dataclass(frozen=True)
+class Key:
+    """One dotted config key as its dataclass field declares it."""
+
+    key: str
+    hint: Any
+    field: dataclasses.Field
+
+    @property
+    def default(self) -> Any:
+        return fields.default(self.field)
+
+    @property
+    def doc(self) -> str:
+        return fields.doc(self.field)
+
+    @property
+    def rule(self) -> Rule:
+        return fields.rule(self.field)
+
+    @property
+    def section(self) -> type | None:
+        return section(self.hint)
+
+
+def declared(*roots: type) -> dict[str, Key]:
+    """Every key under these dataclasses, sections included ("train", "train.data"), in field order."""
+    out: dict[str, Key] = {}
+
+    def walk(cls: type, prefix: str) -> None:
+        for f in dataclasses.fields(cls):
+            k = out[prefix + f.name] = Key(prefix + f.name, hints(cls)[f.name], f)
+            if k.section is not None:
+                walk(k.section, k.key + ".")
+
+    for cls in roots:
+        walk(cls, "")
+    return out
+
+
+def allowed(hint: Any, rule: Rule) -> str:
+    """What a scalar key accepts, in words (the "allowed:" part of its error message)."""
     if rule.choices:
         return ", ".join(rule.choices) + (" or auto" if rule.auto else "")
     word = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(hint, str(hint))
@@ -69,16 +116,16 @@ _ITEMS = {int: ("integers", "[1,2,4]"), float: ("numbers", "[0.7,0.3]"), str: ("
 
 def list_allowed(item: type, rule: Rule) -> str:
     """What a list key (tuple[int, ...], tuple[float, ...], tuple[str, ...]) accepts."""
-    words = _allowed(item, rule).removeprefix({int: "an integer", float: "a number", str: "a string"}[item])
+    words = allowed(item, rule).removeprefix({int: "an integer", float: "a number", str: "a string"}[item])
     return f"a list of {'' if item is float else 'distinct '}{_ITEMS[item][0]}{words}"
 
 
 def _list(key: str, v: Any, item: type, rule: Rule) -> Problem | None:
     """A list of distinct values of one type, each in the rule's range (search.batch, train.data.sources)."""
-    allowed = list_allowed(item, rule)
-    ok = isinstance(v, list | tuple) and all(_value(key, n, item, MISSING) is None for n in v)
+    words = list_allowed(item, rule)
+    ok = isinstance(v, list | tuple) and all(_value(key, n, item, MISSING, rule) is None for n in v)
     if not ok or len(set(v)) < len(v) and item is not float:
-        return Problem(key, v, f"is not {allowed}", allowed, f"e.g. {key}={_ITEMS[item][1]}")
+        return Problem(key, v, f"is not {words}", words, f"e.g. {key}={_ITEMS[item][1]}")
     return None
 
 
@@ -96,9 +143,9 @@ def _mapping(key: str, v: Any, allowed: str = "a mapping of names to strings") -
     )
 
 
-def _value(key: str, v: Any, hint: Any, default: Any) -> Problem | None:
+def _value(key: str, v: Any, hint: Any, default: Any, rule: Rule) -> Problem | None:
     """Type first (bool is not an int here, NaN is not a number), then choices, emptiness, range."""
-    rule, hint = RULES.get(key, Rule()), _scalar(hint)
+    hint = scalar(hint)
     if rule.auto and v == "auto":
         return None
     if typing.get_origin(hint) is tuple and rule.choices:
@@ -109,9 +156,9 @@ def _value(key: str, v: Any, hint: Any, default: Any) -> Problem | None:
         return _mapping(key, v)
     if hint not in (bool, int, float, str):
         return None  # containers (sweep axes, zip, set): grid.points checks their shape
-    allowed = _allowed(hint, rule)
-    good_default = default is not MISSING and _value(key, default, hint, MISSING) is None
-    fix = f"e.g. {key}={default}" if good_default else f"set {key} to {allowed}"
+    words = allowed(hint, rule)
+    good_default = default is not MISSING and _value(key, default, hint, MISSING, rule) is None
+    fix = f"e.g. {key}={default}" if good_default else f"set {key} to {words}"
     number = isinstance(v, int | float) and not isinstance(v, bool)
     typed = {
         bool: isinstance(v, bool),
@@ -120,61 +167,59 @@ def _value(key: str, v: Any, hint: Any, default: Any) -> Problem | None:
         float: number and math.isfinite(v),
     }[hint]
     if not typed:
-        return Problem(key, v, "has the wrong type", allowed, fix)
+        return Problem(key, v, "has the wrong type", words, fix)
     if rule.choices and v not in rule.choices:
-        return Problem(key, v, "is not an allowed value", allowed, fix)
+        return Problem(key, v, "is not an allowed value", words, fix)
     if rule.nonempty and not v:
-        return Problem(key, v, "is empty", allowed, fix)
+        return Problem(key, v, "is empty", words, fix)
     low = (rule.ge is not None and v < rule.ge) or (rule.gt is not None and v <= rule.gt)
     if low or (rule.le is not None and v > rule.le):
-        return Problem(key, v, "is out of range", allowed, fix)
+        return Problem(key, v, "is out of range", words, fix)
     return None
 
 
 def _walk(cls: type, d: Any, prefix: str, out: list[Problem]) -> None:
-    """Unknown keys (rejected, never dropped), missing required keys, then every value by its type hint."""
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    section = prefix.rstrip(".") or "config"
+    """Unknown keys (rejected, never dropped), missing required keys, then every value by its declaration."""
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    where = prefix.rstrip(".") or "config"
     if not isinstance(d, dict):
-        out.append(Problem(section, d, "is not a section", ", ".join(fields), f"set {section}.KEY=VALUE"))
+        out.append(Problem(where, d, "is not a section", ", ".join(known), f"set {where}.KEY=VALUE"))
         return
     for k in d:
-        if k not in fields:
+        if k not in known:
             out.append(
                 Problem(
                     f"{prefix}{k}",
                     MISSING,
-                    f"is not a {section} key",
-                    ", ".join(fields),
+                    f"is not a {where} key",
+                    ", ".join(known),
                     "remove it or fix its spelling",
                 )
             )
-    for name, f in fields.items():
-        key, hint = f"{prefix}{name}", _hints(cls)[name]
+    for name, f in known.items():
+        key, hint = f"{prefix}{name}", hints(cls)[name]
         if name not in d:
             if f.default is MISSING and f.default_factory is MISSING:
-                out.append(
-                    Problem(
-                        key,
-                        MISSING,
-                        "is missing",
-                        _allowed(_scalar(hint), RULES.get(key, Rule())),
-                        f"add it with +{key}=VALUE",
-                    )
-                )
-        elif (sub := _section(hint)) is not None:
+                words = allowed(scalar(hint), fields.rule(f))
+                out.append(Problem(key, MISSING, "is missing", words, f"add it with +{key}=VALUE"))
+        elif (sub := section(hint)) is not None:
             if d[name] is not None or type(None) not in typing.get_args(hint):
                 _walk(sub, d[name], f"{key}.", out)
-        elif (p := _value(key, d[name], hint, f.default)) is not None:
+        elif (p := _value(key, d[name], hint, f.default, fields.rule(f))) is not None:
             out.append(p)
 
 
-def _make(cls: type, d: dict) -> Any:
-    """A checked section as its frozen dataclass."""
-    hints = _hints(cls)
-    return cls(
-        **{k: _make(sub, v) if (sub := _section(hints[k])) and v is not None else v for k, v in d.items()}
-    )
+def make(cls: type, d: dict) -> Any:
+    """A checked section as its frozen dataclass: sections as theirs, lists as tuples where a tuple is declared."""
+    out = {}
+    for k, v in d.items():
+        hint = scalar(hints(cls)[k])
+        if (sub := section(hint)) is not None and v is not None:
+            v = make(sub, v)
+        elif typing.get_origin(hint) is tuple and isinstance(v, list):
+            v = tuple(v)
+        out[k] = v
+    return cls(**out)
 
 
 def check_point(d: dict) -> list[Problem]:
@@ -229,7 +274,7 @@ def check_options(cfg: dict) -> Options:
     _walk(Options, options, "", out)
     if out:
         raise ConfigError(out[0].line("top-level option, one value for the whole sweep"))
-    return _make(Options, options)
+    return make(Options, options)
 
 
 def check_sweep_key(dotted: str, what: str) -> None:

@@ -2,28 +2,60 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
 from hydra.core.default_element import DefaultsTreeNode, GroupDefault, InputDefault
 from hydra.core.global_hydra import GlobalHydra
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from jobs import strategies
+from jobs import fields, strategies
 from orchestrator import REPO
-from orchestrator.config import keys as checks
+from orchestrator.config import keys
 from orchestrator.config.schema import ConfigError, Options
 
-__all__ = ["CONF_DIR", "GROUPS", "ConfigError", "Loaded", "group_option", "info", "load", "load_typed"]
+__all__ = [
+    "CONF_DIR",
+    "GROUPS",
+    "ConfigError",
+    "Loaded",
+    "group_option",
+    "info",
+    "load",
+    "load_typed",
+    "switch_defaults",
+]
 
 CONF_DIR = REPO / "conf"
 GROUPS = ("model", "strategy", "mesh", "cluster", "tracking", "sweep")
+SWITCHES = "switches"  # the config node of the switches' defaults, in conf/config.yaml's defaults list
 
 
 # `${cp_strategies:}` in a sweep: every CP strategy of the registry, so a new one joins the sweeps by itself.
 OmegaConf.register_new_resolver("cp_strategies", lambda: list(strategies.CP_NAMES), replace=True)
+
+
+def _plain(v: Any) -> Any:
+    """A default as a composed config holds it: a section as a mapping, a tuple as a list."""
+    if dataclasses.is_dataclass(v):
+        return {f.name: _plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
+    return list(v) if isinstance(v, tuple) else v
+
+
+def switch_defaults() -> dict[str, Any]:
+    """The driver's switches (Options' fields that are no config group) at their declared defaults, in the
+    composed config's form: what the `switches` node of conf/config.yaml's defaults list composes in."""
+    return {f.name: _plain(fields.default(f)) for f in dataclasses.fields(Options) if f.name not in GROUPS}
+
+
+# The switches' defaults are their declarations' (orchestrator/config/schema.py): Hydra reads them as a config
+# of its own (the schema provider, structured://), so an override sets a switch as it sets any YAML key.
+ConfigStore.instance().store(name=SWITCHES, node=switch_defaults())
 
 
 @dataclass(frozen=True)
@@ -37,7 +69,7 @@ class Loaded:
     def of(cls, cfg: DictConfig) -> Loaded:
         """Check a composed config's top-level options against the schema (the first problem raises) and
         type them; trial keys are checked per grid point by grid.expand."""
-        return cls(cfg, checks.check_options(OmegaConf.to_container(cfg, resolve=True)))
+        return cls(cfg, keys.check_options(OmegaConf.to_container(cfg, resolve=True)))
 
 
 def load_typed(overrides: list[str], conf_dir: Path = CONF_DIR) -> Loaded:
@@ -50,7 +82,7 @@ def load_typed(overrides: list[str], conf_dir: Path = CONF_DIR) -> Loaded:
         tree = OmegaConf.to_container(cfg, resolve=True)
     except Exception as e:  # hydra raises several types; all mean "bad input"
         raise ConfigError(_one_line(e, overrides)) from e
-    return Loaded(cfg, checks.check_options(tree))
+    return Loaded(cfg, keys.check_options(tree))
 
 
 def load(overrides: list[str], conf_dir: Path = CONF_DIR) -> DictConfig:

@@ -17,6 +17,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from jobs.fields import key
 from jobs.spec import ClusterSpec, TrialSpec
 from orchestrator import REPO
 
@@ -26,22 +27,83 @@ class ClusterModel:
     """What the planner alone knows of a cluster. The defaults price every FLOP at peak (the roofline) and
     leave capacities and budgets unchecked."""
 
-    hbm_bytes_per_device: int = 0  # 0: HBM not checked
-    ici_bytes_per_s: float = 0.0  # one ICI link, one direction (0: the planner assumes 1e11)
-    dcn_bytes_per_s: float = 0.0  # data-centre network bandwidth per host, one direction (0: not modelled)
-    host_bytes_per_s: float = 0.0  # host offload bandwidth per device (0: transfers not modelled)
-    max_step_seconds: float = 0.0  # predicted-slower points are infeasible here (0: no budget)
+    hbm_bytes_per_device: int = key(
+        0,
+        doc="Device memory per JAX device, in bytes: points the planner predicts above it are infeasible (0: no "
+        "limit).",
+        ge=0,
+    )
+    ici_bytes_per_s: float = key(
+        0.0, doc="ICI bandwidth of one link, one direction, in bytes/s (planner; 0: 1e11 assumed).", ge=0
+    )
+    dcn_bytes_per_s: float = key(
+        0.0,
+        doc="Data-centre network bandwidth per host, one direction, in bytes/s (planner; 0: DCN time not "
+        "modelled).",
+        ge=0,
+    )
+    host_bytes_per_s: float = key(
+        0.0,
+        doc="Step-time model: host offload bandwidth per device, in bytes/s (0: offload transfers not modelled).",
+        ge=0,
+    )
+    max_step_seconds: float = key(
+        0.0,
+        doc="Planner's budget, in seconds per step: points predicted slower are infeasible on this cluster (0: no "
+        "budget).",
+        ge=0,
+    )
     # Cost before launch (orchestrator/plan/cost.py): chips are held through the compile and every step.
-    compile_seconds: float = 0.0  # an attempt's compile, chips held (0: not counted)
-    price_per_chip_hour: float = 0.0  # what a chip-hour costs you, any currency (0: chip-hours only)
+    compile_seconds: float = key(
+        0.0,
+        doc="Planner's cost: seconds one attempt's compile holds the trial's chips, added to its steps' "
+        "chip-hours (0: not counted).",
+        ge=0,
+    )
+    price_per_chip_hour: float = key(
+        0.0,
+        doc="What one chip-hour costs you (any currency; no default: prices differ by contract and region). With "
+        "it the plan shows each point's cost next to its chip-hours (0: chip-hours only).",
+        ge=0,
+    )
     # Step-time model (orchestrator/plan/steptime.py), fitted by orchestrator/calibrate.
-    matmul_efficiency: float = 1.0  # fraction of peak the layer matmuls reach
-    attention_efficiency: float = 1.0  # attention kernel's fraction of peak at large head_dim and blocks
-    attention_head_dim_half: float = 0.0  # head_dim at which softmax work halves the kernel's rate
-    attention_block_half: float = 0.0  # tokens per hop at which per-hop cost halves the kernel's rate
-    attention_recompute: float = 1.0  # attention forwards replayed in backward when its output is not saved
-    collective_links: float = 1.0  # ICI links an all-gather / all-to-all drives at once (a ring hop: one)
-    step_overhead_s: float = 0.0  # fixed cost per step (dispatch, optimizer update, host loop)
+    matmul_efficiency: float = key(
+        1.0, doc="Step-time model: fraction of peak the layer matmuls reach.", gt=0, le=1
+    )
+    attention_efficiency: float = key(
+        1.0,
+        doc="Step-time model: the attention kernel's fraction of peak at large head_dim and blocks.",
+        gt=0,
+        le=1,
+    )
+    attention_head_dim_half: float = key(
+        0.0,
+        doc="Step-time model: head_dim Dh at which softmax work halves the kernel's rate (x D/(D+Dh); 0: no "
+        "head_dim effect).",
+        ge=0,
+    )
+    attention_block_half: float = key(
+        0.0,
+        doc="Step-time model: tokens per hop bh at which per-hop cost halves the kernel's rate (x b/(b+bh); 0: no "
+        "block effect).",
+        ge=0,
+    )
+    attention_recompute: float = key(
+        1.0,
+        doc="Step-time model: attention forwards replayed in backward when remat does not keep the attention "
+        "output.",
+        ge=0,
+    )
+    collective_links: float = key(
+        1.0,
+        doc="Step-time model: ICI links an all-gather or all-to-all drives at once (a ring hop uses one).",
+        gt=0,
+    )
+    step_overhead_s: float = key(
+        0.0,
+        doc="Step-time model: fixed seconds per step (dispatch, optimizer update, host loop).",
+        ge=0,
+    )
 
 
 MODEL_KEYS = frozenset(f.name for f in dataclasses.fields(ClusterModel))
