@@ -10,7 +10,6 @@ import sys
 from orchestrator.cli import args as cli
 from orchestrator.cli import help as helptext
 from orchestrator.config.grid import expand_points
-from orchestrator.config.load import Loaded
 from orchestrator.config.schema import ConfigError, Options
 
 
@@ -21,12 +20,11 @@ def main(argv: list[str]) -> int:
         if args.help:
             print(helptext.help_text())
             return 0
-        cfg = cli.compose(args)
+        loaded = cli.compose(args)  # composed, resolved and its options typed, once
         if args.cfg or args.info:
-            print(cli.show(cfg, args), end="")
+            print(cli.show(loaded, args), end="")
             return 0
-        options = Loaded.of(cfg).options  # after cli.compose, so a `-m` sweep is the one typed
-        points = expand_points(cfg)
+        options, points = loaded.options, expand_points(loaded.tree)
         models = [p.cluster for p in points]
         if options.recommend:
             if options.sweep is not None or len(points) != 1:
