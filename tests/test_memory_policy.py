@@ -130,7 +130,7 @@ def test_offload_and_host_state_compile_to_tpu_host_memory():
     from jobs.step import lower_train_step
     from orchestrator.plan import aot
 
-    spec = tiny_spec(hbm=96 * 2**30)
+    spec = tiny_spec()
     memory = MemorySpec(offload=("layer_input", "attn_out"), host=("optimizer", "params"))
     spec = replace(spec, train=replace(spec.train, memory=memory))
     compiled = lower_train_step(spec, make_mesh(spec.mesh, aot.devices(spec))).compile()
