@@ -10,8 +10,9 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jobs.spec import BATCH_AXES, MESH_AXES, MeshSpec, ModelSpec
+from jobs.spec import MeshSpec, ModelSpec
 from jobs.strategies import rules as cp_rules
+from jobs.strategies.base import BATCH_AXES, MESH_AXES
 
 # Parameters are sharded FSDP-style over every axis but tensor (MaxText also folds context into FSDP).
 FSDP_AXES = ("data", "fsdp", "context", "context_ulysses")

@@ -19,7 +19,8 @@ from jobs import strategies
 from jobs.attention import attention
 from jobs.data.buckets import position_buckets
 from jobs.mesh import activation_spec, param_specs, token_spec
-from jobs.spec import BATCH_AXES, LOSS_CHUNK, REMAT_PRESETS, MemorySpec, ModelSpec, StrategySpec, residuals
+from jobs.spec import LOSS_CHUNK, REMAT_PRESETS, MemorySpec, ModelSpec, StrategySpec, residuals
+from jobs.strategies.base import BATCH_AXES
 
 
 def _offload_policy(saved: tuple[str, ...], offloaded: tuple[str, ...]) -> Callable:

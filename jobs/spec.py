@@ -1,7 +1,8 @@
 """The seam: a frozen, JSON-serialisable TrialSpec in; metric records (plain dicts) out.
 
 Pure Python (no jax, ray or mlflow) so both planes import it. The trial id hashes only the
-identity block (what changes the result); the execution block (cluster, paths) never enters it.
+identity block (what changes the result); the execution block (cluster, paths) never enters it. Each field of a
+trial's sections is its config key's one declaration (jobs.fields.key: default, range or names, meaning).
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-MESH_AXES = ("data", "fsdp", "context", "context_ulysses", "tensor")
-BATCH_AXES = ("data", "fsdp")  # the batch is sharded over these
+from jobs import strategies
+from jobs.fields import key
+from jobs.strategies.base import LAYOUTS, MESH_AXES
+
 REMAT_NAMES = ("layer_input", "attn_out", "mlp_act")  # jobs/model.py's checkpoint_names, per layer
 HOST_STATE = ("optimizer", "params")  # train state that may live in pinned host memory between steps
 # train.remat presets as (saved, offloaded) residual names; "none" has no jax.checkpoint at all.
@@ -40,17 +43,26 @@ LOSS_CHUNK = 8192
 class ModelSpec:
     """A Llama-family dense decoder (RMSNorm, RoPE, GQA, SwiGLU)."""
 
-    name: str
-    vocab: int
-    embed: int
-    layers: int
-    q_heads: int
-    kv_heads: int
-    head_dim: int
-    mlp: int
-    rope_theta: float = 500_000.0
-    norm_eps: float = 1e-5
-    tie_embeddings: bool = False
+    name: str = key(doc="Model name, shown in params, plan rows and plot titles.", nonempty=True)
+    vocab: int = key(doc="Vocabulary size V (tokens); the unembedding is E x V.", ge=1)
+    embed: int = key(doc="Hidden width E.", ge=1)
+    layers: int = key(doc="Decoder layers N.", ge=1)
+    q_heads: int = key(doc="Query heads Hq; a Ulysses degree must divide Hq / tensor.", ge=1)
+    kv_heads: int = key(
+        doc="Key/value heads Hkv (grouped-query attention: Hq is a multiple of it); `mesh.tensor` must divide it.",
+        ge=1,
+    )
+    head_dim: int = key(doc="Head dimension D.", ge=1)
+    mlp: int = key(doc="SwiGLU hidden width M.", ge=1)
+    rope_theta: float = key(
+        500_000.0,
+        doc="RoPE base frequency theta (positions are the tokens' true positions, also under zigzag).",
+        gt=0,
+    )
+    norm_eps: float = key(1e-5, doc="RMSNorm epsilon.", gt=0)
+    tie_embeddings: bool = key(
+        False, doc="Share one V x E table between the input embedding and the unembedding."
+    )
 
     def n_params(self) -> int:
         attn = self.embed * self.head_dim * (2 * self.q_heads + 2 * self.kv_heads)
@@ -94,13 +106,27 @@ class MeshSpec:
 class StrategySpec:
     """Which context-parallel attention, its layout and its local kernel."""
 
-    name: str = "ring"
-    layout: str = "zigzag"  # zigzag (load-balanced causal order) | contiguous
-    kernel: str = (
-        "auto"  # auto (splash on TPU, flash on GPU, else xla) | xla (every backend) | splash | flash
+    name: str = key(
+        "ring",
+        doc="CP strategy from the registry (jobs/strategies); `none` is the dense reference (context axes of "
+        "size 1).",
+        choices=strategies.NAMES,
     )
-    block_q: int = 512
-    block_kv: int = 512
+    layout: str = key(
+        "zigzag",
+        doc="Token order over the context shards: `zigzag` (2R chunks, device r holds r and 2R-1-r: equal causal "
+        "work, needs context_length % 2R == 0), `contiguous` (natural order), or `balanced` (packed documents "
+        "only: each row's document pieces assigned by their attention work, xla kernel).",
+        choices=LAYOUTS,
+    )
+    kernel: str = key(
+        "auto",
+        doc="Local attention kernel: `auto` (splash on TPU, flash on GPU, xla elsewhere), `xla` (blockwise, "
+        "every backend), `splash` (Pallas, TPU only), `flash` (GPU only).",
+        choices=KERNELS,
+    )
+    block_q: int = key(512, doc="Query block of the local kernel, in tokens.", ge=1)
+    block_kv: int = key(512, doc="Key/value block of the local kernel, in tokens.", ge=1)
 
 
 PACKS, LONG_DOCS = (
@@ -111,27 +137,61 @@ PACKS, LONG_DOCS = (
 
 @dataclass(frozen=True)
 class DataSpec:
-    kind: str = (
-        "recall"  # recall (synthetic key->value recall) | tokens (flat uint16/uint32 file) | documents
+    kind: str = key(
+        "recall",
+        doc="`recall`: a synthetic key-value recall task whose answers sit ~L/2 tokens back (the loss beats ln 8 "
+        "only if attention across devices is right); `tokens`: the token file at `path`; `documents`: "
+        "pre-tokenized documents packed into rows (`sources`), attention never crossing a document.",
+        choices=("recall", "tokens", "documents"),
     )
-    path: str = ""
-    dtype: str = "uint16"
-    # kind=documents (jobs/data/documents/): ArrayRecord / Parquet shard files or directories, local or gs://
-    # (empty: `path` alone), their mixture weights (empty: uniform), the packer and what a document longer
-    # than a row becomes. Left out of the trial id at their defaults (TrialSpec.identity).
-    sources: tuple[str, ...] = ()
-    weights: tuple[float, ...] = ()
-    pack: str = "first_fit"  # first_fit | concat (concatenate, then split into rows)
-    long_docs: str = "split"  # split (row-sized pieces, each its own document) | truncate
+    path: str = key(
+        "",
+        doc="Flat token file, local or `gs://bucket/object`, memory-mapped (each host reads its own shards); "
+        '"" with `recall`.',
+    )
+    # jobs/data/__init__.py memory-maps a flat file of these
+    dtype: str = key("uint16", doc="Element type of the token file.", choices=("uint16", "uint32"))
+    # kind=documents (jobs/data/documents/). Left out of the trial id at their defaults (TrialSpec.identity).
+    sources: tuple[str, ...] = key(
+        (),
+        doc="With `documents`: ArrayRecord or Parquet shard files, or directories / `gs://` prefixes of them (one "
+        "format each), as `python -m jobs.data.documents.corpus` writes (empty: `path` alone).",
+    )
+    weights: tuple[float, ...] = key(
+        (), doc="With `documents`: the sources' mixture weights, one per source (empty: uniform)."
+    )
+    pack: str = key(
+        "first_fit",
+        doc="With `documents`: `first_fit` (each document into the first row with room) or `concat` "
+        "(concatenated, then cut into rows).",
+        choices=PACKS,
+    )
+    long_docs: str = key(
+        "split",
+        doc="With `documents`: a document longer than a row is `split` into row-sized documents, or `truncate`d "
+        "to one row.",
+        choices=LONG_DOCS,
+    )
 
 
 @dataclass(frozen=True)
 class MemorySpec:
     """What the step keeps where, on top of the train.remat preset."""
 
-    save: tuple[str, ...] = ()  # residuals kept in HBM between forward and backward
-    offload: tuple[str, ...] = ()  # residuals moved to pinned host memory between forward and backward
-    host: tuple[str, ...] = ()  # train state kept in pinned host memory between steps: "optimizer", "params"
+    save: tuple[str, ...] = key(
+        (),
+        doc="Residuals kept in HBM between forward and backward instead of recomputed.",
+        choices=REMAT_NAMES,
+    )
+    offload: tuple[str, ...] = key(
+        (), doc="Residuals kept in pinned host memory between forward and backward.", choices=REMAT_NAMES
+    )
+    host: tuple[str, ...] = key(
+        (),
+        doc="Train state kept in pinned host memory between steps (a TPU feature for now: on GPU it raised the "
+        "compiled peak).",
+        choices=HOST_STATE,
+    )
 
 
 def residuals(remat: str, memory: MemorySpec) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -144,18 +204,53 @@ def residuals(remat: str, memory: MemorySpec) -> tuple[tuple[str, ...], tuple[st
 
 @dataclass(frozen=True)
 class TrainSpec:
-    steps: int = 10
-    batch: int = 1  # global batch, in sequences
-    dtype: str = "bfloat16"  # compute dtype; parameters stay fp32
-    remat: str = "full"  # none | full | save_attn | offload
-    lr: float = 3e-3
-    warmup: int = 5
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    grad_accum: int = 1
-    seed: int = 0
-    data: DataSpec = field(default_factory=DataSpec)
-    memory: MemorySpec = field(default_factory=MemorySpec)
+    steps: int = key(
+        10,
+        doc="Optimizer steps per trial; each attempt's first step is warm-up, left out of the median step time.",
+        ge=1,
+    )
+    batch: int = key(
+        1,
+        doc="Global batch, in sequences of `context_length` tokens; a multiple of data x fsdp x grad_accum.",
+        ge=1,
+    )
+    dtype: str = key(
+        "bfloat16", doc="Compute dtype; parameters and AdamW state stay float32.", choices=DTYPES
+    )
+    remat: str = key(
+        "full",
+        doc="Rematerialisation preset: `none` (keep every residual), `full` (recompute each layer in backward, "
+        "keep its input), `save_attn` (also keep attention outputs), `offload` (layer inputs in pinned host "
+        "memory), or `auto`: per grid point the planner's fastest memory policy that fits (a preset plus "
+        "`train.memory`), resolved before launch, so the trial id, params and tags name the policy, never "
+        "`auto`.",
+        choices=REMATS,
+        auto=True,
+    )
+    # ge=0: a negative rate climbs the loss
+    lr: float = key(
+        3e-3,
+        doc="AdamW peak learning rate: linear warm-up from 0, then cosine decay to lr/10 at the last step (0: a "
+        "throughput-only run).",
+        ge=0,
+    )
+    warmup: int = key(5, doc="Warm-up steps of the learning rate.", ge=0)
+    weight_decay: float = key(0.1, doc="AdamW decoupled weight decay.", ge=0)
+    # optax clips to this global norm: 0 would zero every update
+    grad_clip: float = key(1.0, doc="Global gradient norm the update is clipped to.", gt=0)
+    grad_accum: int = key(
+        1, doc="Micro-batches accumulated per step (the batch is split into this many).", ge=1
+    )
+    # numpy's default_rng rejects negative seeds, on the host, mid-trial
+    seed: int = key(
+        0, doc="Seed of the parameter init and the data (a batch is a pure function of seed and step).", ge=0
+    )
+    data: DataSpec = key(doc="What a trial trains on.", factory=DataSpec)
+    memory: MemorySpec = key(
+        doc="What the step keeps where, on top of the `train.remat` preset; left out of the trial id while all "
+        "three lists are empty.",
+        factory=MemorySpec,
+    )
 
 
 @dataclass(frozen=True)
@@ -164,20 +259,75 @@ class ClusterSpec:
     same cluster (capacities, link rates, fitted step-time constants, budgets) is
     orchestrator/plan/hardware.py's ClusterModel, read from the same conf/cluster/*.yaml, never sent to a host."""
 
-    name: str = "local"
-    kind: str = "local"  # local | local_multihost | fake_tpu | tpu | fake_gpu | gpu | address
-    platform: str = "cpu"  # cpu | gpu | tpu
-    accelerator: str = "cpu"
-    hosts: int = 1
-    devices_per_host: int = 8
-    slices: int = 1  # slices in the cluster (trials at once, one per slice_per_trial slices)
-    slices_per_trial: int = 1  # slices one trial spans (multislice over DCN; mesh.dcn names the axis)
-    topology: str = ""
-    peak_tflops_per_device: float = 0.0  # the MFU denominator; 0: measured on the spot (CPU)
-    concurrency: int = 0  # trials at once (0: one per slice)
-    address: str = ""  # Ray address: "" starts a local Ray, "auto" or ray://... connects
-    # Every host process's extra environment (NCCL_*, XLA_FLAGS): YAML's mapping, as sorted pairs (hashable)
-    env: tuple[tuple[str, str], ...] = ()
+    name: str = key(
+        "local",
+        doc="Cluster name: param and parent-run tag `cluster`; the regression gate compares runs of the same "
+        "cluster only.",
+        nonempty=True,
+    )
+    kind: str = key(
+        "local",
+        doc="How Ray is reached: `local` (a Ray started here), `local_multihost` (several JAX processes here, "
+        "joined by jax.distributed), `fake_tpu` (local nodes posing as TPU hosts), `tpu` (real slices reserved "
+        "with ray.util.tpu), `gpu` (an existing Ray cluster of GPU nodes at `cluster.address`; a node is a "
+        "one-host slice, `hosts: 1`, its GPUs `devices_per_host`, so `slices_per_trial` nodes make a trial and "
+        "`mesh.dcn` names the axis across them; each trial reserves its nodes whole in one STRICT_SPREAD "
+        "placement group), `fake_gpu` (local nodes advertising `devices_per_host` GPUs, simulated CPU devices "
+        "underneath), `address` (an existing Ray cluster at `cluster.address`).",
+        choices=("local", "local_multihost", "fake_tpu", "tpu", "address", "fake_gpu", "gpu"),
+    )
+    platform: str = key(
+        "cpu",
+        doc="JAX backend of the hosts; `cpu` simulates `devices_per_host` devices per process.",
+        choices=("cpu", "gpu", "tpu"),
+    )
+    accelerator: str = key(
+        "cpu",
+        doc="Chip name (`v5p`, `tpu7x`, `cpu`): the spec-sheet peak when `peak_tflops_per_device` is 0, and the "
+        "TPU generation of slice reservations and AOT compiles.",
+    )
+    hosts: int = key(1, doc="Hosts per slice, one JAX process each (1 on GPU: a node is a slice).", ge=1)
+    devices_per_host: int = key(
+        8, doc="JAX devices per host (a v5p chip is one device, a tpu7x chip two).", ge=1
+    )
+    slices: int = key(
+        1,
+        doc="Slices in the cluster: trials at once are slices // slices_per_trial (on TPU, counted from the "
+        "slices Ray sees, on GPU the nodes); a fake_tpu or fake_gpu cluster starts this many.",
+        ge=1,
+    )
+    slices_per_trial: int = key(
+        1,
+        doc="Slices one trial spans (multislice over DCN; `mesh.dcn` names the axis across them).",
+        ge=1,
+    )
+    topology: str = key(
+        "",
+        doc='TPU slice topology, e.g. `4x4x4`, for slice reservations and AOT compiles ("": not a TPU).',
+    )
+    peak_tflops_per_device: float = key(
+        0.0,
+        doc="Peak bf16 TFLOP/s per JAX device, MFU's denominator; 0: the accelerator's spec-sheet peak, or on "
+        "CPU a matmul measured on the spot (labelled `cpu_measured_<dtype>`).",
+        ge=0,
+    )
+    concurrency: int = key(
+        0,
+        doc="Trials at once (0: one per `slices_per_trial` slices; on TPU the slices Ray sees, on GPU its nodes).",
+        ge=0,
+    )
+    address: str = key(
+        "",
+        doc='Ray address: "" starts a local Ray (or the fake TPU or GPU cluster), `auto` joins the cluster this '
+        "machine belongs to, `ray://host:port` connects.",
+    )
+    # YAML's mapping, kept as sorted pairs (hashable)
+    env: tuple[tuple[str, str], ...] = key(
+        (),
+        doc="Extra environment of every host process, name -> string (quote numbers), set per attempt before "
+        "JAX starts, e.g. `NCCL_SOCKET_IFNAME`, `NCCL_IB_HCA`, or `XLA_FLAGS` (appended to the platform's own "
+        "flags, never replacing them).",
+    )
 
     def __post_init__(self) -> None:
         pairs = self.env.items() if isinstance(self.env, Mapping) else self.env
@@ -214,12 +364,31 @@ PROFILE_HOSTS = ("first", "all")  # run.profile_hosts: process 0 traces, or ever
 class RunSpec:
     """Execution details of one trial: where to checkpoint, how often to report, which steps to trace."""
 
-    checkpoint_dir: str = ""
-    checkpoint_every: int = 0
-    # jax.profiler traces of these steps (jobs/profile/trace.py); never step 0, the warm-up. Tracing changes no
-    # result, so like the rest of this block it stays out of the trial id.
-    profile_steps: tuple[int, ...] = ()
-    profile_hosts: str = "first"
+    checkpoint_dir: str = key(
+        "",
+        doc="Checkpoint root, local or `gs://`; a trial saves under `<root>/<sweep_id>/<trial_id>` "
+        '("": `./.cache/checkpoints`).',
+    )
+    checkpoint_every: int = key(
+        0,
+        doc="Steps between orbax checkpoints (0: none); a retry or a rerun of the sweep resumes from the last one.",
+        ge=0,
+    )
+    # jax.profiler traces (jobs/profile/trace.py); which steps may be traced is jobs.profile.steps_problem's.
+    # Tracing changes no result, so like the rest of this block it stays out of the trial id.
+    profile_steps: tuple[int, ...] = key(
+        (),
+        doc="Steps to trace with `jax.profiler`, e.g. `[2,3]` (consecutive steps share one trace; never step 0, "
+        "the warm-up); the trace files go to the trial's run under `profile/`, its breakdown to `measured/*` "
+        "metrics, and the traced steps stay out of the median step time ([]: off).",
+        ge=0,
+    )
+    profile_hosts: str = key(
+        "first",
+        doc="Which processes trace `run.profile_steps`: `first` (process 0) or `all` (each process's files under "
+        "its own `profile/` folder; the metrics are process 0's).",
+        choices=PROFILE_HOSTS,
+    )
 
 
 _CLUSTER_KEYS = frozenset(f.name for f in dataclasses.fields(ClusterSpec))

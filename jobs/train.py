@@ -24,6 +24,7 @@ from jobs.data.buckets import bucket_labels
 from jobs.faults import Faults
 from jobs.hardware import compiled_bytes, device_memory, peak_tflops
 from jobs.mesh import make_mesh
+from jobs.profile import steps_problem
 from jobs.profile.trace import Profiler
 from jobs.records import StartRecord, StepRecord, SummaryRecord, parse
 from jobs.spec import TrialSpec
@@ -100,9 +101,10 @@ def check(spec: TrialSpec) -> None:
     problem = cp_rules.batch_problem(spec.train.batch, spec.mesh.data, spec.mesh.fsdp, spec.train.grad_accum)
     if problem:
         raise ValueError(problem)
-    if bad := [s for s in spec.run.profile_steps if not 0 < s < spec.train.steps]:
+    if why := steps_problem(spec.run.profile_steps, spec.train.steps):
+        wrong, allowed, fix = why
         raise ValueError(
-            f"run.profile_steps {bad}: profile steps 1 to {spec.train.steps - 1} (step 0 warms up)"
+            f"run.profile_steps={list(spec.run.profile_steps)} {wrong}; allowed: {allowed} — {fix}"
         )
 
 

@@ -7,7 +7,7 @@ import logging
 import time
 
 from jobs.spec import TrialSpec
-from orchestrator.config.schema import Options, SweepConfig
+from orchestrator.config.schema import Options, sweep_identity
 from orchestrator.launch import cluster as clusters
 from orchestrator.launch.attempt import RetryBudgets
 from orchestrator.launch.executor import execute
@@ -19,13 +19,6 @@ from orchestrator.ui.progress import SweepProgress
 
 log = logging.getLogger(__name__)
 WAIT_POLL_S = 5.0  # how often a driver looks at the leases another driver holds
-
-
-def sweep_identity(options: Options) -> tuple[str, str]:
-    """(sweep name, sweep id): "single" without a sweep; a fresh timestamped id unless the sweep fixes one."""
-    sweep = options.sweep or SweepConfig()
-    name = sweep.name or "single"
-    return name, sweep.id or f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def run(options: Options, specs: list[TrialSpec], rows: list) -> int:

@@ -8,7 +8,6 @@ import shutil
 import pytest
 import yaml
 from conftest import ROOT, run_cli
-from omegaconf import OmegaConf
 
 from orchestrator.__main__ import main
 from orchestrator.cli import args as cli
@@ -44,15 +43,17 @@ def test_flags_go_anywhere_and_take_their_values():
 
 
 def test_multirun_axes_keep_their_types():
-    cfg = cli.compose(
+    tree = cli.compose(
         cli.parse_args(["-m", "strategy=ring,usp", "context_length=1024,2048", "train.lr=1e-3,3e-3"])
-    )
-    sweep = OmegaConf.to_container(cfg.sweep)
+    ).tree
+    sweep = tree["sweep"]
     axes = {"strategy": ["ring", "usp"], "context_length": [1024, 2048], "train.lr": [1e-3, 3e-3]}
     assert sweep == {"name": "cli", "id": "", "axes": axes, "zip": [], "set": {}}
-    assert [type(v) for v in cfg.sweep.axes.context_length] == [int, int]
+    assert [type(v) for v in sweep["axes"]["context_length"]] == [int, int]
     assert points(sweep)[0] == (("strategy", "ring"), ("context_length", 1024), ("train.lr", 1e-3))
-    assert cfg.strategy.name == "ring" and cfg.context_length == 2048  # the base point is untouched
+    assert (
+        tree["strategy"]["name"] == "ring" and tree["context_length"] == 2048
+    )  # the base point is untouched
 
 
 def test_multirun_plans_the_same_trials_as_the_sweep_file(tmp_path, capsys):
@@ -89,17 +90,18 @@ def test_multirun_plans_the_same_trials_as_the_sweep_file(tmp_path, capsys):
 
 def test_multirun_adds_to_and_replaces_a_sweep_files_axes():
     argv = ["+sweep=smoke", "+sweep.axes.train.steps=[4]", "-m", "strategy=ring,usp", "train.steps=2,3"]
-    cfg = cli.compose(cli.parse_args(argv))
-    assert cfg.sweep.name == "smoke" and dict(cfg.sweep.set) == {"train.steps": 4}
+    tree = cli.compose(cli.parse_args(argv)).tree
+    assert tree["sweep"]["name"] == "smoke" and tree["sweep"]["set"] == {"train.steps": 4}
     # strategy replaced in its place, the nested train.steps replaced by the dotted one, context_length kept
-    assert {k: list(v) for k, v in cfg.sweep.axes.items()} == {
+    assert tree["sweep"]["axes"] == {
         "strategy": ["ring", "usp"],
         "context_length": [512, 1024],
         "train.steps": [2, 3],
     }
-    specs = expand(cfg)
+    specs = expand(tree)
     assert len(specs) == 8 and {s.train.steps for s in specs} == {2, 3}
-    assert cli.compose(cli.parse_args(["-m", "+sweep.id=fixed", "train.seed=0,1"])).sweep.id == "fixed"
+    fixed = cli.compose(cli.parse_args(["-m", "+sweep.id=fixed", "train.seed=0,1"]))
+    assert fixed.tree["sweep"]["id"] == "fixed" and fixed.options.sweep.id == "fixed"
 
 
 @pytest.mark.parametrize(
@@ -109,20 +111,22 @@ def test_multirun_adds_to_and_replaces_a_sweep_files_axes():
 )
 def test_a_key_inside_a_group_axis_holds_for_every_option(argv):
     """Each point loads its strategy's file whole; a command-line key inside that group must survive it."""
-    specs = expand(cli.compose(cli.parse_args(argv)))
+    specs = expand(cli.compose(cli.parse_args(argv)).tree)
     assert len({s.strategy.name for s in specs}) == 2
     assert {s.strategy.block_q for s in specs} == {128}
 
 
 def test_the_command_line_wins_over_the_sweep_files_set():
     """smoke's `set` has train.steps: 4; a command-line train.steps is the user's last word, as for any key."""
-    specs = expand(cli.compose(cli.parse_args(["+sweep=smoke", "train.steps=3"])))
+    specs = expand(cli.compose(cli.parse_args(["+sweep=smoke", "train.steps=3"])).tree)
     assert len(specs) == 4 and {s.train.steps for s in specs} == {3}
-    assert {s.train.steps for s in expand(cli.compose(cli.parse_args(["+sweep=smoke"])))} == {4}
+    assert {s.train.steps for s in expand(cli.compose(cli.parse_args(["+sweep=smoke"])).tree)} == {4}
 
 
 def test_a_nested_sweep_set_changes_one_key_not_its_section():
-    specs = expand(cli.compose(cli.parse_args(["+sweep=smoke", "+sweep.set.train.steps=3", "train.lr=0.01"])))
+    specs = expand(
+        cli.compose(cli.parse_args(["+sweep=smoke", "+sweep.set.train.steps=3", "train.lr=0.01"])).tree
+    )
     assert {(s.train.steps, s.train.lr) for s in specs} == {(3, 0.01)}
 
 
@@ -134,8 +138,8 @@ def test_hydra_sweep_syntax():
         "mesh=choice(auto,cp8)",
         "train.dtype='float32',bfloat16",
     ]
-    axes = cli.compose(cli.parse_args(args)).sweep.axes
-    assert {k: list(v) for k, v in axes.items()} == {
+    axes = cli.compose(cli.parse_args(args)).tree["sweep"]["axes"]
+    assert axes == {
         "train.seed": [0, 1, 2],
         "strategy": ["double_ring", "ring"],
         "mesh": ["auto", "cp8"],
@@ -197,14 +201,16 @@ def test_help_lists_groups_switches_examples_and_exit_codes(capsys):
         row = " ".join([lines[at], *(ln.strip() for ln in more)])
         assert [o.rstrip("*") for o in row.split(maxsplit=1)[1].split("  (")[0].split(", ")] == opts
     assert "tiny*" in text and "ring*" in text and "(none by default)" in text
-    # every switch of conf/config.yaml, with its default and a meaning; nothing else
-    defaults = helptext.switch_defaults()
-    assert set(defaults) == set(helptext.SWITCHES) and {
-        "retries.failure",
-        "gate.max_drop",
-        "aot_topology",
-    } <= set(defaults)
+    # every switch, with its declared default and the first sentence of its declared meaning
+    switches = helptext.switches()
+    assert {"retries.failure", "gate.max_drop", "aot_topology", "search.batch"} <= set(switches)
     assert "  dry_run=false " in text and "  retries.preemption=3 " in text and '  aot_topology="" ' in text
+    for k, key in switches.items():
+        at = next(i for i, ln in enumerate(lines) if ln.startswith(f"  {k}="))
+        more = itertools.takewhile(lambda ln: ln.startswith(" " * 28) and ln[28] != " ", lines[at + 1 :])
+        meaning = " ".join([lines[at][28:], *(ln.strip() for ln in more)])
+        assert meaning == helptext.summary(key.doc) and "`" not in meaning and meaning.endswith((".", ")"))
+    assert helptext.summary("Plan it; e.g. `x`. Then more.") == "Plan it; e.g. x."
     for section in ("Config groups", "Driver switches", "Flags:", "Examples:", "Exit codes:"):
         assert section in text
     examples = [
@@ -268,6 +274,7 @@ def test_info_shows_search_path_groups_and_defaults(capsys):
         "cluster: local",
         "tracking: local",
         "_self_",
+        "switches",
         "sweep: smoke",
     ]
     assert tree == ["<root>:", "  config:", *(f"    {ln}" for ln in leaves)]
@@ -281,6 +288,7 @@ def test_info_shows_search_path_groups_and_defaults(capsys):
         "cluster/local",
         "tracking/local",
         "config",
+        "switches",
         "sweep/smoke",
     ]
     assert yaml.safe_load(out.split("\nConfig\n")[1])["sweep"]["axes"]["context_length"] == [1, 2]

@@ -1,47 +1,41 @@
-"""Tier 1: the driver's typed options (config.Loaded), one owner per check, and no import cycle between the
-config loader and the schema checks (no Ray cluster, no MLflow store)."""
+"""Tier 1: the driver's typed options (config.Loaded), their defaults (their declarations, composed in), one
+owner per check, and no import cycle between the config loader and the schema checks (no Ray cluster, no MLflow
+store)."""
 
 import dataclasses
 import subprocess
 import sys
 
+import yaml
 from conftest import ROOT
+from omegaconf import OmegaConf
 
 from jobs.spec import MemorySpec
 from orchestrator import driver as run
 from orchestrator.cli import args as cli
-from orchestrator.cli import help as helptext
 from orchestrator.config import load as config
 from orchestrator.config import schema
 from orchestrator.config import schema as errors
 from orchestrator.config.grid import expand
-from orchestrator.config.load import Loaded, load, load_typed
+from orchestrator.config.load import load, load_typed
+from orchestrator.config.schema import sweep_identity
 from orchestrator.plan import rules
 
 
-def _defaults(cls: type, prefix: str = "") -> dict:
-    """Every field's default in the schema, as dotted key -> value."""
-    out = {}
-    for f in dataclasses.fields(cls):
-        if f.default is not dataclasses.MISSING:
-            out[f"{prefix}{f.name}"] = f.default
-        elif f.default_factory is not dataclasses.MISSING and dataclasses.is_dataclass(
-            sub := f.default_factory
-        ):
-            out |= _defaults(sub, f"{prefix}{f.name}.")
-    return out
-
-
-def test_schema_defaults_are_the_shipped_config():
-    """A default in code that disagrees with conf/config.yaml would apply only where a key is left out."""
-    shipped = helptext.switch_defaults()
-    coded = {
-        k: list(v) if isinstance(v, tuple) else v
-        for k, v in _defaults(schema.Options).items()
-        if k != "sweep"
+def test_the_switches_compose_at_their_declared_defaults():
+    """conf/config.yaml names no switch's value: each comes from its declaration, and overrides as a YAML key."""
+    tree = OmegaConf.to_container(load(["gate.window=3", "search.batch=[1,2]"]))
+    switches = config.switch_defaults()
+    assert not set(switches) & set(yaml.safe_load((ROOT / "conf" / "config.yaml").read_text()))
+    assert switches["gate"] == {"enabled": True, "max_drop": 0.10, "window": 5, "noise_k": 1.5}
+    assert switches["search"] == {"batch": [], "grad_accum": []} and switches["dry_run"] is False
+    want = switches | {
+        "gate": switches["gate"] | {"window": 3},
+        "search": {"batch": [1, 2], "grad_accum": []},
     }
-    assert coded == {k: shipped[k] for k in coded}
-    assert set(shipped) <= set(coded)
+    assert {k: tree[k] for k in switches} == want
+    # a switch deleted on the command line falls back to its declaration, as one never composed would
+    assert load_typed(["~gate.window"]).options.gate == schema.Gate()
 
 
 def test_load_returns_the_typed_options():
@@ -50,15 +44,15 @@ def test_load_returns_the_typed_options():
     assert isinstance(o, schema.Options) and o.dry_run and o.output == "table" and o.progress == "auto"
     assert o.gate == schema.Gate(enabled=True, max_drop=0.2) and o.retries == schema.Retries(0, 1)
     assert o.tracking.uri.startswith("http") and o.sweep is None
-    assert loaded.cfg.model.name == "tiny" and expand(load([])) == expand(loaded.cfg)
+    assert loaded.tree["model"]["name"] == "tiny" and expand(load([])) == expand(loaded.tree)
 
 
 def test_a_command_line_sweep_is_typed_too():
-    o = Loaded.of(cli.compose(cli.parse_args(["-m", "train.seed=0,1"]))).options
+    o = cli.compose(cli.parse_args(["-m", "train.seed=0,1"])).options
     assert o.sweep.name == "cli" and o.sweep.axes == {"train.seed": [0, 1]}
-    assert run.sweep_identity(o)[0] == "cli"
-    assert run.sweep_identity(load_typed(["+sweep=smoke", "sweep.id=s1"]).options) == ("smoke", "s1")
-    name, sid = run.sweep_identity(load_typed([]).options)
+    assert sweep_identity(o)[0] == "cli"
+    assert sweep_identity(load_typed(["+sweep=smoke", "sweep.id=s1"]).options) == ("smoke", "s1")
+    name, sid = sweep_identity(load_typed([]).options)
     assert name == "single" and sid.startswith("single-")
 
 

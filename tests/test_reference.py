@@ -1,8 +1,8 @@
 """Tier 1: the generated config reference and the MLflow layout page cannot drift from the code.
 
-docs/reference/config.md is the output of `python docs/gen/reference.py`; every schema and conf/ key has a
-meaning in orchestrator/config/schema.py. docs/reference/mlflow.md is written by hand, so every name it lists is checked
-against the code, and the names the code writes are checked against the page.
+docs/reference/config.md is the output of `python docs/gen/reference.py`; every key is declared with a meaning
+(jobs.fields.key), and every key conf/ sets is declared. docs/reference/mlflow.md is written by hand, so every
+name it lists is checked against the code, and the names the code writes are checked against the page.
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ import pytest
 from conftest import ROOT
 
 from docs.gen import reference
+from jobs.fields import key
 from jobs.spec import MemorySpec
 from orchestrator.config.grid import expand
 from orchestrator.config.load import CONF_DIR, load
-from orchestrator.config.schema import DOCS
 from orchestrator.tracking.layout import FINAL, STEP_METRICS, trial_params
 
 MLFLOW_PAGE = ROOT / "docs" / "reference" / "mlflow.md"
-SOURCES = [p for p in (ROOT / "orchestrator").rglob("*.py") if p.name not in ("keydocs.py", "reference.py")]
+SOURCES = list((ROOT / "orchestrator").rglob("*.py"))
 SOURCES.append(ROOT / "jobs" / "train.py")  # the start, step and summary records
 # Record keys that never become MLflow metrics (not numbers, or the step itself).
 NOT_METRICS = {
@@ -41,43 +41,34 @@ NOT_METRICS = {
 
 
 # --- config reference ---------------------------------------------------------------------------------------
-def test_every_schema_and_conf_key_has_a_meaning():
-    keys = [*reference.schema(), *reference.yaml_keys()]
+def test_every_key_is_declared_with_a_meaning_and_every_conf_key_is_declared():
+    keys = reference.schema()
     assert "train.memory.save" in keys and "cluster.call_overhead_s" in keys and "sweep.axes" in keys
-    missing = reference.missing_docs(keys)
-    assert not missing, (
-        f"add a one-line meaning to orchestrator/config/schema.py DOCS for: {', '.join(missing)}"
-    )
+    missing = reference.undocumented()
+    assert not missing, f"declare these with jobs.fields.key(..., doc=...): {', '.join(missing)}"
+    unknown = reference.undeclared(reference.yaml_keys())
+    assert not unknown, f"conf/ sets keys no dataclass declares: {', '.join(unknown)}"
 
 
 @dataclass(frozen=True)
 class _Knobs:
     depth: int = 1
+    width: int = key(2, doc="  ")  # blank: no meaning
 
 
 @dataclass(frozen=True)
 class _FakeRoot:
-    context_length: int
+    context_length: int = key(doc="Tokens per sequence.")
     knobs: _Knobs = field(default_factory=_Knobs)
 
 
-def test_an_undocumented_key_is_caught_in_the_schema_and_in_conf(tmp_path):
-    assert reference.missing_docs(reference.schema((_FakeRoot,))) == ["knobs", "knobs.depth"]
-    assert reference.missing_docs(["train.steps"], {"train.steps": "  "}) == ["train.steps"]  # blank = none
+def test_an_undocumented_or_undeclared_key_is_caught(tmp_path):
+    assert reference.undocumented((_FakeRoot,)) == ["knobs", "knobs.depth", "knobs.width"]
     conf = shutil.copytree(CONF_DIR, tmp_path / "conf")
     (conf / "config.yaml").write_text((conf / "config.yaml").read_text() + "\nnew_switch: true\n")
     tiny = conf / "model" / "tiny.yaml"
     tiny.write_text(tiny.read_text() + "new_width: 3\n")
-    assert reference.missing_docs(reference.yaml_keys(conf)) == ["new_switch", "model.new_width"]
-
-
-def test_no_meaning_for_a_key_that_no_longer_exists():
-    keys = reference.schema()
-    stale = reference.stale_docs(keys)
-    assert not stale, (
-        f"orchestrator/config/schema.py describes keys the schema no longer has: {', '.join(stale)}"
-    )
-    assert reference.stale_docs(keys, {**DOCS, "train.gone": "x"}) == ["train.gone"]
+    assert reference.undeclared(reference.yaml_keys(conf)) == ["new_switch", "model.new_width"]
 
 
 def test_the_committed_config_page_is_the_generators_output():

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from jobs import strategies
-from jobs.spec import MESH_AXES, ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrialSpec
+from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrialSpec
+from jobs.strategies.base import MESH_AXES
 from orchestrator.config.grid import expand, resolve_mesh
 from orchestrator.config.load import load
 from orchestrator.plan import memory, plan

@@ -1,7 +1,9 @@
 """Generate docs/reference/config.md and cli.md from the code, so the reference cannot drift from it.
 
-Keys, types, ranges and meanings come from orchestrator/config/schema.py, defaults from conf/, the trial-id
-marks from TrialSpec.identity() itself, and the command line page from the CLI's own --help text.
+Keys, types, ranges, meanings and the switches' defaults come from each key's one declaration (its dataclass
+field: jobs/spec.py, orchestrator/plan/hardware.py, orchestrator/config/schema.py), the trial keys' defaults
+from conf/, the trial-id marks from TrialSpec.identity() itself, and the command line page from the CLI's own
+--help text.
 
     python docs/gen/reference.py           # rewrite docs/reference/config.md and cli.md
     python docs/gen/reference.py --check   # exit 1 when a committed page differs from the code
@@ -20,9 +22,10 @@ from omegaconf import OmegaConf
 
 from jobs.spec import DataSpec, MemorySpec, MeshSpec, ModelSpec, StrategySpec, TrialSpec
 from orchestrator.cli.help import help_text
-from orchestrator.config import keys as checks
+from orchestrator.config import keys
+from orchestrator.config.keys import Key
 from orchestrator.config.load import CONF_DIR, GROUPS
-from orchestrator.config.schema import DOCS, RULES, TRIAL_KEYS, Options, PointConfig, Rule
+from orchestrator.config.schema import TRIAL_KEYS, Options, PointConfig
 
 ROOTS: tuple[type, ...] = (PointConfig, Options)  # the trial's keys, then the driver's
 CONFIG_PAGE = CONF_DIR.parent / "docs" / "reference" / "config.md"
@@ -45,34 +48,9 @@ MISSING = dataclasses.MISSING
 HYDRA_KEYS = ("defaults",)  # Hydra's defaults lists (config.yaml, a group option's): not config keys
 
 
-@dataclasses.dataclass(frozen=True)
-class Key:
-    """One dotted config key as the schema has it."""
-
-    key: str
-    hint: Any
-    default: Any  # the dataclass default (MISSING: required)
-
-    @property
-    def section(self) -> type | None:
-        return checks._section(self.hint)
-
-
 def schema(roots: Iterable[type] = ROOTS) -> dict[str, Key]:
-    """Every key of the schema, sections included ("train", "train.data"), walking dataclass fields."""
-    out: dict[str, Key] = {}
-
-    def walk(cls: type, prefix: str) -> None:
-        hints = checks._hints(cls)
-        for f in dataclasses.fields(cls):
-            dflt = f.default if f.default_factory is MISSING else f.default_factory()
-            k = out[prefix + f.name] = Key(prefix + f.name, hints[f.name], dflt)
-            if k.section is not None:
-                walk(k.section, k.key + ".")
-
-    for cls in roots:
-        walk(cls, "")
-    return out
+    """Every declared key, sections included ("train", "train.data"), in field order."""
+    return keys.declared(*roots)
 
 
 def _flat(d: Mapping, prefix: str, sections: set[str]) -> Iterator[str]:
@@ -91,22 +69,22 @@ def yaml_keys(conf_dir: Path = CONF_DIR, roots: Iterable[type] = ROOTS) -> list[
     """Every dotted key set in conf/config.yaml and in each conf/<group>/<option>.yaml."""
     sections = {k for k, v in schema(roots).items() if v.section is not None}
     base = {k: v for k, v in _load(conf_dir / "config.yaml").items() if k not in HYDRA_KEYS}
-    keys = list(_flat(base, "", sections))
+    found = list(_flat(base, "", sections))
     for g in GROUPS:
         for path in sorted((conf_dir / g).glob("*.yaml")):
-            keys += _flat({k: v for k, v in _load(path).items() if k not in HYDRA_KEYS}, f"{g}.", sections)
-    return list(dict.fromkeys(keys))
+            found += _flat({k: v for k, v in _load(path).items() if k not in HYDRA_KEYS}, f"{g}.", sections)
+    return list(dict.fromkeys(found))
 
 
-def missing_docs(keys: Iterable[str], docs: Mapping[str, str] = DOCS) -> list[str]:
-    """Keys with no (or an empty) description."""
-    return [k for k in dict.fromkeys(keys) if not (docs.get(k) or "").strip()]
+def undocumented(roots: Iterable[type] = ROOTS) -> list[str]:
+    """Keys declared without a meaning (a plain dataclass field, not jobs.fields.key)."""
+    return [k for k, v in schema(roots).items() if not v.doc.strip()]
 
 
-def stale_docs(keys: Iterable[str], docs: Mapping[str, str] = DOCS) -> list[str]:
-    """Descriptions of keys that no longer exist."""
-    live = set(keys)
-    return [k for k in docs if k not in live]
+def undeclared(conf_keys: Iterable[str], roots: Iterable[type] = ROOTS) -> list[str]:
+    """Keys a conf/ file sets that no dataclass declares."""
+    known = schema(roots)
+    return [k for k in dict.fromkeys(conf_keys) if k not in known]
 
 
 def identity_keys() -> set[str]:
@@ -151,17 +129,17 @@ def code(s: str) -> str:
 
 def allowed(k: Key) -> str:
     """The "allowed:" text of checks.py's error messages; names as code, containers by what they hold."""
-    rule, hint = RULES.get(k.key, Rule()), checks._scalar(k.hint)
+    rule, hint = k.rule, keys.scalar(k.hint)
     origin = typing.get_origin(hint) or hint
     if origin is tuple and not rule.choices:
-        return checks.list_allowed(typing.get_args(hint)[0], rule)
+        return keys.list_allowed(typing.get_args(hint)[0], rule)
     if origin is tuple:
         return "a list of " + ", ".join(map(code, rule.choices)) + " (each at most once)"
     if origin in (dict, list):
         return "a mapping" if origin is dict else "a list"
     if rule.choices:
         return "one of " + ", ".join(code(value(c)) for c in rule.choices)
-    return checks._allowed(hint, rule)
+    return keys.allowed(hint, rule)
 
 
 def row(cells: Iterable[str]) -> str:
@@ -202,12 +180,12 @@ def _sweep_cell(key: str, v: Any) -> str:
 
 
 def _section(
-    name: str, keys: list[Key], conf_dir: Path, base: dict, defaults: dict, ids: set[str]
+    name: str, doc: str, part: list[Key], conf_dir: Path, base: dict, defaults: dict, ids: set[str]
 ) -> list[str]:
     title = name or "Top level"
     out = [f"## {title}", ""]
     if name:
-        out += [DOCS.get(name, ""), ""]
+        out += [doc, ""]
     else:
         out += [
             "The trial's length, and the driver's switches: one value for the whole sweep, never part "
@@ -225,19 +203,19 @@ def _section(
             note = _leading_comment(conf_dir / name / f"{opt}.yaml")
             out.append(f"- `{opt}`" + (f": {note}" if note else ""))
         out.append("")
-    # defaults: the default option's values in a group, conf/config.yaml's elsewhere, else the dataclass's
+    # defaults: the default option's values in a group, conf/config.yaml's elsewhere, else the declaration's
     src = options.get(defaults.get(name, ""), {}) if name in GROUPS else base
-    for part in name.split(".") if name not in GROUPS and name else ():
-        src = src.get(part, {})
+    for step in name.split(".") if name not in GROUPS and name else ():
+        src = src.get(step, {})
     rows = []
-    for k in keys:
+    for k in part:
         v = src.get(k.key.rsplit(".", 1)[-1], k.default)
         shown = "—" if v is MISSING else code(value(v, k.key))
-        rows.append([code(k.key), shown, allowed(k), "✓" if k.key in ids else "", DOCS.get(k.key, "")])
+        rows.append([code(k.key), shown, allowed(k), "✓" if k.key in ids else "", k.doc])
     head = f"default (`{defaults[name]}`)" if name in defaults else "default"
     out += table(["key", head, "allowed", "in trial id", "meaning"], rows)
     if options:
-        out += _per_option(name, keys, options)
+        out += _per_option(name, part, options)
     return out
 
 
@@ -247,11 +225,11 @@ def _cell(section: str, key: str, v: Any) -> str:
     return _sweep_cell(key, v) if section == "sweep" else code(value(v, key))
 
 
-def _per_option(name: str, keys: list[Key], options: dict[str, dict]) -> list[str]:
-    """Key x option, for the keys whose value differs between options (an absent key: its dataclass default)."""
+def _per_option(name: str, part: list[Key], options: dict[str, dict]) -> list[str]:
+    """Key x option, for the keys whose value differs between options (an absent key: its declared default)."""
     names = list(options)
     rows = []
-    for k in keys:
+    for k in part:
         leaf = k.key.rsplit(".", 1)[-1]
         vals = [options[o].get(leaf, k.default) for o in names]
         if name != "sweep" and all(v == vals[0] for v in vals):
@@ -265,7 +243,7 @@ def _per_option(name: str, keys: list[Key], options: dict[str, dict]) -> list[st
 
 def render_config(conf_dir: Path = CONF_DIR) -> str:
     """The whole page, as committed at docs/reference/config.md."""
-    keys = schema()
+    declared = schema()
     raw = _load(conf_dir / "config.yaml")
     defaults = {k: v for d in raw.get("defaults", []) if isinstance(d, dict) for k, v in d.items()}
     base = {k: v for k, v in raw.items() if k not in HYDRA_KEYS}
@@ -273,9 +251,10 @@ def render_config(conf_dir: Path = CONF_DIR) -> str:
     out = [
         "# Configuration reference",
         "",
-        "> Generated by `python docs/gen/reference.py` from `orchestrator/config/schema.py` (keys, types, ranges), "
-        "`orchestrator/config/schema.py` (meanings) and `conf/` (defaults). Do not edit this page by hand: change "
-        "those and run the generator; `tests/test_reference.py` fails while the page is stale.",
+        "> Generated by `python docs/gen/reference.py` from each key's declaration, its dataclass field "
+        "(`jobs/spec.py`, `orchestrator/plan/hardware.py`, `orchestrator/config/schema.py`: type, range, "
+        "meaning, the switches' defaults), and `conf/` (the trial keys' defaults). Do not edit this page by hand: "
+        "change those and run the generator; `tests/test_reference.py` fails while the page is stale.",
         "",
         "Set any key on the command line in Hydra's grammar: `train.steps=50`, a group option with "
         f"`cluster=v5p_128`, a sweep with `+sweep=cp_scaling`. Trial keys ({', '.join(map(code, TRIAL_KEYS))}"
@@ -288,10 +267,13 @@ def render_config(conf_dir: Path = CONF_DIR) -> str:
     ]
     # ORDER first, then any section it does not name (in schema order): a new section is never left out
     rank = {s: i for i, s in enumerate(ORDER)}
-    names = sorted(["", *(k for k, v in keys.items() if v.section)], key=lambda s: rank.get(s, len(ORDER)))
+    names = sorted(
+        ["", *(k for k, v in declared.items() if v.section)], key=lambda s: rank.get(s, len(ORDER))
+    )
     for name in names:
-        part = [k for k in keys.values() if k.key.rpartition(".")[0] == name and k.section is None]
-        out += _section(name, part, conf_dir, base, defaults, ids)
+        part = [k for k in declared.values() if k.key.rpartition(".")[0] == name and k.section is None]
+        doc = declared[name].doc if name else ""
+        out += _section(name, doc, part, conf_dir, base, defaults, ids)
     return "\n".join(out).rstrip() + "\n"
 
 

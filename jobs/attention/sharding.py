@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from jax.sharding import Mesh, PartitionSpec
 
-from jobs.spec import BATCH_AXES
+from jobs.strategies.base import BATCH_AXES
 from jobs.strategies.rules import sequence_axes
 
 HEAD_AXIS = "tensor"

@@ -12,9 +12,8 @@ import heapq
 
 import numpy as np
 
+from jobs.strategies.base import LAYOUTS
 from jobs.strategies.rules import zigzag_permutation
-
-LAYOUTS = ("contiguous", "zigzag", "balanced")
 
 
 def segment_ids_from_lengths(lengths: np.ndarray | list[int], L: int) -> np.ndarray:

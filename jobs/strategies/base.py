@@ -15,6 +15,13 @@ from functools import lru_cache
 BF16, FP32 = 2, 4
 TILE_BYTES = 15  # per score element of the attention kernel's working tile, see kernel_bytes
 AUTO = "auto"
+# The mesh axes, major to minor: the batch is sharded over BATCH_AXES, the sequence over a strategy's `axes`.
+MESH_AXES = ("data", "fsdp", "context", "context_ulysses", "tensor")
+BATCH_AXES = ("data", "fsdp")
+# Token orders over the context shards (strategy.layout). balanced: packed documents in a loader's data-dependent
+# permutation (jobs/data/balance.py: L/P tokens per device in contiguous runs), given with positions and segment
+# ids; a trial needs train.data.kind=documents for it.
+LAYOUTS = ("contiguous", "zigzag", "balanced")
 
 
 @dataclass(frozen=True)
@@ -168,8 +175,7 @@ class Strategy:
     name: str = ""
     axes: tuple[str, ...] = ("context",)  # mesh axes the sequence is sharded over, major first
     ulysses_axis: str | None = None  # the axis whose all-to-all trades sequence for heads
-    # balanced: packed documents in a loader's permutation (jobs/data/balance.py), positions and segment ids given
-    layouts: tuple[str, ...] = ("contiguous", "zigzag", "balanced")
+    layouts: tuple[str, ...] = LAYOUTS  # the token orders it supports
     default_layout: str = "contiguous"  # what the recommender and the benchmarks pick
     collectives: tuple[str, ...] = ()  # HLO ops its compiled step must contain (a silent no-CP would not)
     summary: str = ""  # one line for the recommender and the docs

@@ -10,13 +10,10 @@ from collections.abc import Mapping
 import numpy as np
 
 from jobs import strategies
-from jobs.spec import MESH_AXES
+from jobs.strategies.base import LAYOUTS, MESH_AXES
 
 # "reference" is the dense fp32 check used by tests and benchmarks; it is not a sweep strategy.
 ATTENTION_STRATEGIES = (*strategies.NAMES, "reference")
-# balanced: packed documents in a loader's data-dependent permutation (jobs/data/balance.py: L/P tokens per device in
-# contiguous runs), given with positions and segment ids; a trial needs train.data.kind=documents for it.
-LAYOUTS = ("contiguous", "zigzag", "balanced")
 
 
 def _get(strategy: str) -> strategies.Strategy:

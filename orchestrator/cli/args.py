@@ -7,6 +7,7 @@ Bad input of any kind is a ConfigError: one line, exit 2, nothing started.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,11 +15,12 @@ from typing import Any
 import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Glob, Override, QuotedString, ValueType
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import OmegaConf
 
 from orchestrator.config import keys as checks
 from orchestrator.config.grid import GROUP_AXES, points
-from orchestrator.config.load import CONF_DIR, ConfigError, group_option, info, load
+from orchestrator.config.load import CONF_DIR, Loaded, compose_tree, group_option, info, typed
+from orchestrator.config.schema import ConfigError
 
 CFG_CHOICES = ("job", "hydra", "all")
 INFO_CHOICES = ("all", "config", "defaults", "defaults-tree", "searchpath", "plugins")
@@ -90,17 +92,18 @@ def parse_args(argv: list[str]) -> Args:
     return Args(overrides=tuple(overrides), **found)
 
 
-def split_sweeps(args: Args, conf_dir: Path = CONF_DIR) -> tuple[list[str], dict[str, list]]:
-    """(the plain overrides, the grid axes from `-m` sweep overrides, typed as Hydra parsed them)."""
+def split_sweeps(args: Args, conf_dir: Path = CONF_DIR) -> tuple[list[tuple[str, Override]], dict[str, list]]:
+    """(the plain overrides as typed and as Hydra parsed them, the grid axes from `-m` sweep overrides, typed as
+    Hydra parsed them): the command line parsed once."""
     try:
         parsed = OverridesParser.create().parse_overrides(list(args.overrides))
     except Exception as e:  # Hydra's grammar error, already naming the override
         raise ConfigError(" ".join(str(e).split())) from e
-    plain: list[str] = []
+    plain: list[tuple[str, Override]] = []
     axes: dict[str, list] = {}
     for text, o in zip(args.overrides, parsed, strict=True):
         if not o.is_sweep_override():
-            plain.append(text)
+            plain.append((text, o))
         elif not args.multirun:
             key, value = o.get_key_element(), o.get_value_string()
             simple = o.value_type == ValueType.SIMPLE_CHOICE_SWEEP  # a,b: the list and string forms are plain
@@ -153,39 +156,37 @@ def _plain(v: Any) -> Any:
     return v
 
 
-def compose(args: Args, conf_dir: Path = CONF_DIR) -> DictConfig:
-    """Compose the plain overrides; `-m` axes join `+sweep=NAME`'s (replacing an axis of the same key) or
-    make a sweep named "cli" (a fixed `+sweep.id=...` still resumes it)."""
+def compose(args: Args, conf_dir: Path = CONF_DIR) -> Loaded:
+    """Compose the plain overrides, resolve once, type the options once; `-m` axes join `+sweep=NAME`'s
+    (replacing an axis of the same key) or make a sweep named "cli" (a fixed `+sweep.id=...` still resumes it)."""
     plain, axes = split_sweeps(args, conf_dir)
-    cfg = load(plain, conf_dir)
-    sweep = OmegaConf.to_container(cfg.sweep, resolve=True) if cfg.get("sweep") else {}
+    tree = compose_tree([text for text, _ in plain], conf_dir)
+    sweep = tree.get("sweep") or {}
     merged = flat_keys(sweep.get("axes") or {}) | axes  # dict order: a replaced axis keeps its place
     # `strategy.block_q=128` with a strategy axis: each point loads its option whole, so the key goes to the
     # sweep's `set`, which grid.expand applies on top of every option it loads
-    cli_keys = _cli_keys(plain)
+    cli_keys = _cli_keys([o for _, o in plain])
     groups = {a for a in merged if a in GROUP_AXES}
     kept = {k: v for k, v in cli_keys.items() if "." in k and k.split(".")[0] in groups}
     # and a key the sweep file's `set` also names: the command line wins, as for any other key
     sweep_set = flat_keys(sweep.get("set") or {})
     kept |= {k: v for k, v in cli_keys.items() if k in sweep_set}
     if axes or kept:
-        with open_dict(cfg):
-            cfg.sweep = {
-                "name": sweep.get("name") or "cli",
-                "id": sweep.get("id") or "",
-                "axes": merged,
-                "zip": sweep.get("zip") or [],
-                "set": sweep_set | kept,
-            }
-    return cfg
+        tree["sweep"] = {
+            "name": sweep.get("name") or "cli",
+            "id": sweep.get("id") or "",
+            "axes": merged,
+            "zip": sweep.get("zip") or [],
+            "set": sweep_set | kept,
+        }
+    return typed(tree, [text for text, _ in plain])
 
 
-def _cli_keys(plain: list[str]) -> dict[str, Any]:
+def _cli_keys(plain: list[Override]) -> dict[str, Any]:
     """The plain overrides that set a trial key (not the sweep itself, not Hydra's), as dotted key -> value."""
-    parsed = OverridesParser.create().parse_overrides(plain)
     return {
         o.key_or_group: _plain(o.value())
-        for o in parsed
+        for o in plain
         if not (o.is_delete() or o.is_hydra_override() or o.key_or_group.split(".")[0] == "sweep")
     }
 
@@ -198,21 +199,21 @@ def flat_keys(tree: dict, prefix: str = "") -> dict:
     return out
 
 
-def show(cfg: DictConfig, args: Args, conf_dir: Path = CONF_DIR) -> str:
+def show(loaded: Loaded, args: Args, conf_dir: Path = CONF_DIR) -> str:
     """--info or --cfg output; starts nothing."""
     if args.info:
-        text = info(split_sweeps(args, conf_dir)[0], args.info, conf_dir)
+        text = info(loaded.overrides, args.info, conf_dir)
         if args.info in ("all", "config"):
-            text += "\nConfig\n" + cfg_text(cfg, Args(cfg="job"))
+            text += "\nConfig\n" + cfg_text(loaded, Args(cfg="job"))
         return text
-    return cfg_text(cfg, args)
+    return cfg_text(loaded, args)
 
 
-def cfg_text(cfg: DictConfig, args: Args) -> str:
+def cfg_text(loaded: Loaded, args: Args) -> str:
     """The config a trial gets, as YAML, resolved; with a sweep, the base (`sweep.set` applied), the grid."""
     if args.cfg == "hydra":
         return NO_HYDRA_NODE
-    tree = OmegaConf.to_container(cfg, resolve=True)
+    tree = copy.deepcopy(loaded.tree)
     sweep = tree.pop("sweep", None) or {}
     base = OmegaConf.create(tree)
     OmegaConf.set_struct(base, True)  # a `set` key that is not in the config fails, as in grid.expand

@@ -1,19 +1,26 @@
-"""`recommend=true`: the ranked answer for one point, as a rich table or JSON, and the exit code."""
+"""The CLI's commands besides running a sweep, each printing its result and returning the exit code:
+`recommend=true` (the ranked answer for one point, as a rich table or JSON), `dry_run=true` (the plan, with
+`aot=true` its compiles and `record=true` its planned runs), and the refusals before a launch (invalid points,
+the budget, the environment's faults)."""
 
 from __future__ import annotations
 
 import json
 import logging
 import sys
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from jobs.spec import ClusterSpec, TrialSpec
+from orchestrator.config.grid import GridPoint
+from orchestrator.config.schema import ConfigError, Options
 from orchestrator.plan import memory
 from orchestrator.plan.hardware import ClusterModel
 from orchestrator.plan.search import Answer, search
 
 if TYPE_CHECKING:
-    from orchestrator.config.schema import Options, Search
+    from orchestrator.config.schema import Search
+    from orchestrator.plan import PlanRow
     from orchestrator.plan.aot import Comparison
 
 log = logging.getLogger(__name__)
@@ -202,3 +209,130 @@ def show(a: Answer, output: str, aot_options: Options | None = None) -> int:
 
         render.render_comparison(compiled, console)
     return 0
+
+
+def recommend(points: list[GridPoint], overrides: Sequence[str], options: Options) -> int:
+    """recommend=true: the fastest configurations for the one point, printed; exit 2 when nothing fits."""
+    if options.sweep is not None or len(points) != 1:
+        raise ConfigError(
+            "recommend=true answers for one point: drop +sweep=... and -m sweep overrides, "
+            "or run dry_run=true to plan the grid"
+        )
+    spec, model = points[0]
+    found = answer(spec, model, list(overrides), options.top, options.search)
+    return show(found, options.output, options if options.aot else None)
+
+
+def dry_run(options: Options, specs: list[TrialSpec], rows: list[PlanRow]) -> int:
+    """dry_run=true: print the plan (then, with aot=true, compile it; with record=true, record it); exit 2 for
+    an invalid point (unless skip_invalid=true) or a plan over the budget."""
+    from orchestrator.plan import render_table, to_json
+    from orchestrator.plan.cost import over_budget
+
+    over = over_budget(specs, rows, options.budget.chip_hours)  # checked after the plan is printed
+    if options.output == "json":
+        print(to_json(rows))
+    else:
+        from rich.console import Console
+
+        render_table(rows, Console(width=max(Console().width, 180)))
+    compiled, code = compile_plan(specs, rows, options) if options.aot else ({}, 0)
+    if options.record and code == 0:
+        record_plan(options, specs, rows, compiled)
+    if over:
+        print(f"error: {over}", file=sys.stderr)
+        return 2
+    if options.aot:
+        return code
+    return 2 if any(r.verdict == "invalid" for r in rows) and not options.skip_invalid else 0
+
+
+def refusal(options: Options, specs: list[TrialSpec], rows: list[PlanRow]) -> int | None:
+    """Why a sweep must not launch, printed, as its exit code (2): an invalid point (unless skip_invalid=true),
+    a plan over the budget, or a fault of the environment (tracking server, Ray head, gs:// credentials).
+    None: launch."""
+    from orchestrator.launch import preflight
+    from orchestrator.plan.cost import over_budget
+
+    if any(r.verdict == "invalid" for r in rows) and not options.skip_invalid:
+        report_invalid(specs, rows)
+        return 2
+    if over := over_budget(specs, rows, options.budget.chip_hours):
+        print(f"error: {over}; nothing launched", file=sys.stderr)
+        return 2
+    try:  # the environment's faults, before anything starts
+        preflight.check(options.tracking, [s for s, r in zip(specs, rows, strict=True) if r.verdict == "run"])
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return None
+
+
+def report_invalid(specs: list[TrialSpec], rows: list[PlanRow]) -> None:
+    """One `error:` line (the first invalid point, the count, the fix); the other points below it, indented,
+    so a script reads one error and a person still sees every problem at once."""
+    from orchestrator.plan.rules import point_label
+
+    bad = [
+        f"grid point {point_label(s)} (trial {r.trial_id}) is invalid: {r.reason}"
+        for s, r in zip(specs, rows, strict=True)
+        if r.verdict == "invalid"
+    ]
+    print(
+        f"error: {bad[0]}; {len(bad)} of {len(rows)} grid points are invalid, nothing launched — fix them, "
+        "or pass skip_invalid=true to run the valid ones",
+        file=sys.stderr,
+    )
+    for line in bad[1:]:
+        print(f"  also {line}", file=sys.stderr)
+
+
+def compile_plan(specs: list[TrialSpec], rows: list[PlanRow], options: Options) -> tuple[dict, int]:
+    """dry_run=true aot=true: compile the valid points for the cluster's TPU topology, analytic vs compiled —
+    the planner's infeasible ones too, since the compiler may fit what the planner's estimate does not.
+    Returns (trial id -> aot.Comparison, exit code)."""
+    from orchestrator.plan import aot, render
+
+    if not aot.available():
+        print("error: aot=true needs libtpu on this host: pip install -e '.[tpu]'", file=sys.stderr)
+        return {}, 2
+    valid = [s for s, r in zip(specs, rows, strict=True) if r.verdict != "invalid"]
+    from rich.console import Console
+
+    console = Console(width=max(Console().width, 140))
+    # on a Ray pool (aot.pool): options.aot_workers at once, on the shared cache options.aot_cache
+    try:
+        if valid:
+            join_ray(valid[0].cluster)  # the cluster's Ray for the pool, before the planner asks for compiles
+        compared = aot.compare(
+            valid,
+            options.aot_topology or None,
+            workers=options.aot_workers,
+            cache=options.aot_cache,
+            progress=options.progress,
+            console=console,
+            draws=options.aot_draws,
+        )
+    except ConnectionError as e:  # a cluster.address that was named and does not answer
+        print(f"error: aot=true: no Ray to compile on: {e}", file=sys.stderr)
+        return {}, 2
+    render.render_comparison(compared, console)
+    return {r.trial_id: r for r in compared}, 0
+
+
+def record_plan(options: Options, specs: list[TrialSpec], rows: list[PlanRow], compiled: dict) -> None:
+    """dry_run=true record=true: the plan as planned MLflow runs (tag planned=true), with plots."""
+    from orchestrator.config.schema import sweep_identity
+    from orchestrator.results import planned as planrecord
+    from orchestrator.tracking import open_tracker, recording
+
+    if not recording(options.tracking):
+        print("record=true with tracking=none: the plan was printed, not recorded", file=sys.stderr)
+        return
+
+    name, sweep_id = sweep_identity(options)
+    tracker = open_tracker(options.tracking)
+    sid = planrecord.record(tracker, name, sweep_id, specs, rows, compiled)
+    if not tracker.flush(timeout=300):
+        print(f"warning: {len(tracker.ops)} planned-run writes not delivered", file=sys.stderr)
+    print(f"recorded the plan as sweep {sid} (tag planned=true): {tracker.dashboard_hint()}")

@@ -1,41 +1,19 @@
-"""`python -m orchestrator --help`: read from conf/ without composing; docs/reference/cli.md shows it."""
+"""`python -m orchestrator --help`: the config groups read from conf/ without composing, the driver's switches
+from their declarations (orchestrator/config/schema.py); docs/reference/cli.md shows it."""
 
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
-from typing import Any
 
 from omegaconf import OmegaConf
 
-from orchestrator.cli.args import INFO_CHOICES, flat_keys
+from orchestrator.cli.args import INFO_CHOICES
+from orchestrator.config import keys
 from orchestrator.config.load import CONF_DIR, GROUPS
-from orchestrator.config.schema import TRIAL_KEYS
+from orchestrator.config.schema import Options
 
-# The driver's switches (conf/config.yaml holds their defaults; tests/test_cli_hydra.py keeps both in step).
-SWITCHES = {
-    "dry_run": "plan every point and print the plan; start nothing",
-    "output": "table | json: how dry_run prints the plan",
-    "aot": "with dry_run: compile the valid points for the cluster's TPU topology too (.[tpu])",
-    "aot_topology": "with aot: compile for this topology instead of the cluster's, e.g. 2x2x1",
-    "aot_workers": "with aot: compiles at once as Ray tasks (0: one per CPU)",
-    "aot_cache": "with aot: the shared compile cache, a directory or gs://bucket/prefix",
-    "aot_draws": "with aot: compiles per point, each in its own process; the worst draw decides",
-    "record": "with dry_run: log the plan to MLflow as planned runs (tag planned=true), plots",
-    "skip_invalid": "launch the valid points even if some are invalid (else nothing starts)",
-    "progress": "auto | rich | plain: the live display of the sweep",
-    "recommend": "one point: the fastest strategy x mesh x memory policy, with command lines",
-    "top": "with recommend: how many configurations to list",
-    "search.batch": "with recommend: global batches it may pick, e.g. [1,2,4] (empty: train.batch)",
-    "search.grad_accum": "with recommend: microbatch counts it may pick, e.g. [1,2]",
-    "retries.preemption": "relaunches of a trial whose host was lost (preempted, node died)",
-    "retries.failure": "relaunches of a trial that raised; a separate budget: a lost host is not a bug",
-    "gate.enabled": "after the sweep, compare each trial with its previous finished run (same trial id)",
-    "gate.max_drop": "an MFU or tokens/s drop past this fraction tags the sweep regression=true: exit 3",
-    "gate.window": "the baseline: the median of this many earlier finished runs of each trial",
-    "gate.noise_k": "the band widens to this many times those runs' spread, (max-min)/(2 median)",
-    "budget.chip_hours": "refuse (exit 2) a sweep the planner prices above this many chip-hours (0: none)",
-}
 EXAMPLES = (
     ("+sweep=smoke", "4 tiny trials on local Ray, tracked in ./mlflow.db (about a minute)"),
     ("recommend=true model=llama3_1_8b_long cluster=tpu7x_128 context_length=14680064", "the fastest fit"),
@@ -52,11 +30,32 @@ EXIT_CODES = (
 )
 
 
-def switch_defaults(conf_dir: Path = CONF_DIR) -> dict[str, Any]:
-    """conf/config.yaml's driver switches (top-level keys, neither trial keys nor groups): dotted key -> default."""
-    tree = OmegaConf.to_container(OmegaConf.load(conf_dir / "config.yaml"))
-    keep = {k: v for k, v in tree.items() if k not in {"defaults", *TRIAL_KEYS, *GROUPS}}
-    return flat_keys(keep)
+def summary(doc: str) -> str:
+    """A key's meaning as one `--help` line: its first sentence, without Markdown's code marks."""
+    return re.split(r"(?<=\.)\s+(?=[A-Z])", doc, maxsplit=1)[0].replace("`", "")
+
+
+def switches() -> dict[str, keys.Key]:
+    """The driver's switches as --help lists them: every key under Options' fields that are no config group,
+    dotted (`gate.max_drop`)."""
+    return {
+        k: v for k, v in keys.declared(Options).items() if v.section is None and k.split(".")[0] not in GROUPS
+    }
+
+
+def _shown(v: object) -> object:
+    """A default as one would type it on the command line."""
+    return (
+        "true"
+        if v is True
+        else "false"
+        if v is False
+        else '""'
+        if v == ""
+        else list(v)
+        if isinstance(v, tuple)
+        else v
+    )
 
 
 def help_text(conf_dir: Path = CONF_DIR) -> str:
@@ -77,11 +76,15 @@ def help_text(conf_dir: Path = CONF_DIR) -> str:
             subsequent_indent=" " * len(head),
             break_on_hyphens=False,
         )
-    shown = {
-        k: "true" if v is True else "false" if v is False else '""' if v == "" else v
-        for k, v in switch_defaults(conf_dir).items()
-    }
-    switches = [f"  {f'{k}={v}':<26}{SWITCHES.get(k, '')}" for k, v in shown.items()]
+    lines = []
+    for k, key in switches().items():
+        lines += textwrap.wrap(
+            summary(key.doc),
+            110,
+            initial_indent=f"  {f'{k}={_shown(key.default)}':<26}",
+            subsequent_indent=" " * 28,
+            break_on_hyphens=False,
+        )
     flags = [
         ("-h, --help", "this help"),
         ("-m, --multirun", "sweep overrides key=a,b (or range(1,4), choice(a,b), glob(*)) become grid"),
@@ -105,7 +108,7 @@ def help_text(conf_dir: Path = CONF_DIR) -> str:
             *groups,
             "",
             "Driver switches (one value for the whole sweep, never part of a trial id):",
-            *switches,
+            *lines,
             "",
             "Flags:",
             *(f"  {f:<26}{what}" for f, what in flags),

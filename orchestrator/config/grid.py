@@ -6,14 +6,14 @@ the same cluster section's capacities, link rates and step-time constants, which
 from __future__ import annotations
 
 import copy
-import dataclasses
 import itertools
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from omegaconf import DictConfig, OmegaConf
 
 from jobs import strategies
-from jobs.spec import MeshSpec, TrialSpec
+from jobs.spec import MeshSpec, ModelSpec, RunSpec, StrategySpec, TrainSpec, TrialSpec
 from orchestrator.config import keys
 from orchestrator.config.load import CONF_DIR, group_option
 from orchestrator.config.schema import ConfigError, MeshConfig
@@ -100,15 +100,18 @@ def resolve_mesh(mesh: dict, strategy: str, model: dict, devices: int) -> MeshSp
     return MeshSpec(data=m.data, fsdp=m.fsdp, context=c, context_ulysses=u, tensor=m.tensor, dcn=m.dcn)
 
 
-def expand(cfg: DictConfig, conf_dir=CONF_DIR) -> list[TrialSpec]:
+def expand(cfg: Mapping[str, Any], conf_dir=CONF_DIR) -> list[TrialSpec]:
     """Every point's TrialSpec, in grid order."""
     return [p.spec for p in expand_points(cfg, conf_dir)]
 
 
-def expand_points(cfg: DictConfig, conf_dir=CONF_DIR) -> list[GridPoint]:
-    """Every point of the sweep (or the single base point), in grid order. A point asking `train.remat=auto`
-    keeps it: the planner chooses (orchestrator/plan/auto.py)."""
-    base = OmegaConf.to_container(cfg, resolve=True)
+def expand_points(cfg: Mapping[str, Any], conf_dir=CONF_DIR) -> list[GridPoint]:
+    """Every point of the sweep (or the single base point), in grid order, from the resolved config
+    (config.load.Loaded.tree; an OmegaConf config is resolved here). A point asking `train.remat=auto` keeps it:
+    the planner chooses (orchestrator/plan/auto.py)."""
+    base = (
+        OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else copy.deepcopy(dict(cfg))
+    )
     sweep = base.pop("sweep", None)
     sets = _dotted((sweep or {}).get("set") or {})
     for dotted, value in sets.items():
@@ -146,19 +149,17 @@ def expand_points(cfg: DictConfig, conf_dir=CONF_DIR) -> list[GridPoint]:
 
 
 def build(d: dict, point: tuple = ()) -> GridPoint:
-    """One point from a resolved config dict that passed keys.check_point."""
+    """One point from a resolved config dict that passed keys.check_point, each section as its dataclass."""
     cluster, model = split(d["cluster"])
-    mesh = resolve_mesh(d["mesh"], d["strategy"]["name"], d["model"], cluster.devices)
-    spec = TrialSpec.from_dict(
-        {
-            "model": d["model"],
-            "mesh": dataclasses.asdict(mesh),
-            "strategy": d["strategy"],
-            "context_length": d["context_length"],
-            "train": d["train"],
-            "cluster": dataclasses.asdict(cluster),
-            "run": d["run"],
-            "axes": [list(kv) for kv in point],
-        }
+    spec = TrialSpec(
+        model=keys.make(ModelSpec, d["model"]),
+        mesh=resolve_mesh(d["mesh"], d["strategy"]["name"], d["model"], cluster.devices),
+        strategy=keys.make(StrategySpec, d["strategy"]),
+        context_length=d["context_length"],
+        train=keys.make(TrainSpec, d["train"]),
+        cluster=cluster,
+        run=keys.make(RunSpec, d["run"]),
+        # a list value (an axis over train.memory.save) as a tuple: specs are hashed (planner caches)
+        axes=tuple((axis, tuple(v) if isinstance(v, list) else v) for axis, v in point),
     )
     return GridPoint(spec, model)

@@ -1,59 +1,91 @@
-"""Hold a composed config against orchestrator/config/schema.py: each bad key as one line (what, where, allowed, fix).
+"""Hold a composed config against its declarations (orchestrator/config/schema.py): each bad key as one line
+(what, where, allowed, fix).
 
-Each key on its own (type, range, choices, a data path that names a readable file); rules across keys and
-against the cluster or model are orchestrator/plan/rules.py's. Driver options are checked once at compose
-time (`check_options`, from config.load); trial keys per grid point (`check_point`, from grid.expand), since a
-sweep may set any of them. Nothing here imports Ray, JAX or MLflow.
+Each key on its own (type, then the range or names its `key()` declares), unknown and missing keys, and two
+rules across trial keys that are bad input rather than an invalid point (train.memory with train.remat=auto,
+run.profile_steps within train.steps); the other rules across keys and against the cluster or model are
+orchestrator/plan/rules.py's, whether the data can be read is orchestrator/config/data.py's.
+Driver options are checked once at compose time (`check_options`, from config.load); trial keys per grid point
+(`check_point`, from grid.expand), since a sweep may set any of them. Nothing here imports Ray, JAX or MLflow.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import types
 import typing
 from dataclasses import dataclass
-from functools import cache, lru_cache
+from functools import cache
 from typing import Any
 
-from orchestrator.config.schema import RULES, TRIAL_KEYS, ConfigError, Options, PointConfig, Rule
-
-MISSING = dataclasses.MISSING
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One bad key: what is wrong and what is allowed; `line(where)` adds the grid point."""
-
-    key: str
-    value: Any  # MISSING: the key itself is the problem (unknown or missing)
-    wrong: str
-    allowed: str
-    fix: str
-
-    def line(self, where: str) -> str:
-        shown = self.key if self.value is MISSING else f"{self.key}={self.value!r}"
-        return f"{shown} {self.wrong} ({where}); allowed: {self.allowed} — {self.fix}"
+from jobs import fields
+from jobs.fields import MISSING, Rule
+from jobs.profile import steps_problem
+from orchestrator.config import data
+from orchestrator.config.schema import TRIAL_KEYS, ConfigError, Options, PointConfig, Problem
 
 
 @cache
-def _hints(cls: type) -> dict[str, Any]:
+def hints(cls: type) -> dict[str, Any]:
+    """A dataclass's field types, resolved."""
     return typing.get_type_hints(cls)
 
 
-def _section(hint: Any) -> type | None:
+def section(hint: Any) -> type | None:
     """The dataclass a field holds (also through `X | None`), else None."""
     return next((h for h in (hint, *typing.get_args(hint)) if dataclasses.is_dataclass(h)), None)
 
 
-def _scalar(hint: Any) -> Any:
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):  # `int | str`: the str is "auto"
+def scalar(hint: Any) -> Any:
+    """A field's type without its alternative: `int | str` is an int key that also takes "auto"."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
         return next(h for h in typing.get_args(hint) if h is not type(None))
     return hint
 
 
-def _allowed(hint: Any, rule: Rule) -> str:
+@dataclass(frozen=True)
+class Key:
+    """One dotted config key as its dataclass field declares it."""
+
+    key: str
+    hint: Any
+    field: dataclasses.Field
+
+    @property
+    def default(self) -> Any:
+        return fields.default(self.field)
+
+    @property
+    def doc(self) -> str:
+        return fields.doc(self.field)
+
+    @property
+    def rule(self) -> Rule:
+        return fields.rule(self.field)
+
+    @property
+    def section(self) -> type | None:
+        return section(self.hint)
+
+
+def declared(*roots: type) -> dict[str, Key]:
+    """Every key under these dataclasses, sections included ("train", "train.data"), in field order."""
+    out: dict[str, Key] = {}
+
+    def walk(cls: type, prefix: str) -> None:
+        for f in dataclasses.fields(cls):
+            k = out[prefix + f.name] = Key(prefix + f.name, hints(cls)[f.name], f)
+            if k.section is not None:
+                walk(k.section, k.key + ".")
+
+    for cls in roots:
+        walk(cls, "")
+    return out
+
+
+def allowed(hint: Any, rule: Rule) -> str:
+    """What a scalar key accepts, in words (the "allowed:" part of its error message)."""
     if rule.choices:
         return ", ".join(rule.choices) + (" or auto" if rule.auto else "")
     word = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(hint, str(hint))
@@ -84,16 +116,16 @@ _ITEMS = {int: ("integers", "[1,2,4]"), float: ("numbers", "[0.7,0.3]"), str: ("
 
 def list_allowed(item: type, rule: Rule) -> str:
     """What a list key (tuple[int, ...], tuple[float, ...], tuple[str, ...]) accepts."""
-    words = _allowed(item, rule).removeprefix({int: "an integer", float: "a number", str: "a string"}[item])
+    words = allowed(item, rule).removeprefix({int: "an integer", float: "a number", str: "a string"}[item])
     return f"a list of {'' if item is float else 'distinct '}{_ITEMS[item][0]}{words}"
 
 
 def _list(key: str, v: Any, item: type, rule: Rule) -> Problem | None:
     """A list of distinct values of one type, each in the rule's range (search.batch, train.data.sources)."""
-    allowed = list_allowed(item, rule)
-    ok = isinstance(v, list | tuple) and all(_value(key, n, item, MISSING) is None for n in v)
+    words = list_allowed(item, rule)
+    ok = isinstance(v, list | tuple) and all(_value(key, n, item, MISSING, rule) is None for n in v)
     if not ok or len(set(v)) < len(v) and item is not float:
-        return Problem(key, v, f"is not {allowed}", allowed, f"e.g. {key}={_ITEMS[item][1]}")
+        return Problem(key, v, f"is not {words}", words, f"e.g. {key}={_ITEMS[item][1]}")
     return None
 
 
@@ -111,9 +143,9 @@ def _mapping(key: str, v: Any, allowed: str = "a mapping of names to strings") -
     )
 
 
-def _value(key: str, v: Any, hint: Any, default: Any) -> Problem | None:
+def _value(key: str, v: Any, hint: Any, default: Any, rule: Rule) -> Problem | None:
     """Type first (bool is not an int here, NaN is not a number), then choices, emptiness, range."""
-    rule, hint = RULES.get(key, Rule()), _scalar(hint)
+    hint = scalar(hint)
     if rule.auto and v == "auto":
         return None
     if typing.get_origin(hint) is tuple and rule.choices:
@@ -124,9 +156,9 @@ def _value(key: str, v: Any, hint: Any, default: Any) -> Problem | None:
         return _mapping(key, v)
     if hint not in (bool, int, float, str):
         return None  # containers (sweep axes, zip, set): grid.points checks their shape
-    allowed = _allowed(hint, rule)
-    good_default = default is not MISSING and _value(key, default, hint, MISSING) is None
-    fix = f"e.g. {key}={default}" if good_default else f"set {key} to {allowed}"
+    words = allowed(hint, rule)
+    good_default = default is not MISSING and _value(key, default, hint, MISSING, rule) is None
+    fix = f"e.g. {key}={default}" if good_default else f"set {key} to {words}"
     number = isinstance(v, int | float) and not isinstance(v, bool)
     typed = {
         bool: isinstance(v, bool),
@@ -135,184 +167,76 @@ def _value(key: str, v: Any, hint: Any, default: Any) -> Problem | None:
         float: number and math.isfinite(v),
     }[hint]
     if not typed:
-        return Problem(key, v, "has the wrong type", allowed, fix)
+        return Problem(key, v, "has the wrong type", words, fix)
     if rule.choices and v not in rule.choices:
-        return Problem(key, v, "is not an allowed value", allowed, fix)
+        return Problem(key, v, "is not an allowed value", words, fix)
     if rule.nonempty and not v:
-        return Problem(key, v, "is empty", allowed, fix)
+        return Problem(key, v, "is empty", words, fix)
     low = (rule.ge is not None and v < rule.ge) or (rule.gt is not None and v <= rule.gt)
     if low or (rule.le is not None and v > rule.le):
-        return Problem(key, v, "is out of range", allowed, fix)
+        return Problem(key, v, "is out of range", words, fix)
     return None
 
 
 def _walk(cls: type, d: Any, prefix: str, out: list[Problem]) -> None:
-    """Unknown keys (rejected, never dropped), missing required keys, then every value by its type hint."""
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    section = prefix.rstrip(".") or "config"
+    """Unknown keys (rejected, never dropped), missing required keys, then every value by its declaration."""
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    where = prefix.rstrip(".") or "config"
     if not isinstance(d, dict):
-        out.append(Problem(section, d, "is not a section", ", ".join(fields), f"set {section}.KEY=VALUE"))
+        out.append(Problem(where, d, "is not a section", ", ".join(known), f"set {where}.KEY=VALUE"))
         return
     for k in d:
-        if k not in fields:
+        if k not in known:
             out.append(
                 Problem(
                     f"{prefix}{k}",
                     MISSING,
-                    f"is not a {section} key",
-                    ", ".join(fields),
+                    f"is not a {where} key",
+                    ", ".join(known),
                     "remove it or fix its spelling",
                 )
             )
-    for name, f in fields.items():
-        key, hint = f"{prefix}{name}", _hints(cls)[name]
+    for name, f in known.items():
+        key, hint = f"{prefix}{name}", hints(cls)[name]
         if name not in d:
             if f.default is MISSING and f.default_factory is MISSING:
-                out.append(
-                    Problem(
-                        key,
-                        MISSING,
-                        "is missing",
-                        _allowed(_scalar(hint), RULES.get(key, Rule())),
-                        f"add it with +{key}=VALUE",
-                    )
-                )
-        elif (sub := _section(hint)) is not None:
+                words = allowed(scalar(hint), fields.rule(f))
+                out.append(Problem(key, MISSING, "is missing", words, f"add it with +{key}=VALUE"))
+        elif (sub := section(hint)) is not None:
             if d[name] is not None or type(None) not in typing.get_args(hint):
                 _walk(sub, d[name], f"{key}.", out)
-        elif (p := _value(key, d[name], hint, f.default)) is not None:
+        elif (p := _value(key, d[name], hint, f.default, fields.rule(f))) is not None:
             out.append(p)
 
 
-def _make(cls: type, d: dict) -> Any:
-    """A checked section as its frozen dataclass."""
-    hints = _hints(cls)
-    return cls(
-        **{k: _make(sub, v) if (sub := _section(hints[k])) and v is not None else v for k, v in d.items()}
-    )
-
-
-def _gcs_credentials() -> bool:
-    """Credentials found without a network round trip (an emulator, a key file, gcloud's ADC file). The GCE
-    metadata server is not asked: off GCP that lookup stalls, and a laptop planning a TPU sweep has none."""
-    adc = os.path.join(os.path.expanduser("~"), ".config", "gcloud", "application_default_credentials.json")
-    return bool(
-        os.environ.get("STORAGE_EMULATOR_HOST") or os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
-    ) or (os.path.exists(adc))
-
-
-def _gcs_missing(path: str) -> bool:
-    """True only when the store answered that the object is not there; any other outcome leaves it to the job."""
-    if not _gcs_credentials():
-        return False
-    from jobs import storage  # google-cloud-storage: imported only for a gs:// data path
-
-    try:
-        return not storage.exists(path)
-    except Exception:  # noqa: BLE001 - no answer is not a "no": the job reports a real failure itself
-        return False
-
-
-@lru_cache(maxsize=256)
-def _path_problem(path: str) -> str | None:
-    """Why a data path cannot be read (None: fine). A gs:// object is looked up when credentials allow."""
-    if path.startswith("gs://"):
-        bucket, _, name = path[len("gs://") :].partition("/")
-        if not (bucket and name):
-            return "is not a gs://bucket/object"
-        return "does not exist in the bucket" if _gcs_missing(path) else None
-    if "://" in path:
-        return "is neither a local file nor a gs:// object"
-    if not os.path.exists(path):
-        return "does not exist"
-    return None if os.path.isfile(path) else "is not a file"
-
-
-def _data_path(d: dict, out: list[Problem]) -> None:
-    """train.data.path, once its type is known good: a readable local file or gs:// object, when set;
-    packed documents: their sources and options, by a peek at each source's first record."""
-    data = d["train"].get("data") or {}
-    if data.get("kind") == "documents":
-        key = (
-            tuple(data.get("sources") or ()),
-            data.get("path") or "",
-            tuple(data.get("weights") or ()),
-            data["pack"],
-            data["long_docs"],
-            int(d["context_length"]),
-            int(d["train"]["batch"]),
-            int(d["model"]["vocab"]),
-        )
-        if why := _documents_problem(*key):
-            out.append(
-                Problem(
-                    "train.data.sources",
-                    list(key[0]) or key[1],
-                    why,
-                    "readable document shards (python -m jobs.data.documents.corpus writes them)",
-                    "fix the source or the option the message names",
-                )
-            )
-        return
-    path = data.get("path")
-    if path and (why := _path_problem(path)):
-        out.append(
-            Problem(
-                "train.data.path",
-                path,
-                why,
-                "an existing local file or gs://bucket/object",
-                "fix the path, or drop it (train.data.path='') for the recall task",
-            )
-        )
-
-
-@lru_cache(maxsize=64)
-def _documents_problem(
-    sources: tuple, path: str, weights: tuple, pack: str, long_docs: str, length: int, batch: int, vocab: int
-) -> str | None:
-    """Why a documents trial's data cannot be read (None: fine): jobs.data.documents.check, once per distinct set."""
-    from jobs import data
-    from jobs.data import documents  # grain: imported only for a documents trial
-
-    o = documents.Options(
-        sources=sources or ((path,) if path else ()),
-        context_length=length,
-        batch=batch,
-        vocab=vocab,
-        weights=weights,
-        pack=pack,
-        long_docs=long_docs,
-    )
-    if not o.sources:
-        return "is empty: train.data.kind=documents reads train.data.sources (or train.data.path)"
-    try:
-        documents.check(o, data.default_cache())
-    except (ValueError, OSError) as e:
-        return str(e).splitlines()[0]
-    return None
+def make(cls: type, d: dict) -> Any:
+    """A checked section as its frozen dataclass: sections as theirs, lists as tuples where a tuple is declared."""
+    out = {}
+    for k, v in d.items():
+        hint = scalar(hints(cls)[k])
+        if (sub := section(hint)) is not None and v is not None:
+            v = make(sub, v)
+        elif typing.get_origin(hint) is tuple and isinstance(v, list):
+            v = tuple(v)
+        out[k] = v
+    return cls(**out)
 
 
 def check_point(d: dict) -> list[Problem]:
-    """Every bad key of one grid point (a resolved config dict); the data path once the keys are good."""
+    """Every bad key of one grid point (a resolved config dict); then, the keys good, whether its data reads."""
     out: list[Problem] = []
     _walk(PointConfig, {k: d[k] for k in TRIAL_KEYS if k in d}, "", out)
     if not out:
         _auto_memory(d, out)
         _profile_steps(d, out)
-    if not out:
-        _data_path(d, out)
-    return out
+    return out or data.problems(d)
 
 
 def _profile_steps(d: dict, out: list[Problem]) -> None:
-    """run.profile_steps within the trial: step 0's time is the warm-up (first allocations and transfers, not
-    the step), and a step past the last never runs."""
-    steps, n = list((d.get("run") or {}).get("profile_steps") or ()), int(d["train"]["steps"])
-    if bad := [s for s in steps if not 0 < s < n]:
-        wrong = "names step 0, the warm-up, not a step's time" if 0 in bad else "names a step past the last"
-        fix = f"e.g. run.profile_steps=[{min(2, n - 1)}]" if n > 1 else "raise train.steps to trace a step"
-        out.append(Problem("run.profile_steps", steps, wrong, f"steps 1 to train.steps - 1 = {n - 1}", fix))
+    """run.profile_steps within the trial (the job's own rule, jobs.profile.steps_problem)."""
+    steps = list((d.get("run") or {}).get("profile_steps") or ())
+    if why := steps_problem(steps, int(d["train"]["steps"])):
+        out.append(Problem("run.profile_steps", steps, *why))
 
 
 def _auto_memory(d: dict, out: list[Problem]) -> None:
@@ -350,7 +274,7 @@ def check_options(cfg: dict) -> Options:
     _walk(Options, options, "", out)
     if out:
         raise ConfigError(out[0].line("top-level option, one value for the whole sweep"))
-    return _make(Options, options)
+    return make(Options, options)
 
 
 def check_sweep_key(dotted: str, what: str) -> None:

@@ -2,63 +2,103 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
 from hydra.core.default_element import DefaultsTreeNode, GroupDefault, InputDefault
 from hydra.core.global_hydra import GlobalHydra
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from jobs import strategies
+from jobs import fields, strategies
 from orchestrator import REPO
-from orchestrator.config import keys as checks
+from orchestrator.config import keys
 from orchestrator.config.schema import ConfigError, Options
 
-__all__ = ["CONF_DIR", "GROUPS", "ConfigError", "Loaded", "group_option", "info", "load", "load_typed"]
+__all__ = [
+    "CONF_DIR",
+    "GROUPS",
+    "Loaded",
+    "compose_tree",
+    "group_option",
+    "info",
+    "load",
+    "load_typed",
+    "switch_defaults",
+    "typed",
+]
 
 CONF_DIR = REPO / "conf"
 GROUPS = ("model", "strategy", "mesh", "cluster", "tracking", "sweep")
+SWITCHES = "switches"  # the config node of the switches' defaults, in conf/config.yaml's defaults list
 
 
 # `${cp_strategies:}` in a sweep: every CP strategy of the registry, so a new one joins the sweeps by itself.
 OmegaConf.register_new_resolver("cp_strategies", lambda: list(strategies.CP_NAMES), replace=True)
 
 
+def _plain(v: Any) -> Any:
+    """A default as a composed config holds it: a section as a mapping, a tuple as a list."""
+    if dataclasses.is_dataclass(v):
+        return {f.name: _plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
+    return list(v) if isinstance(v, tuple) else v
+
+
+def switch_defaults() -> dict[str, Any]:
+    """The driver's switches (Options' fields that are no config group) at their declared defaults, in the
+    composed config's form: what the `switches` node of conf/config.yaml's defaults list composes in."""
+    return {f.name: _plain(fields.default(f)) for f in dataclasses.fields(Options) if f.name not in GROUPS}
+
+
+# The switches' defaults are their declarations' (orchestrator/config/schema.py): Hydra reads them as a config
+# of its own (the schema provider, structured://), so an override sets a switch as it sets any YAML key.
+ConfigStore.instance().store(name=SWITCHES, node=switch_defaults())
+
+
 @dataclass(frozen=True)
 class Loaded:
-    """A composed config: the tree grid.expand turns into trials, and the driver's switches, typed."""
+    """A composed config, resolved once: the tree grid.expand_points turns into trials, the driver's switches
+    typed, and the plain overrides it was composed from."""
 
-    cfg: DictConfig
+    tree: dict[str, Any]
     options: Options
-
-    @classmethod
-    def of(cls, cfg: DictConfig) -> Loaded:
-        """Check a composed config's top-level options against the schema (the first problem raises) and
-        type them; trial keys are checked per grid point by grid.expand."""
-        return cls(cfg, checks.check_options(OmegaConf.to_container(cfg, resolve=True)))
+    overrides: tuple[str, ...] = ()
 
 
-def load_typed(overrides: list[str], conf_dir: Path = CONF_DIR) -> Loaded:
-    """Compose `config.yaml` with command-line overrides (Hydra's own grammar), then check and type the
-    driver's options."""
+def typed(tree: dict[str, Any], overrides: Iterable[str] = ()) -> Loaded:
+    """Check a resolved config's top-level options against the schema (the first problem raises) and type
+    them; trial keys are checked per grid point by grid.expand_points."""
+    return Loaded(tree, keys.check_options(tree), tuple(overrides))
+
+
+def compose_tree(overrides: Iterable[str], conf_dir: Path = CONF_DIR) -> dict[str, Any]:
+    """`config.yaml` composed with command-line overrides (Hydra's own grammar) and resolved, as plain data."""
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
             cfg = compose(config_name="config", overrides=list(overrides))
-        tree = OmegaConf.to_container(cfg, resolve=True)
+        return OmegaConf.to_container(cfg, resolve=True)
     except Exception as e:  # hydra raises several types; all mean "bad input"
         raise ConfigError(_one_line(e, overrides)) from e
-    return Loaded(cfg, checks.check_options(tree))
+
+
+def load_typed(overrides: list[str], conf_dir: Path = CONF_DIR) -> Loaded:
+    """Compose, resolve, then check and type the driver's options: once."""
+    return typed(compose_tree(overrides, conf_dir), overrides)
 
 
 def load(overrides: list[str], conf_dir: Path = CONF_DIR) -> DictConfig:
-    """load_typed's config alone, checked the same, for callers that only expand it into trials."""
-    return load_typed(overrides, conf_dir).cfg
+    """load_typed's tree, checked the same, as an OmegaConf config: for callers that expand it into trials or
+    read a section by attribute."""
+    return OmegaConf.create(load_typed(overrides, conf_dir).tree)
 
 
-def _one_line(e: Exception, overrides: list[str]) -> str:
+def _one_line(e: Exception, overrides: Iterable[str]) -> str:
     msg = " ".join(str(e).split())
     for g in GROUPS:
         if f"'{g}'" in msg and ("Could not find" in msg or "not found" in msg):
@@ -80,7 +120,7 @@ def group_option(group: str, name: str, conf_dir: Path = CONF_DIR) -> dict:
     return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
 
 
-def info(overrides: list[str], what: str = "all", conf_dir: Path = CONF_DIR) -> str:
+def info(overrides: Iterable[str], what: str = "all", conf_dir: Path = CONF_DIR) -> str:
     """What Hydra's `--info` shows, from the compose API's config loader: the search path, the config groups,
     the defaults tree and list (composition order). Hydra's own `hydra/` configs are left out: nothing here
     uses them (no run dir, launcher or sweeper)."""

@@ -13,6 +13,7 @@ import urllib.request
 from typing import Any
 
 from jobs.spec import TrialSpec
+from orchestrator.config.data import gcs_credentials
 from orchestrator.config.schema import ConfigError
 
 TIMEOUT_S = 5.0  # per probe: a reachable server answers in milliseconds
@@ -99,17 +100,11 @@ def _gcs(tracking: Any, specs: list[TrialSpec]) -> None:
     paths = [p for s in specs for p in (s.run.checkpoint_dir, s.train.data.path, *s.train.data.sources)]
     paths.append(str(getattr(tracking, "artifact_location", "") or ""))
     uses = sorted({p for p in paths if p.startswith("gs://")})
-    if not uses or os.environ.get("STORAGE_EMULATOR_HOST"):
+    if not uses or gcs_credentials(metadata_server=True):
         return
-    import google.auth  # a dependency of google-cloud-storage
-    from google.auth.exceptions import DefaultCredentialsError
-
-    try:  # off GCP the metadata lookup gives up after GCE_METADATA_TIMEOUT (3 s by default)
-        google.auth.default()
-    except DefaultCredentialsError:
-        more = f" (and {len(uses) - 1} more)" if len(uses) > 1 else ""
-        raise ConfigError(
-            f"{uses[0]}{more} needs Google Cloud credentials and none were found; nothing started "
-            "— run `gcloud auth application-default login`, or set "
-            "GOOGLE_APPLICATION_CREDENTIALS to a key file"
-        ) from None
+    more = f" (and {len(uses) - 1} more)" if len(uses) > 1 else ""
+    raise ConfigError(
+        f"{uses[0]}{more} needs Google Cloud credentials and none were found; nothing started "
+        "— run `gcloud auth application-default login`, or set "
+        "GOOGLE_APPLICATION_CREDENTIALS to a key file"
+    )

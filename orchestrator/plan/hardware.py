@@ -18,6 +18,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from jobs.fields import key
 from jobs.spec import ClusterSpec, TrialSpec
 from orchestrator import REPO
 
@@ -27,48 +28,150 @@ class ClusterModel:
     """What the planner alone knows of a cluster. The defaults price every FLOP at peak (the roofline) and
     leave capacities and budgets unchecked."""
 
-    hbm_bytes_per_device: int = 0  # 0: HBM not checked
-    host_memory_bytes: int = (
-        0  # host RAM per host, for offloaded activations and host-resident state (0: not checked)
+    hbm_bytes_per_device: int = key(
+        0,
+        doc="Device memory per JAX device, in bytes: points the planner predicts above it are infeasible (0: no "
+        "limit).",
+        ge=0,
     )
-    hbm_bytes_per_s: float = (
-        0.0  # HBM bandwidth per device (what a ring hop's merge of partial results costs)
+    host_memory_bytes: int = key(
+        0,
+        doc="Host RAM per host, in bytes: a point whose offloaded activations and host-resident state "
+        "(train.memory) overflow it is infeasible (0: not checked).",
+        ge=0,
     )
-    ici_bytes_per_s: float = 0.0  # one ICI link, one direction (0: the planner assumes 1e11)
-    dcn_bytes_per_s: float = 0.0  # data-centre network bandwidth per host, one direction (0: not modelled)
-    host_bytes_per_s: float = (
-        0.0  # host offload bandwidth of one device's own link (0: transfers not modelled)
+    hbm_bytes_per_s: float = key(
+        0.0,
+        doc="HBM bandwidth per JAX device, in bytes/s (planner: what merging a ring hop's partial attention into "
+        "the running result costs; 0: not priced).",
+        ge=0,
     )
-    host_bytes_per_s_per_host: float = (
-        0.0  # the host's total for its devices' offload (0: only their own links)
+    ici_bytes_per_s: float = key(
+        0.0, doc="ICI bandwidth of one link, one direction, in bytes/s (planner; 0: 1e11 assumed).", ge=0
     )
-    max_step_seconds: float = 0.0  # predicted-slower points are infeasible here (0: no budget)
+    dcn_bytes_per_s: float = key(
+        0.0,
+        doc="Data-centre network bandwidth per host, one direction, in bytes/s (planner; 0: DCN time not "
+        "modelled).",
+        ge=0,
+    )
+    host_bytes_per_s: float = key(
+        0.0,
+        doc="Step-time model: host offload bandwidth of one device's own link (a chip's PCIe), in bytes/s (0: "
+        "offload transfers not modelled).",
+        ge=0,
+    )
+    host_bytes_per_s_per_host: float = key(
+        0.0,
+        doc="The host's total offload bandwidth shared by its devices, in bytes/s (0: only each device's own "
+        "link, `host_bytes_per_s`).",
+        ge=0,
+    )
+    max_step_seconds: float = key(
+        0.0,
+        doc="Planner's budget, in seconds per step: points predicted slower are infeasible on this cluster (0: no "
+        "budget).",
+        ge=0,
+    )
     # Cost before launch (orchestrator/plan/cost.py): chips are held through the compile and every step.
-    compile_seconds: float = 0.0  # an attempt's compile, chips held (0: not counted)
-    price_per_chip_hour: float = 0.0  # what a chip-hour costs you, any currency (0: chip-hours only)
+    compile_seconds: float = key(
+        0.0,
+        doc="Planner's cost: seconds one attempt's compile holds the trial's chips, added to its steps' "
+        "chip-hours (0: not counted).",
+        ge=0,
+    )
+    price_per_chip_hour: float = key(
+        0.0,
+        doc="What one chip-hour costs you (any currency; no default: prices differ by contract and region). With "
+        "it the plan shows each point's cost next to its chip-hours (0: chip-hours only).",
+        ge=0,
+    )
     # Step-time model (orchestrator/plan/steptime.py), fitted by orchestrator/calibrate.
-    matmul_efficiency: float = 1.0  # fraction of peak the layer matmuls reach
-    attention_efficiency: float = 1.0  # attention kernel's fraction of peak on its tiles at large head_dim
-    attention_head_dim_half: float = 0.0  # head_dim at which softmax work halves the kernel's rate
-    attention_recompute: float = 1.0  # attention forwards replayed in backward when its output is not saved
-    call_overhead_s: float = (
-        0.0  # fixed per attention kernel call: launch, pipeline fill, the merge of results
+    matmul_efficiency: float = key(
+        1.0, doc="Step-time model: fraction of peak the layer matmuls reach.", gt=0, le=1
     )
-    layer_overhead_s: float = 0.0  # fixed per layer and pass: dispatch, norms, elementwise work
-    collective_latency_s: float = 0.0  # per collective on the critical path
-    collective_efficiency: float = 1.0  # of the links' line rate a collective reaches
-    collective_links: float = (
-        1.0  # links a gather or all-to-all drives without a torus topology (a switch: 1)
+    attention_efficiency: float = key(
+        1.0,
+        doc="Step-time model: the attention kernel's fraction of peak on the tiles it computes, at large "
+        "head_dim.",
+        gt=0,
+        le=1,
     )
-    offload_exposed: float = 0.0  # share of host transfers no compute hides
-    step_overhead_s: float = 0.0  # fixed cost per step (optimizer update, host loop)
+    attention_head_dim_half: float = key(
+        0.0,
+        doc="Step-time model: head_dim Dh at which softmax work halves the kernel's rate (x D/(D+Dh); 0: no "
+        "head_dim effect).",
+        ge=0,
+    )
+    attention_recompute: float = key(
+        1.0,
+        doc="Step-time model: attention forwards replayed in backward when remat does not keep the attention "
+        "output.",
+        ge=0,
+    )
+    call_overhead_s: float = key(
+        0.0,
+        doc="Step-time model: fixed seconds per attention kernel call (launch, pipeline fill): what makes many "
+        "small ring hops slower than one large call.",
+        ge=0,
+    )
+    layer_overhead_s: float = key(
+        0.0,
+        doc="Step-time model: fixed seconds per layer and pass (dispatch, norms and elementwise work the FLOP "
+        "count leaves out): what a few tokens per device cannot amortise.",
+        ge=0,
+    )
+    collective_latency_s: float = key(
+        0.0,
+        doc="Step-time model: fixed seconds per collective on the critical path (a ring hop's exchange, a K,V "
+        "all-gather, an all-to-all).",
+        ge=0,
+    )
+    collective_efficiency: float = key(
+        1.0,
+        doc="Step-time model: fraction of the links' line rate a collective reaches (ring hops, gathers, "
+        "all-to-alls, FSDP and tensor collectives).",
+        gt=0,
+        le=1,
+    )
+    collective_links: float = key(
+        1.0,
+        doc="Step-time model: links an all-gather or all-to-all drives at once where the cluster has no torus "
+        "topology (NVSwitch, simulated devices); a TPU slice's come from `topology`.",
+        gt=0,
+    )
+    offload_exposed: float = key(
+        0.0,
+        doc="Step-time model: share of the host transfers (train.memory.offload, the offload preset) that no "
+        "compute hides: DMA to host competes with the step's HBM traffic.",
+        ge=0,
+        le=1,
+    )
+    step_overhead_s: float = key(
+        0.0,
+        doc="Step-time model: fixed seconds per step (dispatch, optimizer update, host loop).",
+        ge=0,
+    )
     # The band of a predicted step, as multipliers on it: the fit's leave-one-table-out errors
     # (orchestrator/calibrate), for steps its kernels' and matmuls' rates mostly price (steptime.SETTLED or more
     # of the step) and for steps the fixed costs and exposed transfers weigh on, which fewer tables measure.
-    step_band_low: float = 1.0
-    step_band_high: float = 1.0
-    fixed_band_low: float = 1.0
-    fixed_band_high: float = 1.0
+    step_band_low: float = key(
+        1.0,
+        doc="Step-time band of a step its kernels and matmuls price (nine tenths of it or more): the fastest it "
+        "is expected to be, as a multiple of the prediction (the fit's leave-one-table-out errors; "
+        "orchestrator/calibrate).",
+        gt=0,
+        le=1,
+    )
+    step_band_high: float = key(1.0, doc="The same band's slowest, as a multiple of the prediction.", ge=1)
+    fixed_band_low: float = key(
+        1.0,
+        doc="Step-time band of a step whose fixed costs and exposed transfers are over a tenth of it (few "
+        "tables measure those): the fastest it is expected to be, as a multiple of the prediction.",
+        gt=0,
+        le=1,
+    )
+    fixed_band_high: float = key(1.0, doc="The same band's slowest, as a multiple of the prediction.", ge=1)
 
 
 MODEL_ORDER = tuple(f.name for f in dataclasses.fields(ClusterModel))
