@@ -49,6 +49,7 @@ def test_losing_families_are_named(tpu7x):
     assert any(x.startswith("all_gather: a tie") and "layout zigzag" in x for x in tpu7x.losers), lines
     assert any(x.startswith("ulysses: invalid: heads per strategy") for x in tpu7x.losers), lines
     assert "policy no remat: does not fit" in lines and "policy recompute: slower by 1.8" in lines
+    assert "beyond the bands" in lines
 
 
 def test_policies_are_distinct_and_host_state_only_on_tpu():
@@ -75,10 +76,19 @@ def test_cli_json(tmp_path, no_ray_no_mlflow):
     assert len(out["top"]) == 3 and out["top"][0]["predicted_mfu"] >= 0.45 and out["losers"]
 
 
-def test_cli_table(tmp_path, no_ray_no_mlflow):
-    res = run_cli(["recommend=true", *POINT], cwd=tmp_path, timeout=120, env=no_ray_no_mlflow)
+def test_cli_table_fits_100_columns(tmp_path, no_ray_no_mlflow):
+    """The answer in a 100-column terminal: each configuration's figures, policy, limiter, resources and its
+    command line (continued with backslashes) on lines of their own, none wider than the terminal."""
+    res = run_cli(
+        ["recommend=true", *POINT], cwd=tmp_path, timeout=120, env={**no_ray_no_mlflow, "COLUMNS": "100"}
+    )
     assert res.returncode == 0, res.stderr
-    assert "1. python -m orchestrator strategy=" in res.stdout and "why the others lose" in res.stdout
+    out = res.stdout
+    assert "   python -m orchestrator strategy=" in out and "why the others lose" in out
+    assert "uses: HBM" in out and "host RAM" in out and "MFU 0." in out
+    assert max(len(line) for line in out.splitlines()) <= 100
+    joined = out.replace(" \\\n", " ").replace("\\\n", "")
+    assert "train.memory.offload=[layer_input,attn_out]' model=llama3_1_8b_long" in " ".join(joined.split())
 
 
 @pytest.mark.parametrize(

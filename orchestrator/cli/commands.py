@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import textwrap
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -139,9 +140,10 @@ def to_json(a: Answer, compiled: list[Comparison] | None = None) -> str:
     )
 
 
-def show(a: Answer, output: str, aot_options: Options | None = None) -> int:
-    """Print the answer; nothing fits: one `error:` line naming what comes closest, exit 2. With `aot_options`
-    (aot=true) the listed configurations are compiled for the TPU topology first."""
+def show(a: Answer, output: str, aot_options: Options | None = None, wide: bool = False) -> int:
+    """Print the answer (to fit the terminal, or every column in one table with `wide`); nothing fits: one
+    `error:` line naming what comes closest, exit 2. With `aot_options` (aot=true) the listed configurations
+    are compiled for the TPU topology first."""
     if not a.top:
         print(f"error: {a.closest}", file=sys.stderr)
         return 2
@@ -159,10 +161,79 @@ def show(a: Answer, output: str, aot_options: Options | None = None) -> int:
     if output == "json":
         print(to_json(a, compiled))
         return 0
+    console = Console(width=max(Console().width, 160)) if wide else Console()
+    (_wide if wide else _compact)(a, console)
+    console.print("why the others lose:", markup=False)
+    for line in a.losers:
+        for part in _wrap(line, console.width, "  ", "    "):
+            console.print(part, soft_wrap=True, markup=False, highlight=False)
+    if compiled is not None:
+        from orchestrator.plan import render
+
+        render.render_comparison(compiled, console)
+    return 0
+
+
+def _wrap(text: str, width: int, first: str, rest: str) -> list[str]:
+    return textwrap.wrap(
+        text, width=max(width, 40), initial_indent=first, subsequent_indent=rest, break_on_hyphens=False
+    )
+
+
+def _command_lines(command: str, width: int, indent: str) -> list[str]:
+    """A command line wrapped for a shell: each continued line ends with a backslash, none wider than `width`."""
+    words, lines, line = command.split(" "), [], indent
+    for w in words:
+        if line.strip() and len(line) + 1 + len(w) + 2 > width:
+            lines.append(line + " \\")
+            line = indent + "    " + w
+        else:
+            line = f"{line} {w}" if line.strip() else line + w
+    return [*lines, line]
+
+
+def _band(r: PlanRow) -> str:
+    from orchestrator.plan import render
+
+    return f"{render.seconds(r.predicted_step_s)} ({render.band(r.predicted_step_low_s, r.predicted_step_high_s)})"
+
+
+def _mfu_band(r: PlanRow) -> str:
+    if r.predicted_mfu_low is None or r.predicted_mfu_high is None:
+        return f"{r.predicted_mfu:.3f}"
+    return f"{r.predicted_mfu:.3f} ({r.predicted_mfu_low:.2f}-{r.predicted_mfu_high:.2f})"
+
+
+def _resources(r: PlanRow) -> str:
+    return "; ".join(x.words() for x in r.resources)
+
+
+def _compact(a: Answer, console) -> None:
+    """Each answer's figures on one line, its policy, limiter, resources and command line on their own."""
+    console.print(
+        f"fastest of {a.searched:,} strategy x layout x mesh x memory-policy candidates", markup=False
+    )
+    for i, c in enumerate(a.top, 1):
+        r, t = c.row, c.spec.train
+        size = f"batch {t.batch}" + (f"/{t.grad_accum}" if t.grad_accum > 1 else "")
+        head = (
+            f"{i}. {r.strategy} {c.spec.strategy.layout} on {r.mesh}, {size}: step {_band(r)} s, "
+            f"MFU {_mfu_band(r)}, {memory.gib(r.predicted_hbm_bytes_per_device)}/device"
+        )
+        for part in _wrap(head, console.width, "", "   "):
+            console.print(part, style="bold", markup=False, highlight=False, soft_wrap=True)
+        for label, text in (("policy", c.policy.label()), ("limited by", r.limiter), ("uses", _resources(r))):
+            for part in _wrap(f"{label}: {text}", console.width, "   ", "     "):
+                console.print(part, markup=False, highlight=False, soft_wrap=True)
+        for part in _command_lines(c.command, console.width, "   "):
+            console.print(part, markup=False, highlight=False, soft_wrap=True, style="dim")
+
+
+def _wide(a: Answer, console) -> None:
+    """Every column in one rich table, the command lines after it."""
     from rich.markup import escape
     from rich.table import Table
 
-    console = Console(width=max(Console().width, 160))
     table = Table(title=f"fastest of {a.searched:,} strategy x layout x mesh x memory-policy candidates")
     cols = (
         "#",
@@ -171,14 +242,15 @@ def show(a: Answer, output: str, aot_options: Options | None = None) -> int:
         "mesh",
         "memory policy",
         "batch",
-        "step s",
-        "MFU",
+        "step s (band)",
+        "MFU (band)",
         "MFU ≤",
         "HBM/device",
         "chip-h",
         "limiter",
+        "resources",
     )
-    left = ("strategy", "layout", "mesh", "memory policy", "limiter")
+    left = ("strategy", "layout", "mesh", "memory policy", "limiter", "resources")
     for col in cols:
         table.add_column(col, justify="left" if col in left else "right")
     for i, c in enumerate(a.top, 1):
@@ -191,24 +263,17 @@ def show(a: Answer, output: str, aot_options: Options | None = None) -> int:
             r.mesh,
             escape(c.policy.label()),
             size,
-            f"{r.predicted_step_s:,.4g}",
-            f"{r.predicted_mfu:.3f}",
+            _band(r),
+            _mfu_band(r),
             f"{r.roofline_mfu:.2f}",
             memory.gib(r.predicted_hbm_bytes_per_device),
             f"{r.chip_hours:,.3g}",
             r.limiter,
+            _resources(r),
         )
     console.print(table)
     for i, c in enumerate(a.top, 1):
         console.print(f"{i}. {c.command}", soft_wrap=True, markup=False, highlight=False)
-    console.print("why the others lose:", markup=False)
-    for line in a.losers:
-        console.print(f"  {line}", soft_wrap=True, markup=False, highlight=False)
-    if compiled is not None:
-        from orchestrator.plan import render
-
-        render.render_comparison(compiled, console)
-    return 0
 
 
 def recommend(points: list[GridPoint], overrides: Sequence[str], options: Options) -> int:
@@ -220,7 +285,7 @@ def recommend(points: list[GridPoint], overrides: Sequence[str], options: Option
         )
     spec, model = points[0]
     found = answer(spec, model, list(overrides), options.top, options.search)
-    return show(found, options.output, options if options.aot else None)
+    return show(found, options.output, options if options.aot else None, options.wide)
 
 
 def dry_run(options: Options, specs: list[TrialSpec], rows: list[PlanRow]) -> int:
@@ -235,7 +300,8 @@ def dry_run(options: Options, specs: list[TrialSpec], rows: list[PlanRow]) -> in
     else:
         from rich.console import Console
 
-        render_table(rows, Console(width=max(Console().width, 180)))
+        console = Console(width=max(Console().width, 180)) if options.wide else Console()
+        render_table(rows, console, wide=options.wide)
     compiled, code = compile_plan(specs, rows, options) if options.aot else ({}, 0)
     if options.record and code == 0:
         record_plan(options, specs, rows, compiled)

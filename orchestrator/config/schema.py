@@ -235,6 +235,11 @@ class Options:
         "is one row per grid point.",
         choices=("table", "json"),
     )
+    wide: bool = key(
+        False,
+        doc="Print every column of the plan and of `recommend`'s answer in one wide table (the default fits the "
+        "terminal: the main figures a line, the reason and the long fields on lines of their own).",
+    )
     aot: bool = key(
         False,
         doc="With `dry_run`: also compile the valid points for the cluster's TPU topology (needs libtpu: `pip "

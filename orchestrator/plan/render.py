@@ -1,7 +1,9 @@
-"""Tables for people: the plan (rich or markdown) and the AOT comparison, cells formatted in one place."""
+"""Tables for people: the plan (to fit the terminal, wide, or markdown) and the AOT comparison, cells formatted
+in one place."""
 
 from __future__ import annotations
 
+import textwrap
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.plan import memory
@@ -20,20 +22,45 @@ HEADER = [
     "verdict",
     "HBM/device",
     "step s",
+    "step s band",
     "MFU",
     "MFU ≤ (roofline)",
     "TFLOP/dev",
     "chip-h",
     "reason",
 ]
-VERDICT, AFTER_STEP, AFTER_HOURS = 5, 8, 12  # where the verdict is, and where the optional columns go
-RIGHT = ("context", "step s", "DCN s", "MFU", "MFU ≤ (roofline)", "chip-h", "cost")
+VERDICT, AFTER_STEP, AFTER_HOURS = 5, 9, 13  # where the verdict is, and where the optional columns go
+RIGHT = ("context", "step s", "step s band", "DCN s", "MFU", "MFU ≤ (roofline)", "chip-h", "cost")
 # Every verdict, in the plan's order (orchestrator.plan.VERDICTS), with its colour.
 COLOURS = {"run": "green", "infeasible": "yellow", "invalid": "red"}
 
 
 def _num(v: float | None, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
+
+
+def seconds(v: float | None) -> str:
+    """A step time in 3 significant figures, without an exponent below a million seconds."""
+    if v is None:
+        return "-"
+    return f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
+
+
+def band(low: float | None, high: float | None) -> str:
+    return "-" if low is None or high is None else f"{seconds(low)}-{seconds(high)}"
+
+
+def mfu(r: PlanRow) -> float | None:
+    """The MFU a reader takes for one: with packed documents the useful one (their own attention), never the
+    causal row's count, which a document mask lets exceed 1 (both are in the reason and the JSON)."""
+    return r.useful_mfu if r.useful_mfu is not None else r.predicted_mfu
+
+
+def roofline_mfu(r: PlanRow) -> float | None:
+    """The roofline bound in the same FLOP count as `mfu`."""
+    if r.roofline_mfu is None or r.useful_mfu is None or not r.predicted_mfu:
+        return r.roofline_mfu
+    return r.roofline_mfu * r.useful_mfu / r.predicted_mfu
 
 
 def _cells(r: PlanRow, dcn: bool = False, cost: bool = False) -> list[str]:
@@ -49,8 +76,9 @@ def _cells(r: PlanRow, dcn: bool = False, cost: bool = False) -> list[str]:
         r.verdict,
         hbm,
         _num(r.predicted_step_s, ",.3g"),
-        _num(r.predicted_mfu, ".2f"),
-        _num(r.roofline_mfu, ".2f"),
+        band(r.predicted_step_low_s, r.predicted_step_high_s),
+        _num(mfu(r), ".2f"),
+        _num(roofline_mfu(r), ".2f"),
         f"{r.tflops_per_device_per_step:,.4g}",
         _num(r.chip_hours, ",.3g"),
         r.reason,
@@ -85,24 +113,77 @@ def summary(rows: list[PlanRow]) -> str:
     return line + (f", cost {money:,.2f}" if any(r.cost is not None for r in rows) else "")
 
 
-def render_table(rows: list[PlanRow], console: Any = None, title: str = "plan") -> None:
-    """Print the plan as a rich table (verdicts coloured)."""
+def render_table(rows: list[PlanRow], console: Any = None, title: str = "plan", wide: bool = False) -> None:
+    """Print the plan: every column in one rich table (`wide`), or to fit the console, a line of figures per
+    point with its policy and reason on the lines below it."""
     from rich.console import Console
-    from rich.table import Table
 
     console = console or Console()
+    if wide:
+        _wide(rows, console, title)
+    else:
+        _compact(rows, console, title)
+    console.print(summary(rows), markup=False, highlight=False)
+
+
+def _wide(rows: list[PlanRow], console: Any, title: str) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
     table = Table(title=title, show_lines=False)
     header, dcn, cost = _header(rows)
     for h in header:
         table.add_column(h, overflow="fold", justify="right" if h in RIGHT else "left")
-    from rich.markup import escape
-
     for r in rows:
         cells = [escape(c) for c in _cells(r, dcn, cost)]  # a policy's [names] are not markup
         cells[VERDICT] = f"[{COLOURS[r.verdict]}]{r.verdict}[/]"
         table.add_row(*cells)
     console.print(table)
-    console.print(summary(rows))
+
+
+COMPACT = ("strategy", "mesh", "context", "verdict", "HBM/dev", "step s (band)", "MFU")
+
+
+def _compact(rows: list[PlanRow], console: Any, title: str) -> None:
+    from rich.text import Text
+
+    width = max(console.width, 40)
+    lines = [
+        [
+            r.strategy,
+            r.mesh,
+            f"{r.context_length:,}",
+            r.verdict,
+            memory.gib(r.predicted_hbm_bytes_per_device)
+            if r.predicted_hbm_bytes_per_device is not None
+            else "-",
+            "-"
+            if r.predicted_step_s is None
+            else f"{seconds(r.predicted_step_s)} ({band(r.predicted_step_low_s, r.predicted_step_high_s)})",
+            _num(mfu(r), ".2f"),
+        ]
+        for r in rows
+    ]
+    heads, right = list(COMPACT), {2, 4, 5, 6}
+    widths = [max(len(h), *(len(x[i]) for x in lines)) for i, h in enumerate(heads)]
+    mesh_apart = sum(widths) + 2 * (len(widths) - 1) > width  # a long mesh label: on the detail line instead
+    keep = [i for i in range(len(heads)) if not (mesh_apart and i == 1)]
+
+    def fmt(cells: list[str]) -> str:
+        return "  ".join(cells[i].rjust(widths[i]) if i in right else cells[i].ljust(widths[i]) for i in keep)
+
+    clusters = ", ".join(sorted({r.cluster for r in rows}))
+    console.print(f"{title} on {clusters} (every column: wide=true; all of it: output=json)", markup=False)
+    console.print(Text(fmt(heads), style="bold"), soft_wrap=True)
+    at = sum(widths[i] + 2 for i in keep if i < 3)  # where the verdict column starts
+    for r, cells in zip(rows, lines, strict=True):
+        line = Text(fmt(cells))
+        line.stylize(COLOURS.get(r.verdict, ""), at, at + widths[3])
+        console.print(line, soft_wrap=True)
+        detail = ([f"mesh {r.mesh}"] if mesh_apart else []) + ([f"policy {r.policy}"] if r.policy else [])
+        text = "; ".join([*detail, r.reason])
+        for part in textwrap.wrap(text, width=width - 4, break_on_hyphens=False):
+            console.print(f"    {part}", markup=False, highlight=False, style="dim", soft_wrap=True)
 
 
 def to_markdown(rows: list[PlanRow]) -> str:

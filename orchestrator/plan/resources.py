@@ -19,6 +19,7 @@ from orchestrator.plan.work import Work, dcn_bytes_per_s, host_bytes_per_s
 # A link the step keeps waiting (its exposed time) for more than this share of the step limits it.
 LIMITS = 0.05
 IDLE = 0.01  # a link the step uses for less than this share of its rate is idle
+NAMES = {"hbm": "HBM", "host_memory": "host RAM", "host_link": "host link", "ici": "ICI", "dcn": "DCN"}
 # The input pipeline: every host builds the step's whole batch (tokens, targets, positions, segment ids as
 # int32) and keeps the next one prefetched (jobs/data).
 BATCH_ARRAYS, PREFETCH = 4, 2
@@ -40,13 +41,14 @@ class Resource:
         return self.used / self.capacity if self.capacity else None
 
     def words(self) -> str:
+        name = NAMES.get(self.name, self.name)
         if self.unit == "B":
             held = memory.gib(self.used)
             cap = f" of {memory.gib(self.capacity)}" if self.capacity else " (no capacity set)"
         else:
             held = f"{self.used / 1e9:,.3g} GB/s"
             cap = f" of {self.capacity / 1e9:,.3g} GB/s" if self.capacity else ""
-        return f"{self.name} {held}{cap}: {self.verdict}" + (f" ({self.note})" if self.note else "")
+        return f"{name} {held}{cap}: {self.verdict}" + (f" ({self.note})" if self.note else "")
 
 
 def host_memory_bytes(spec: TrialSpec, mem: dict[str, int]) -> int:
