@@ -25,7 +25,7 @@ SWEEPS = sorted(p.stem for p in (CONF_DIR / "sweep").glob("*.yaml"))
 @pytest.mark.parametrize("model", OPTIONS["model"])
 def test_every_shipped_sweep_passes_on_every_cluster_and_model(cluster, model):
     for sweep in SWEEPS:
-        # the quickstart's corpus (data/stdlib) is built by hand, not shipped: its grid on the recall task here
+        # the quickstart's corpus (data/stdlib) is built on first use, not here: its grid on the recall task
         data = ["~sweep.set", "+sweep.set={model.vocab:4096}"] if sweep == "quickstart" else []
         assert expand(load([f"+sweep={sweep}", f"cluster={cluster}", f"model={model}", *data]))
 

@@ -98,7 +98,7 @@ def test_quickstart_sweep_is_cp_scaling_on_the_corpus_with_steps_by_length(
     infeasible."""
     from orchestrator.plan import plan
 
-    # the file's own data (data/stdlib, built by hand) swapped for the test corpus
+    # the file's own data (data/stdlib, built on first use) swapped for the test corpus
     budget = OmegaConf.load(ROOT / "conf" / "sweep" / "quickstart.yaml").set["cluster.max_step_seconds"]
     data = (
         f"+sweep.set={{train.data.kind:documents,train.data.sources:[{stdlib_corpus}],model.vocab:4096,"

@@ -122,8 +122,55 @@ def _documents_problem(
     )
     if not o.sources:
         return "is empty: train.data.kind=documents reads train.data.sources (or train.data.path)"
+    from jobs.data.documents import corpus
+
+    for source in o.sources:  # a corpus the project knows how to build: built on first use, then kept
+        if corpus.known(source) and not corpus.built(source):
+            build_corpus(source)
     try:
         documents.check(o, data.default_cache())
     except (ValueError, OSError) as e:
         return str(e).splitlines()[0]
     return None
+
+
+# Stages of jobs.data.documents.corpus.build and their share of the bar
+STAGES = {
+    "reading text files": (0, 5),
+    "training the tokenizer": (5, 35),
+    "tokenizing documents": (35, 90),
+    "writing shards": (90, 100),
+    "done": (100, 100),
+}
+
+
+def build_corpus(source: str) -> None:
+    """Build a missing corpus jobs.data.documents.corpus knows (KNOWN: the standard library's files at
+    data/stdlib), with a progress bar on stderr and one line saying what was built, how big, and how long."""
+    import time
+
+    from rich.console import Console
+
+    from jobs import storage
+    from jobs.data.documents import corpus
+    from orchestrator.ui.progress import Bar
+
+    t0, said = time.monotonic(), {}
+    with Bar(f"building {source}", "corpus", total=100, console=Console(stderr=True)) as bar:
+
+        def step(stage: str, done: int, total: int) -> None:
+            lo, hi = STAGES.get(stage, (0, 100))
+            bar.progress.update(bar.bar, completed=lo + (hi - lo) * done / max(total, 1), counts=stage)
+            if stage not in said:
+                said[stage] = True
+                bar.say(stage)
+
+        meta = corpus.build(source, **corpus.known(source), progress=step)
+    fs = storage.filesystem(source)
+    size = sum(fs.size(storage.join(source, name)) for name in meta["shards"])
+    Console(stderr=True).print(
+        f"built {source}: {meta['documents']:,} documents, {meta['tokens']:,} tokens, {size / 1e6:,.0f} MB in "
+        f"{time.monotonic() - t0:.0f} s (kept: the next run reads it)",
+        markup=False,
+        highlight=False,
+    )
