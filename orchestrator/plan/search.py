@@ -7,7 +7,7 @@ head_dim and hop length alone), so every kernel the platform allows gets the sam
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from jobs import strategies
 from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
@@ -55,6 +55,65 @@ def sizes(
     return sorted(pairs, key=lambda ba: (ba[0] // ba[1], ba[0], ba[1]))
 
 
+@dataclass
+class _Tally:
+    """What the search has seen so far: per (strategy, mesh) the choices that fit, per strategy and policy
+    family the leanest, per family its fastest and its first over host RAM, and why a strategy was invalid."""
+
+    limit: int
+    host_limit: int
+    budget: float
+    cm: ClusterModel
+    fits: dict[tuple, list] = field(
+        default_factory=dict
+    )  # (strategy, mesh) -> (per-token step, hbm, spec, policy)
+    lean: dict[str, tuple[int, TrialSpec, policies.Policy]] = field(default_factory=dict)
+    fast: dict[str, tuple[float, TrialSpec, policies.Policy]] = field(default_factory=dict)
+    host_over: dict[str, tuple[int, TrialSpec, policies.Policy]] = field(default_factory=dict)
+    invalid: dict[str, str] = field(default_factory=dict)
+    over: dict[tuple, int] = field(
+        default_factory=dict
+    )  # (strategy, layout, mesh) -> microbatch where none fit
+    searched: int = 0
+
+    def lost_before(self, key: tuple, micro: int) -> bool:
+        """Whether this (strategy, layout, mesh) fitted under no policy at a microbatch no larger than this."""
+        return self.over.get(key, micro + 1) <= micro
+
+    def mesh(self, spec0: TrialSpec, cands: list[policies.Policy], scale: float) -> bool:
+        """Try every policy on one valid mesh; whether any fitted HBM. `scale` turns a step into a point-sized one."""
+        fitted = False
+        for p in cands:
+            self.searched += 1
+            spec = replace(spec0, train=p.apply(spec0.train))
+            mem = memory.breakdown(spec)
+            hbm = memory.peak(mem)
+            for k in (spec.strategy.name, p.family):
+                if k not in self.lean or hbm < self.lean[k][0]:
+                    self.lean[k] = (hbm, spec, p)
+            if self.limit and hbm > self.limit:
+                continue
+            fitted = True
+            self.priced(spec, p, mem, hbm, scale)
+        return fitted
+
+    def priced(
+        self, spec: TrialSpec, p: policies.Policy, mem: dict[str, int], hbm: int, scale: float
+    ) -> None:
+        """A choice that fits HBM: checked against host RAM and the step budget, then kept with its step."""
+        host = resources.host_memory_bytes(spec, mem) if self.host_limit else 0
+        if host > self.host_limit:
+            self.host_over.setdefault(p.family, (host, spec, p))
+            return
+        step = steptime.step_time(spec, model=self.cm).step_s
+        if self.budget > 0 and step > self.budget:
+            return
+        t = step * scale
+        if p.family not in self.fast or t < self.fast[p.family][0]:
+            self.fast[p.family] = (t, spec, p)
+        self.fits.setdefault((spec.strategy.name, spec.mesh), []).append((t, hbm, spec, p))
+
+
 def search(
     model: ModelSpec,
     cluster: ClusterSpec,
@@ -77,65 +136,42 @@ def search(
     policy is over HBM at one microbatch is not tried at a larger one."""
     train, tail = train or TrainSpec(), tail or []
     cm = cluster_model or model_of(cluster)
-    limit, budget = int(cm.hbm_bytes_per_device), float(cm.max_step_seconds)
     host_limit = int(cm.host_memory_bytes) if cluster.platform != "cpu" else 0
-    host_over: dict[str, tuple[int, TrialSpec, policies.Policy]] = {}  # policy family -> first over host RAM
-    cands = policies.candidates(cluster.platform)
-    fits: dict[tuple, list] = {}  # (strategy, mesh) -> (per-token step, hbm, spec, policy) of each that fits
-    lean: dict[str, tuple[int, TrialSpec, policies.Policy]] = {}  # strategy or family -> leanest seen
-    fast: dict[str, tuple[float, TrialSpec, policies.Policy]] = {}  # policy family -> its fastest anywhere
-    invalid: dict[str, str] = {}
-    over: dict[tuple, int] = {}  # (strategy, layout, mesh) -> smallest microbatch where nothing fit
-    searched, sized = 0, bool(batch or grad_accum)
+    tally = _Tally(int(cm.hbm_bytes_per_device), host_limit, float(cm.max_step_seconds), cm)
+    cands, sized = policies.candidates(cluster.platform), bool(batch or grad_accum)
     for b, a in sizes(train, batch, grad_accum):
         tr, scale = replace(train, batch=b, grad_accum=a), train.batch / b  # to seconds per point-sized step
-        for name in strategies.CP_NAMES:
-            s = strategies.get(name)
-            for layout in sorted(s.layouts, key=lambda lay: lay != s.default_layout):
-                strat = StrategySpec(name=name, layout=layout)
-                for mesh in candidate_meshes(name, cluster.devices, b, slices=cluster.slices_per_trial):
-                    if over.get((name, layout, mesh), b // a + 1) <= b // a:
-                        continue
-                    spec0 = TrialSpec(model, mesh, strat, context_length, train=tr, cluster=cluster)
-                    probs = [p for p in validate.problems(spec0) if p.rule != "memory policy"]
-                    if probs:
-                        invalid.setdefault(name, f"{probs[0].rule}: {probs[0].message}")
-                        continue
-                    fitted = False
-                    for p in cands:
-                        searched += 1
-                        spec = replace(spec0, train=p.apply(tr))
-                        mem = memory.breakdown(spec)
-                        hbm = memory.peak(mem)
-                        for k in (name, p.family):
-                            if k not in lean or hbm < lean[k][0]:
-                                lean[k] = (hbm, spec, p)
-                        if limit and hbm > limit:
-                            continue
-                        fitted = True
-                        if host_limit and resources.host_memory_bytes(spec, mem) > host_limit:
-                            host_over.setdefault(p.family, (resources.host_memory_bytes(spec, mem), spec, p))
-                            continue
-                        step = steptime.step_time(spec, model=cm).step_s
-                        if budget > 0 and step > budget:
-                            continue
-                        t = step * scale
-                        if p.family not in fast or t < fast[p.family][0]:
-                            fast[p.family] = (t, spec, p)
-                        fits.setdefault((name, mesh), []).append((t, hbm, spec, p))
-                    if not fitted:
-                        over[(name, layout, mesh)] = b // a
+        for spec0 in _layouts(model, cluster, context_length, tr):
+            key = (spec0.strategy.name, spec0.strategy.layout, spec0.mesh)
+            if tally.lost_before(key, b // a):
+                continue
+            probs = [p for p in validate.problems(spec0) if p.rule != "memory policy"]
+            if probs:
+                tally.invalid.setdefault(spec0.strategy.name, f"{probs[0].rule}: {probs[0].message}")
+            elif not tally.mesh(spec0, cands, scale):
+                tally.over[key] = b // a
     # each mesh under its own best layout, size and policy; across meshes a tie also goes to the leaner one
+    limit = tally.limit
     ranked = [
-        (t, s, p) for t, _, s, p in auto.rank([auto.pick(runs, limit) for runs in fits.values()], limit)
+        (t, s, p) for t, _, s, p in auto.rank([auto.pick(runs, limit) for runs in tally.fits.values()], limit)
     ]
     chosen = tuple(Choice(s, plan_one(s, cm, []), p, command(s, p, tail, sized)) for _, s, p in ranked[:top])
     if not chosen:
-        return Answer((), (), _closest(model, cluster, context_length, lean, invalid, limit), searched)
-    losers = _losers(
-        ranked, lean, fast, invalid, limit, train.batch if sized else 0, host_over, host_limit, cm
-    )
-    return Answer(chosen, losers, "", searched)
+        closest = _closest(model, cluster, context_length, tally.lean, tally.invalid, limit)
+        return Answer((), (), closest, tally.searched)
+    return Answer(chosen, _losers(ranked, tally, train.batch if sized else 0), "", tally.searched)
+
+
+def _layouts(model: ModelSpec, cluster: ClusterSpec, length: int, train: TrainSpec) -> list[TrialSpec]:
+    """Every strategy under each of its layouts (its default first) on every candidate mesh, at one size."""
+    out = []
+    for name in strategies.CP_NAMES:
+        s = strategies.get(name)
+        for layout in sorted(s.layouts, key=lambda lay: lay != s.default_layout):
+            strat = StrategySpec(name=name, layout=layout)
+            for mesh in candidate_meshes(name, cluster.devices, train.batch, slices=cluster.slices_per_trial):
+                out.append(TrialSpec(model, mesh, strat, length, train=train, cluster=cluster))
+    return out
 
 
 def _leanest_words(hbm: int, spec: TrialSpec, p: policies.Policy, limit: int) -> str:
@@ -145,21 +181,12 @@ def _leanest_words(hbm: int, spec: TrialSpec, p: policies.Policy, limit: int) ->
     )
 
 
-def _losers(
-    ranked: list,
-    lean: dict,
-    fast: dict,
-    invalid: dict,
-    limit: int,
-    base: int,
-    host_over: dict,
-    host_limit: int,
-    cm: ClusterModel,
-) -> tuple[str, ...]:
+def _losers(ranked: list, tally: _Tally, base: int) -> tuple[str, ...]:
     """Why each other strategy and each other policy family loses to the winner (ranked[0]); `base`: the point's
     own batch when the search chose sizes (their per-token times are scaled to it), else 0. Slower means beyond
     both bands: a loser whose band overlaps the winner's is a tie, lost on the tie-break."""
     (t0, win, win_policy), out = ranked[0], []
+    lean, fast, invalid, limit, cm = tally.lean, tally.fast, tally.invalid, tally.limit, tally.cm
     for name in strategies.CP_NAMES:
         if name == win.strategy.name:
             continue
@@ -183,11 +210,11 @@ def _losers(
                 f"policy {fam}: {_behind(t / t0, s, win, cm)} at best ({p.label()}, {s.strategy.name} on "
                 f"{_where(s, base)})"
             )
-        elif fam in host_over:
-            used, s, p = host_over[fam]
+        elif fam in tally.host_over:
+            used, s, p = tally.host_over[fam]
             out.append(
                 f"policy {fam}: does not fit host RAM: {p.label()} ({s.strategy.name} on {s.mesh.label()}) needs "
-                f"{memory.gib(used)} a host, the host has {memory.gib(host_limit)}"
+                f"{memory.gib(used)} a host, the host has {memory.gib(tally.host_limit)}"
             )
         elif fam in lean:
             out.append(f"policy {fam}: does not fit: {_leanest_words(*lean[fam], limit)}")
