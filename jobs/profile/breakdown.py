@@ -100,23 +100,32 @@ def _parse_module(hlo_text: str) -> tuple[str, dict[str, _Instr], dict[str, list
 def hlo_categories(hlo_text: str) -> tuple[str, dict[str, str]]:
     """(module name, instruction name -> category) from a compiled module's text (`compiled.as_text()`)."""
     module, instrs, comps = _parse_module(hlo_text)
-    inside: dict[str, set[str]] = {}
+    sorter = _Categories(instrs, comps)
+    return module, {n: sorter.category(i) for n, i in instrs.items()}
 
-    def opcodes(comp: str) -> set[str]:  # every opcode a computation runs, through what it calls
-        if comp not in inside:
-            inside[comp] = set()  # a cycle cannot happen in HLO; this only guards the recursion
-            names = comps.get(comp, [])
-            inside[comp] = {instrs[n].opcode for n in names}.union(
-                *(opcodes(c) for n in names for c in instrs[n].calls)
+
+class _Categories:
+    """One module's instructions sorted into categories, each computation's opcodes gathered once."""
+
+    def __init__(self, instrs: dict[str, _Instr], comps: dict[str, list[str]]):
+        self.instrs, self.comps, self.inside = instrs, comps, {}
+
+    def opcodes(self, comp: str) -> set[str]:
+        """Every opcode a computation runs, through what it calls."""
+        if comp not in self.inside:
+            self.inside[comp] = set()  # a cycle cannot happen in HLO; this only guards the recursion
+            names = self.comps.get(comp, [])
+            self.inside[comp] = {self.instrs[n].opcode for n in names}.union(
+                *(self.opcodes(c) for n in names for c in self.instrs[n].calls)
             )
-        return inside[comp]
+        return self.inside[comp]
 
-    def category(i: _Instr) -> str:
+    def category(self, i: _Instr) -> str:
         if i.opcode in _CONTAINERS:
             return CONTAINER
-        if i.opcode == "copy-done" and i.operand in instrs:  # a transfer is where its copy-start points
-            return category(instrs[i.operand])
-        ops = {i.opcode}.union(*(opcodes(c) for c in i.calls))
+        if i.opcode == "copy-done" and i.operand in self.instrs:  # a transfer is where its copy-start points
+            return self.category(self.instrs[i.operand])
+        ops = {i.opcode}.union(*(self.opcodes(c) for c in i.calls))
         bases = {o.removesuffix("-start").removesuffix("-done").removesuffix("-update") for o in ops}
         for op, cat in _COLLECTIVE_OPS.items():
             if op in bases:
@@ -129,8 +138,6 @@ def hlo_categories(hlo_text: str) -> tuple[str, dict[str, str]]:
         if ops & _MATMUL_OPS or _MATMUL_TARGET.search(target):
             return "matmul"
         return "other_compute"
-
-    return module, {n: category(i) for n, i in instrs.items()}
 
 
 def category_by_name(name: str) -> str:

@@ -60,6 +60,20 @@ def validate(
     s = _get(strategy)
     if layout not in LAYOUTS:
         raise ValueError(f"unknown layout {layout!r}; use one of {', '.join(LAYOUTS)}")
+    size = _sizes(mesh)
+    L, hq, hkv, t = int(context_length), int(q_heads), int(kv_heads), size["tensor"]
+    _heads(L, hq, hkv, t)
+    problem = None if batch is None else batch_problem(batch, size["data"], size["fsdp"])
+    if problem:
+        raise ValueError(problem)
+    if layout not in s.layouts:
+        raise ValueError(f"{strategy} does not support layout={layout}; use one of {', '.join(s.layouts)}")
+    _sequence(strategy, s, L, size, layout)
+    s.check(L=L, hq=hq // t, hkv=hkv // t, size=size, layout=layout)
+
+
+def _sizes(mesh: Mapping[str, int]) -> dict[str, int]:
+    """Every mesh axis's size (1 where not named); raises on an unknown axis or a size below 1."""
     unknown = sorted(set(mesh) - set(MESH_AXES))
     if unknown:
         raise ValueError(f"unknown mesh axes {unknown}; mesh axes are {', '.join(MESH_AXES)}")
@@ -67,24 +81,26 @@ def validate(
     bad = {a: s for a, s in size.items() if s < 1}
     if bad:
         raise ValueError(f"mesh axis sizes must be >= 1, got {bad}")
-    L, hq, hkv = int(context_length), int(q_heads), int(kv_heads)
+    return size
+
+
+def _heads(L: int, hq: int, hkv: int, t: int) -> None:
+    """Positive sizes, GQA groups that divide, and a tensor axis that divides both head counts."""
     if L < 1 or hq < 1 or hkv < 1:
-        raise ValueError(f"need positive sizes, got context_length={L}, q_heads={hq}, kv_heads={kv_heads}")
+        raise ValueError(f"need positive sizes, got context_length={L}, q_heads={hq}, kv_heads={hkv}")
     if hq % hkv:
         raise ValueError(
             f"GQA needs q_heads % kv_heads == 0: {hq} % {hkv} = {hq % hkv}; use kv_heads dividing {hq}"
         )
-    t = size["tensor"]
     if hq % t or hkv % t:
         raise ValueError(
             f"tensor={t} shards heads, so it must divide q_heads={hq} and kv_heads={hkv}; "
             f"use a tensor size dividing {np.gcd(hq, hkv)}"
         )
-    problem = None if batch is None else batch_problem(batch, size["data"], size["fsdp"])
-    if problem:
-        raise ValueError(problem)
-    if layout not in s.layouts:
-        raise ValueError(f"{strategy} does not support layout={layout}; use one of {', '.join(s.layouts)}")
+
+
+def _sequence(strategy: str, s, L: int, size: dict[str, int], layout: str) -> None:
+    """The sequence axes: none idle, a length they divide, and zigzag's two chunks per ring position."""
     seq = s.axes
     # A context axis the strategy does not shard over would replicate its work (none and the reference
     # are exempt: they run the whole sequence anyway, and the reference reads zigzag positions off `context`).
@@ -109,7 +125,6 @@ def validate(
             f"{strategy} zigzag needs context_length % (2*{r} ring positions) == 0: {L} % {2 * r} = "
             f"{L % (2 * r)}; use a multiple of {2 * r} or layout=contiguous"
         )
-    s.check(L=L, hq=hq // t, hkv=hkv // t, size=size, layout=layout)
 
 
 def validate_tokens(

@@ -71,25 +71,31 @@ def parse_args(argv: list[str]) -> Args:
         if not token.startswith("-"):
             overrides.append(token)
             continue
-        flag, eq, value = token.partition("=")
-        name = _FLAGS.get(flag)
-        if name is None:
-            raise ConfigError(f"unknown flag {token!r}; allowed: {ALLOWED}, then overrides key=value")
-        if name in _SWITCHES:
-            if eq:
-                raise ConfigError(f"{flag} takes no value, got {token!r}")
-            value = True
-        elif name == "info":  # its value is optional, as in Hydra: --info alone is --info all
-            value = value or (rest.pop(0) if rest and rest[0] in INFO_CHOICES else "all")
-        elif not eq:
-            if not rest or rest[0].startswith("-"):
-                raise ConfigError(f"{flag} needs a value, e.g. {flag} {'job' if name == 'cfg' else 'model'}")
-            value = rest.pop(0)
+        name, value = _flag(token, rest)
         found[name] = value
     for name, choices in (("cfg", CFG_CHOICES), ("info", INFO_CHOICES)):
         if name in found and found[name] not in choices:
             raise ConfigError(f"--{name} takes one of {', '.join(choices)}, got {found[name]!r}")
     return Args(overrides=tuple(overrides), **found)
+
+
+def _flag(token: str, rest: list[str]) -> tuple[str, Any]:
+    """(field name, value) of one flag token, taking its value from `rest` when it is the next word."""
+    flag, eq, value = token.partition("=")
+    name = _FLAGS.get(flag)
+    if name is None:
+        raise ConfigError(f"unknown flag {token!r}; allowed: {ALLOWED}, then overrides key=value")
+    if name in _SWITCHES:
+        if eq:
+            raise ConfigError(f"{flag} takes no value, got {token!r}")
+        return name, True
+    if name == "info":  # its value is optional, as in Hydra: --info alone is --info all
+        return name, value or (rest.pop(0) if rest and rest[0] in INFO_CHOICES else "all")
+    if not eq:
+        if not rest or rest[0].startswith("-"):
+            raise ConfigError(f"{flag} needs a value, e.g. {flag} {'job' if name == 'cfg' else 'model'}")
+        value = rest.pop(0)
+    return name, value
 
 
 def split_sweeps(args: Args, conf_dir: Path = CONF_DIR) -> tuple[list[tuple[str, Override]], dict[str, list]]:

@@ -123,18 +123,7 @@ def expand_points(cfg: Mapping[str, Any], conf_dir=CONF_DIR) -> list[GridPoint]:
     options: dict[tuple[str, str], dict] = {}  # each group option read once
     specs, bad = [], []
     for point in grid:
-        d = copy.deepcopy(base)
-        for axis, value in point:
-            if axis in GROUP_AXES:
-                key = (axis, str(value))
-                if key not in options:
-                    options[key] = group_option(axis, str(value), conf_dir)
-                d[axis] = copy.deepcopy(options[key])
-                for dotted, v in sets.items():  # a set key inside the group holds for every option
-                    if dotted.startswith(f"{axis}."):
-                        _set(d, dotted, copy.deepcopy(v))
-            else:
-                _set(d, axis, value)
+        d = _point_tree(base, point, sets, options, conf_dir)
         found = keys.check_point(d)
         if found:  # keep going: the message says how many other points fail too
             bad.append((point, found[0]))
@@ -146,6 +135,24 @@ def expand_points(cfg: Mapping[str, Any], conf_dir=CONF_DIR) -> list[GridPoint]:
         more = f"; {len(bad) - 1} more of {len(grid)} grid points fail too" if len(bad) > 1 else ""
         raise ConfigError(problem.line(where + more))
     return specs
+
+
+def _point_tree(base: dict, point: tuple, sets: dict, options: dict, conf_dir) -> dict:
+    """The base config with one grid point's values in place: a group axis swaps in its option (read once into
+    `options`), with the sweep's set keys inside that group applied again; any other axis sets its key."""
+    d = copy.deepcopy(base)
+    for axis, value in point:
+        if axis not in GROUP_AXES:
+            _set(d, axis, value)
+            continue
+        key = (axis, str(value))
+        if key not in options:
+            options[key] = group_option(axis, str(value), conf_dir)
+        d[axis] = copy.deepcopy(options[key])
+        for dotted, v in sets.items():  # a set key inside the group holds for every option
+            if dotted.startswith(f"{axis}."):
+                _set(d, dotted, copy.deepcopy(v))
+    return d
 
 
 def build(d: dict, point: tuple = ()) -> GridPoint:
