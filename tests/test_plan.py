@@ -178,11 +178,15 @@ def test_outputs():
     assert data[0]["predicted_mfu"] < data[0]["roofline_mfu"] and data[0]["limiter"]
     assert data[1]["predicted_mfu"] is None and data[1]["roofline_mfu"] is None
     assert data[0]["memory"]["params"] == memory.breakdown(spec(length=131_072))["params"]
-    console = Console(record=True, width=200)
+    console = Console(record=True, width=100)
     render_table(rows, console)
     text = console.export_text()
     assert "infeasible" in text and "1 run, 1 infeasible, 1 invalid" in text
-    assert "MFU ≤ (roofline)" in text
+    assert "step s (band)" in text and "MFU ≤ (roofline)" not in text  # compact: the roofline is in the reason
+    assert max(len(line.rstrip()) for line in text.splitlines()) <= 100
+    console = Console(record=True, width=300)
+    render_table(rows, console, wide=True)
+    assert "MFU ≤ (roofline)" in console.export_text()
     assert to_markdown(rows).count("\n") == 4
 
 

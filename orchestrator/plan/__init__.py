@@ -11,7 +11,7 @@ from jobs.spec import REMATS, TrialSpec
 from orchestrator.plan import cost, memory, packing, policies, resources, roofline, steptime, work
 from orchestrator.plan import rules as validate
 from orchestrator.plan.hardware import ClusterModel, model_of
-from orchestrator.plan.render import render_table, to_markdown
+from orchestrator.plan.render import band, render_table, seconds, to_markdown
 from orchestrator.plan.rules import Problem, point_label
 
 VERDICTS = ("run", "infeasible", "invalid")
@@ -113,14 +113,14 @@ def plan_one(
                 f"state {memory.gib(mem['host_offload'])}/device), the host has {memory.gib(r.capacity)}"
             )
     if budget > 0 and st.step_s > budget:
-        why.append(f"predicted step {st.step_s:,.3g} s > this cluster's {budget:g} s budget")
+        why.append(f"predicted step {seconds(st.step_s)} s > this cluster's {budget:g} s budget")
     verdict = "infeasible" if why else "run"
     if not why:
         cap = f" of {memory.gib(limit)}" if limit else ""
         low, high = st.mfu_band
         why.append(
-            f"fits: {memory.gib(hbm)}{cap}; predicted step {st.step_s:,.3g} s ({st.step_low_s:,.3g}-"
-            f"{st.step_high_s:,.3g}) at MFU {st.mfu:.2f} ({low:.2f}-{high:.2f}; roofline ≤ {roof.mfu:.2f}), "
+            f"fits: {memory.gib(hbm)}{cap}; predicted step {seconds(st.step_s)} s ({band(st.step_low_s, st.step_high_s)})"
+            f" at MFU {st.mfu:.2f} ({low:.2f}-{high:.2f}; roofline ≤ {roof.mfu:.2f}), "
             f"limited by {st.limiter}"
         )
     pk = packing.of(spec)

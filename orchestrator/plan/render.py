@@ -40,7 +40,7 @@ def _num(v: float | None, fmt: str) -> str:
 
 
 def seconds(v: float | None) -> str:
-    """A step time in 3 significant figures, without an exponent below a million seconds."""
+    """A step time: 3 significant figures below 100 s, whole seconds with thousands separators above."""
     if v is None:
         return "-"
     return f"{v:,.0f}" if v >= 100 else f"{v:.3g}"
@@ -75,7 +75,7 @@ def _cells(r: PlanRow, dcn: bool = False, cost: bool = False) -> list[str]:
         f"{r.context_length:,}",
         r.verdict,
         hbm,
-        _num(r.predicted_step_s, ",.3g"),
+        seconds(r.predicted_step_s),
         band(r.predicted_step_low_s, r.predicted_step_high_s),
         _num(mfu(r), ".2f"),
         _num(roofline_mfu(r), ".2f"),
