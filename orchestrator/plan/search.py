@@ -14,6 +14,7 @@ from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec,
 from orchestrator.plan import PlanRow, auto, memory, plan, plan_one, policies, resources, steptime
 from orchestrator.plan import rules as validate
 from orchestrator.plan.hardware import ClusterModel, model_of
+from orchestrator.plan.render import seconds
 
 
 @dataclass(frozen=True)
@@ -195,7 +196,7 @@ def _losers(ranked: list, tally: _Tally, base: int) -> tuple[str, ...]:
             t, s, p = mine
             step = t * s.train.batch / base if base else t
             out.append(
-                f"{name}: {_behind(t / t0, s, win, cm)} (its best: {_where(s, base)}, {p.label()}, {step:,.3g} s/step)"
+                f"{name}: {_behind(t / t0, s, win, cm)} (its best: {_where(s, base)}, {p.label()}, {seconds(step)} s/step)"
             )
         elif name in lean:
             out.append(f"{name}: does not fit: {_leanest_words(*lean[name], limit)}")
