@@ -1,8 +1,8 @@
 """One attempt of a trial on Ray: one task per host in fresh processes, gang-started on its slices
-(placement.py), and its typed outcome (finished / preempted / failed / infeasible / cancelled), with the retry
-budgets per kind.
+(placement.py), and its typed outcome (finished / preempted / failed / infeasible / cancelled).
 
-Host 0 streams metric-record batches back (a streaming generator task); the driver alone talks to MLflow.
+Host 0 streams metric-record batches back (a streaming generator task): typed records in the job, their dict
+form across Ray, typed again once on the driver's side; the driver alone talks to MLflow.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ from typing import Any
 
 import ray
 
+from jobs.records import Record, StepRecord, parse_known
 from jobs.spec import TrialSpec
 from orchestrator.launch import cluster as clusters
 from orchestrator.launch.placement import Placed, Reservation, clean_env, host_info, live_placement_groups
 
-__all__ = ["Attempt", "Cancelled", "Event", "host_task", "live_placement_groups"]
+__all__ = ["Attempt", "Cancelled", "Event", "Outcome", "host_task", "live_placement_groups", "budget"]
 log = logging.getLogger(__name__)
 GRACE_S = 2.0  # after a host's error, how long the others get to report their own cause before we cancel
 
@@ -49,10 +50,11 @@ def host_task(
     init_distributed(coordinator, num_processes, process_id)
     buf, last, first = [], time.monotonic(), True
     for rec in train(spec):
-        buf.append(rec)
+        buf.append(rec.to_dict())  # the Ray boundary: the records' dict form
+        step = isinstance(rec, StepRecord)
         # the first step goes out at once: "submit -> first step" should not wait on batching
-        if rec["kind"] != "step" or first or time.monotonic() - last > batch_s:
-            first = first and rec["kind"] != "step"
+        if not step or first or time.monotonic() - last > batch_s:
+            first = first and not step
             yield buf
             buf, last = [], time.monotonic()
     if buf:
@@ -64,7 +66,8 @@ class Event:
     trial_id: str
     attempt: int
     kind: str  # "placed" | "host" | "records" | "outcome"
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[Record] = field(default_factory=list)  # "records": the job's, typed
+    info: list[dict[str, Any]] = field(default_factory=list)  # "placed": the placement; "host": host records
     outcome: Outcome | str = ""
     error: str = ""
 
@@ -126,7 +129,7 @@ class Attempt:
     def _place(self) -> Placed:
         """Reserve the trial's slices whole (all-or-nothing placement groups) and order its hosts."""
         placed = self.reservation.place()
-        self._emit("placed", records=[placed.record])
+        self._emit("placed", info=[placed.record])
         return placed
 
     def _launch(self, placed: Placed) -> None:
@@ -155,12 +158,11 @@ class Attempt:
         try:
             for ref in gen:
                 batch = ray.get(ref)
-                hosts = [r for r in batch if r.get("kind") == "host"]
-                rest = [r for r in batch if r.get("kind") != "host"]
-                if hosts:
-                    self._emit("host", records=hosts)
-                if rest:
-                    self._emit("records", records=rest)
+                if hosts := [r for r in batch if r.get("kind") == "host"]:
+                    self._emit("host", info=hosts)
+                # typed at this seam, once; a newer job's kinds are skipped
+                if records := parse_known(r for r in batch if r.get("kind") != "host"):
+                    self._emit("records", records=records)
         except Exception as e:  # noqa: BLE001 - judged in _wait
             with self.lock:
                 if not self.stopping:  # errors after our own cancel are ours, not the cause
@@ -249,12 +251,6 @@ def combine(outcomes: list[Outcome]) -> Outcome:
     return Outcome.FINISHED
 
 
-@dataclass(frozen=True)
-class RetryBudgets:
-    """Retries per trial, separately for preemptions (not the code's fault) and failures (maybe a bug)."""
-
-    preemption: int = 3
-    failure: int = 1
-
-    def limit(self, outcome: Outcome) -> int:
-        return {Outcome.PREEMPTED: self.preemption, Outcome.FAILED: self.failure}.get(outcome, 0)
+def budget(retries: Any, outcome: Outcome) -> int:
+    """Retries a trial may take for this kind of outcome: `retries` is the config's (config/schema.Retries)."""
+    return {Outcome.PREEMPTED: retries.preemption, Outcome.FAILED: retries.failure}.get(outcome, 0)
