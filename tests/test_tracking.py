@@ -15,6 +15,7 @@ from conftest import ROOT, run_cli
 from matplotlib.figure import Figure
 from mlflow import MlflowClient
 from servers import gcs_client, start_gcs_emulator, start_mlflow_server
+from tenacity import wait_fixed
 from test_report import fake_records, make_spec
 
 from jobs.records import SummaryRecord, parse
@@ -147,7 +148,7 @@ def test_lost_answers_are_retried_without_duplicates(sql_store, tmp_path, monkey
 
     for name in real:
         monkeypatch.setattr(t.client, name, flaky(name))
-    monkeypatch.setattr("orchestrator.tracking.queue.BACKOFF_S", (0.05,))
+    monkeypatch.setattr("orchestrator.tracking.queue.BACKOFF", wait_fixed(0.05))
     spec = make_spec("all_gather", 512, steps=5)
     t.start_sweep("smoke", "sw1", "local")
     t.start_trial(spec, "sw1")
@@ -204,15 +205,25 @@ def blobs(host: str) -> list[str]:
     return [b.name for b in gcs_client(host).list_blobs(BUCKET)]
 
 
-def test_outage_buffers_every_point_and_creates_runs_late(gcs_server):
-    """The server is down before the runs exist and while metrics stream; after it is back, all arrives once."""
+def test_outage_buffers_every_write_and_a_run_waits_for_the_store(gcs_server):
+    """The server is down when the parent run is opened (opening waits for it), then again while the trials'
+    metrics, statuses and artifacts stream (nothing waits); once it is back, everything arrives once."""
     server, host, pg = gcs_server
     t = Tracker(server.url, "outage")
     assert t.finished_trials("sw-out") == {}  # the store is up at launch (a read)
     specs = [make_spec("ring", 512, steps=20), make_spec("all_gather", 1024, steps=20)]
     server.stop()
+    opening = threading.Thread(target=t.start_sweep, args=("smoke", "sw-out", "local"))
+    opening.start()
+    opening.join(timeout=3)
+    assert opening.is_alive() and t.run_id("sweep") is None  # waiting for the store, not giving up
+    server.start()
+    opening.join(timeout=120)
+    assert t.run_id("sweep")
+    for s in specs:
+        t.open_trial(s, "sw-out")
+    server.stop()
     t0 = time.monotonic()
-    t.start_sweep("smoke", "sw-out", "local")
     for s in specs:
         t.start_trial(s, "sw-out", predicted_bytes=1)
         log_trial(t, s, "sw-out", chunks=4, pause=0.5)
