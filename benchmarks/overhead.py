@@ -113,14 +113,14 @@ def tune_trial(config: dict) -> None:
 
     t_start, compile_s = time.time(), 0.0
     for rec in train(TrialSpec.from_json(config["spec"])):
-        if rec["kind"] == "start":
-            compile_s = rec["compile_s"]
-        elif rec["kind"] == "step":
+        if rec.kind == "start":
+            compile_s = rec.compile_s
+        elif rec.kind == "step":
             tune.report(
                 {
-                    "loss": rec["loss"],
-                    "step": rec["step"],
-                    "step_time_s": rec["step_time_s"],
+                    "loss": rec.loss,
+                    "step": rec.step,
+                    "step_time_s": rec.step_time_s,
                     "t_enter": t_enter,
                     "t_start": t_start,
                     "t_now": time.time(),
