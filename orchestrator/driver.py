@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tenacity import Retrying, retry_if_result, wait_fixed
 
@@ -18,9 +18,6 @@ from orchestrator.results import report
 from orchestrator.tracking import layout, open_tracker, recording
 from orchestrator.tracking.leases import SoleLeases
 from orchestrator.ui.progress import SweepProgress
-
-if TYPE_CHECKING:
-    from orchestrator.tracking.store import MlflowTracker
 
 log = logging.getLogger(__name__)
 WAIT_POLL_S = 5.0  # how often a driver looks at the leases another driver holds
@@ -69,16 +66,16 @@ def run(options: Options, specs: list[TrialSpec], rows: list) -> int:
         _log_grid(tracker, specs, rows, done)
         outcomes, todo, by_other = _run_leased(options, cluster, tracker, progress, sweep_id, runnable)
     failed = [t for t, o in outcomes.items() if o not in ("finished", "infeasible")]
-    finished: list[report.TrialResult] = []
+    ran = {s.trial_id for s in todo if outcomes.get(s.trial_id) == "finished"}
+    plotted: list[report.TrialResult] = []
     try:  # a plot must never cost a sweep its exit code
-        ran = {s.trial_id for s in todo if outcomes.get(s.trial_id) == "finished"}
-        stored = {**done, **{t: tracker.run_id(t) for t, status in by_other.items() if status == "finished"}}
-        finished = _report(tracker, specs, rows, ran, stored, {t: tracker.run_id(t) for t in by_other})
+        plotted = _report(tracker, specs, rows, ran, {**done, **{t: tracker.run_id(t) for t in by_other}})
     except Exception:
         log.exception("sweep report failed")
     verdict, code = None, 0
     if recording(options.tracking) and options.gate.enabled:  # tracking=none: no store holds a baseline
-        verdict, code = _gate(options, tracker, sweep_id, finished)  # type: ignore[arg-type]
+        settled = ran | set(done) | {t for t, status in by_other.items() if status == "finished"}
+        verdict, code = _gate(options, tracker, sweep_id, [t for t in plotted if t.spec.trial_id in settled])
     tracker.set_tags(
         "sweep", {"status": "failed" if failed else "finished", "trials_failed": str(len(failed))}
     )
@@ -114,21 +111,20 @@ def _log_grid(tracker, specs: list[TrialSpec], rows: list, done: dict[str, str])
 
 
 def _report(
-    tracker, specs: list[TrialSpec], rows: list, ran: set[str], stored: dict, others: dict
+    tracker, specs: list[TrialSpec], rows: list, ran: set[str], stored: dict
 ) -> list[report.TrialResult]:
     """The sweep's plots over every trial it has finished: those this driver ran (from its own records) and
-    those an earlier or another driver of this sweep finished (`stored`: trial id -> run id, read back; `others`
-    also holds the ones another driver failed). Returns the finished trials, for the regression gate."""
+    those an earlier or another driver of this sweep settled (`stored`: trial id -> run id, read back).
+    Returns the trials the plots cover."""
     by_id = {s.trial_id: r for s, r in zip(specs, rows, strict=True)}
-    back = {**others, **stored}
-    plotted = list({s.trial_id: s for s in specs if s.trial_id in ran or back.get(s.trial_id)}.values())
+    finished = list({s.trial_id: s for s in specs if s.trial_id in ran or stored.get(s.trial_id)}.values())
 
     def records_of(tid: str) -> list:
-        return tracker.records(tid) if tid in ran else tracker.stored_records(back[tid])
+        return tracker.records(tid) if tid in ran else tracker.stored_records(stored[tid])
 
-    trials = report.publish(tracker, plotted, by_id, records_of)
+    trials = report.publish(tracker, finished, by_id, records_of)
     tracker.set_tags("sweep", {"plots_trials": str(len(trials))})
-    return [t for t in trials if t.spec.trial_id in ran or t.spec.trial_id in stored]
+    return trials
 
 
 def _describe(tracker, spec: TrialSpec, row, sweep_id: str) -> None:
@@ -252,9 +248,10 @@ def _wait_for_others(
     return by_other
 
 
-def _gate(options: Options, tracker: MlflowTracker, sweep_id: str, finished: list) -> tuple[Any, int]:
+def _gate(options: Options, tracker, sweep_id: str, finished: list) -> tuple[Any, int]:
     """(the regression gate's verdict, 0 or regress.EXIT_REGRESSION) over the trials this sweep finished, as
-    this driver holds them; the store is asked only for their baseline runs. (None, 1) when it cannot answer."""
+    this driver holds them (`tracker`: the MLflow one); the store is asked only for their baselines. (None, 1)
+    when it cannot answer."""
     g = options.gate
     measured = [regress.from_trial(t, sweep_id, tracker.started[t.spec.trial_id]) for t in finished]
     try:

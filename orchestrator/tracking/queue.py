@@ -11,6 +11,7 @@ write is idempotent, so one delivered twice is harmless).
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -47,18 +48,17 @@ class Write:
     def only_metrics(self) -> bool:
         return bool(self.metrics) and not (self.params or self.tags or self.file or self.status)
 
-    def to_json(self) -> str:
+    def to_dict(self) -> dict[str, Any]:
+        """The journal's form: what is set, metrics as [key, value, timestamp, step]."""
         d: dict[str, Any] = {"run_id": self.run_id}
         if self.metrics:
             d["metrics"] = [[m.key, m.value, m.timestamp, m.step] for m in self.metrics]
-        d |= {k: v for k in ("params", "tags", "file", "folder", "status") if (v := getattr(self, k))}
-        return json.dumps(d)
+        return d | {k: v for k in ("params", "tags", "file", "folder", "status") if (v := getattr(self, k))}
 
     @classmethod
-    def from_json(cls, text: str) -> Write:
-        d = json.loads(text)
-        metrics = tuple(Metric(*m) for m in d.pop("metrics", []))
-        return cls(metrics=metrics, **d)
+    def from_dict(cls, d: dict[str, Any]) -> Write:
+        metrics = tuple(Metric(*m) for m in d.get("metrics", []))
+        return cls(**{k: v for k, v in d.items() if k != "metrics"}, metrics=metrics)
 
 
 def deliver(client: Any, writes: list[Write]) -> None:
@@ -122,11 +122,11 @@ class Journal:
                     else:
                         writes[rec["seq"]] = rec["write"]
         self.last_seq = max(writes, default=0)
-        self.pending = [Write.from_json(w) for seq, w in sorted(writes.items()) if seq not in done]
+        self.pending = [(seq, Write.from_dict(w)) for seq, w in sorted(writes.items()) if seq not in done]
         self.f = open(path, "a")  # noqa: SIM115 - held for the queue's life
 
     def append(self, seq: int, w: Write) -> None:
-        self.f.write(json.dumps({"seq": seq, "write": w.to_json()}) + "\n")
+        self.f.write(json.dumps({"seq": seq, "write": w.to_dict()}) + "\n")
         self.f.flush()
         os.fsync(self.f.fileno())
 
@@ -150,26 +150,30 @@ class WriteQueue:
         self.writes: deque[tuple[int, Write]] = deque()  # undelivered, head first; it stays until it lands
         self.seq = 0
         self.journal: Journal | None = None
-        self.scratch = tempfile.mkdtemp(prefix="cp-tracking-")  # files of writes no journal holds
+        self.scratch = ""  # the files of writes no journal holds (made on first use, removed at exit)
         self.down_since: float | None = None
         self.cv = threading.Condition()
         threading.Thread(target=self._drain, daemon=True, name="tracking-writer").start()
 
     def use_journal(self, path: str) -> int:
-        """Journal every write to `path` from now on; what an earlier driver left there undelivered is queued
-        first. Returns how many writes that is."""
+        """Journal every write to `path` from now on (chosen before the first write); what an earlier driver
+        left there undelivered is queued first. Returns how many writes that is."""
         with self.cv:
+            if self.writes or self.journal is not None:
+                raise RuntimeError("a tracking journal is chosen once, before the first write")
             j = self.journal = Journal(path)
-            queued = [w for _, w in self.writes]  # the head may be in flight: it is delivered twice at most
-            self.writes.clear()
             self.seq = j.last_seq
-            for w in j.pending + queued:
+            for _, w in j.pending:
                 self._append(w)
+            j.done([seq for seq, _ in j.pending])  # queued again above, under new numbers
             self.cv.notify_all()
             return len(j.pending)
 
     def spool(self, name: str, data: bytes) -> str:
         """Keep `data` in a local file named `name` until a write uploads it; returns its path."""
+        if self.journal is None and not self.scratch:
+            self.scratch = tempfile.mkdtemp(prefix="cp-tracking-")
+            atexit.register(shutil.rmtree, self.scratch, ignore_errors=True)
         folder = os.path.join(self.journal.files if self.journal else self.scratch, uuid.uuid4().hex)
         os.makedirs(folder)
         path = os.path.join(folder, name)
