@@ -4,6 +4,7 @@ Local-store tests are fast; the server tests run a real `mlflow server` (sqlite)
 on a local GCS emulator, stop it mid-write and start it again.
 """
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from servers import gcs_client, start_gcs_emulator, start_mlflow_server
 from tenacity import wait_fixed
 from test_report import fake_records, make_spec
 
-from jobs.records import SummaryRecord, parse
+from jobs.records import StepRecord, SummaryRecord, parse
 from orchestrator.config.schema import Tracking
 from orchestrator.tracking import NullTracker, open_tracker
 from orchestrator.tracking import Tracker as TrackerProtocol
@@ -96,6 +97,38 @@ def test_parent_and_child_runs(sql_store, tmp_path, monkeypatch):
     assert as_text(again.stored_records(child.info.run_id)) == as_text(t.records(spec.trial_id))
     assert len(again.stored_records(child.info.run_id)) == 8  # start, 6 steps, summary
     assert again.stored_records(parent.info.run_id) == []  # no trial log there: nothing, and no raise
+
+
+def test_a_trial_taken_over_goes_on_with_the_records_the_store_has(store, tmp_path, monkeypatch):
+    """A driver killed mid-trial wrote no trial log; the driver that takes the trial over starts its log from the
+    start and step records behind the metrics the store has, so the log the trial ends with (read back for the
+    plots) holds both drivers' records, each step once."""
+    monkeypatch.chdir(tmp_path)
+    spec = make_spec("ring", 512, steps=5)
+    start, *steps, summary = [parse(r) for r in fake_records(spec)]
+    steps = [dataclasses.replace(r, t_ms=1_000 + r.step) for r in steps]
+    first = Tracker(store, "exp")
+    first.start_sweep("smoke", "sw", "local")
+    first.start_trial(spec, "sw")
+    first.set_status(spec.trial_id, "running")
+    first.log_records(spec.trial_id, [start, *steps[:3]])
+    assert first.flush(timeout=60)  # then killed: no trial log, status still running
+    again = Tracker(store, "exp")
+    again.resume("sw")
+    again.start_sweep("smoke", "sw", "local")
+    again.start_trial(spec, "sw")
+    assert [type(r).__name__ for r in again.records(spec.trial_id)] == ["StartRecord"] + ["StepRecord"] * 3
+    assert again.records(spec.trial_id)[1:] == steps[:3]  # what MLflow keeps of them: all of these fields
+    again.log_records(spec.trial_id, [start, *steps[1:], summary])  # the resumed attempt re-sends 1 and 2
+    again.set_status(spec.trial_id, "finished", terminal="FINISHED")
+    assert again.flush(timeout=60)
+    logged = Tracker(store, "exp").stored_records(again.run_id(spec.trial_id))
+    assert [r.step for r in logged if isinstance(r, StepRecord)] == [0, 1, 2, 3, 4]
+    assert [type(r).__name__ for r in logged].count("StartRecord") == 2 and isinstance(
+        logged[-1], SummaryRecord
+    )
+    c = MlflowClient(store)
+    assert [m.step for m in c.get_metric_history(again.run_id(spec.trial_id), "compile_s")] == [1, 2]
 
 
 def test_tracking_none_is_the_null_tracker_and_imports_no_mlflow():
