@@ -80,6 +80,7 @@ class Executor:
         self.summaries: dict[str, SummaryRecord] = {}
         self.history: dict[str, list[dict]] = {s.trial_id: [] for s in specs}  # per attempt: where, when, end
         self.interrupted = False
+        self.spare = None  # a process started for the next trial while these run (attempt.Spare)
 
     def run(self) -> dict[str, str]:
         old = signal.signal(signal.SIGINT, self._on_sigint)
@@ -99,6 +100,8 @@ class Executor:
             signal.signal(signal.SIGINT, old)
             if self.interrupted:
                 self._cancel_all()
+            if self.spare is not None:
+                sched.stop(self.spare)
         return self.outcomes
 
     def _on_sigint(self, *_) -> None:
@@ -113,7 +116,10 @@ class Executor:
             self.tracker.set_status(tid, "running")
             self.history[tid].append({"attempt": self.attempts[tid], "submitted": time.time(), "hosts": []})
             run_spec = with_checkpoint_dir(spec, self.sweep_id)
-            self.running[tid] = sched.Attempt(run_spec, self.attempts[tid], self.events)
+            spare, self.spare = (self.spare, None) if sched.starts_ahead(spec.cluster) else (None, self.spare)
+            self.running[tid] = sched.Attempt(run_spec, self.attempts[tid], self.events, spare)
+        if self.pending and self.spare is None and sched.starts_ahead(self.pending[0].cluster):
+            self.spare = sched.Spare.remote()  # its process starts now, while the running trials run
 
     def _on_placed(self, ev: sched.Event, spec: TrialSpec, att: dict) -> None:
         att |= {"placed": time.time(), **ev.info[0]}
