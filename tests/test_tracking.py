@@ -238,10 +238,12 @@ def blobs(host: str) -> list[str]:
     return [b.name for b in gcs_client(host).list_blobs(BUCKET)]
 
 
-def test_outage_buffers_every_write_and_a_run_waits_for_the_store(gcs_server):
+def test_outage_buffers_every_write_and_a_run_waits_for_the_store(gcs_server, monkeypatch):
     """The server is down when the parent run is opened (opening waits for it), then again while the trials'
     metrics, statuses and artifacts stream (nothing waits); once it is back, everything arrives once."""
     server, host, pg = gcs_server
+    # opening waits for the store until it is back, however slowly a loaded host restarts the server
+    monkeypatch.setattr("orchestrator.tracking.store.STORE_WAIT_S", 900.0)
     t = Tracker(server.url, "outage")
     assert t.finished_trials("sw-out") == {}  # the store is up at launch (a read)
     specs = [make_spec("ring", 512, steps=20), make_spec("all_gather", 1024, steps=20)]
