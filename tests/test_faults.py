@@ -1,5 +1,6 @@
 """Faults through the real CLI: a host process killed mid-trial, and the driver SIGKILLed mid-sweep."""
 
+import json
 import os
 import re
 import signal
@@ -266,13 +267,17 @@ def test_driver_sigkill_before_the_queue_drains_loses_no_write(tmp_path, postgre
             "+sweep.id=journal",
         ]
         drv = Driver(args, tmp_path)
-        drv.wait_for(r"attempt 1 on ")  # its runs exist: the driver flushes them before launching
+        drv.wait_for(r"attempt 1 on ")  # its runs exist: the driver opens them before launching
         server.stop()
         drv.wait_for(r": done loss=")  # printed after the finished status is queued
         drv.proc.send_signal(signal.SIGKILL)
         drv.proc.wait(timeout=60)
-        journals = list((tmp_path / ".cache" / "tracking").iterdir())
-        assert len(journals) == 1 and '"finished"' in journals[0].read_text()
+        (journal,) = (tmp_path / ".cache" / "tracking").glob("*.jsonl")
+        text = journal.read_text()
+        assert '"finished"' in text
+        # an artifact is journaled as the path of a file kept beside the journal, never as its bytes
+        files = [json.loads(line)["write"].get("file") for line in text.splitlines() if '"file"' in line]
+        assert any(f.endswith("/trial_log.txt") and os.path.isfile(f) for f in files), files
         server.start()
         c = MlflowClient(server.url)
         exp = c.get_experiment_by_name("cp_scaling")
