@@ -114,14 +114,14 @@ def tune_trial(config: dict) -> None:
 
     t_start, compile_s = time.time(), 0.0
     for rec in train(TrialSpec.from_json(config["spec"])):
-        if rec["kind"] == "start":
-            compile_s = rec["compile_s"]
-        elif rec["kind"] == "step":
+        if rec.kind == "start":
+            compile_s = rec.compile_s
+        elif rec.kind == "step":
             tune.report(
                 {
-                    "loss": rec["loss"],
-                    "step": rec["step"],
-                    "step_time_s": rec["step_time_s"],
+                    "loss": rec.loss,
+                    "step": rec.step,
+                    "step_time_s": rec.step_time_s,
                     "t_enter": t_enter,
                     "t_start": t_start,
                     "t_now": time.time(),
@@ -269,8 +269,12 @@ def main() -> int:
             tune_reference(args, specs, work),
             args.concurrency,
         )
-    tune_handoff = results.get("Ray Tune", res)["handoff_median_s"]
-    ok = res["handoff_median_s"] <= tune_handoff and res["span_over_ideal"] <= 1.10
+    tune = results.get("Ray Tune", res)
+    ok = (
+        res["overhead_median_s"] <= tune["overhead_median_s"]
+        and res["handoff_median_s"] <= tune["handoff_median_s"]
+        and res["span_over_ideal"] <= 1.10
+    )
     print(f"\ntargets ({TARGETS}): {'met' if ok else 'NOT met'}")
     if page:
         body = page_body(args, results, ok)
@@ -286,7 +290,7 @@ local Ray. A warm-up trial fills the JAX persistent compilation cache first, and
 subtracts the compile time and step 0 that the job measured, so what is left is scheduling, process start and
 tracking. Load from other processes on the host moves these figures: run it on a quiet machine."""
 
-TARGETS = "slot handoff median at most Ray Tune's, span at most 1.10 × ideal"
+TARGETS = "per-trial overhead and slot handoff medians at most Ray Tune's, span at most 1.10 × ideal"
 
 # (row label, key in report()'s dict, format, what it means)
 ROWS = [
@@ -310,7 +314,8 @@ ROWS = [
         "submit → job process running, median",
         "submit_to_process_median_s",
         "{:.2f} s",
-        "until the trial's process started",
+        "until the trial's host code runs in its process (ours: on the local Ray, the next trial's process is "
+        "started ahead, while the running trials run)",
     ),
     ("compile from the persistent cache, median", "compile_median_s", "{:.2f} s", "as the job measured it"),
     (

@@ -29,8 +29,8 @@ from orchestrator.ui import markdown  # noqa: E402
 
 def median_step_s(overrides: list[str]) -> float:
     (spec,) = expand(load(overrides))
-    summary = next(r for r in train(spec) if r["kind"] == "summary")
-    return summary["step_time_median_s"]
+    summary = next(r for r in train(spec) if r.kind == "summary")
+    return summary.step_time_median_s
 
 
 def main(argv: list[str]) -> int:

@@ -6,7 +6,6 @@ Only process 0 yields records.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -26,12 +25,12 @@ from jobs.hardware import compiled_bytes, device_memory, peak_tflops
 from jobs.mesh import make_mesh
 from jobs.profile import steps_problem
 from jobs.profile.trace import Profiler
-from jobs.records import StartRecord, StepRecord, SummaryRecord, parse
+from jobs.records import Record, StartRecord, StepRecord, SummaryRecord, parse
 from jobs.spec import TrialSpec
 from jobs.step import abstract_args, batch_shardings, make_train_step
 from jobs.strategies import rules as cp_rules
 
-Record = dict[str, Any]  # a record's dict form (jobs/records.py): what crosses the process boundary
+Fields = dict[str, Any]  # some fields of a start or summary record
 
 
 def init_distributed(coordinator: str, num_processes: int, process_id: int) -> None:
@@ -59,7 +58,7 @@ def configure_host(spec: TrialSpec) -> None:
             os.environ.setdefault(key, value)
 
 
-def memory_record(compiled) -> Record:
+def memory_record(compiled) -> Fields:
     ma = compiled.memory_analysis()
     if ma is None:
         return {}
@@ -73,7 +72,7 @@ def memory_record(compiled) -> Record:
     return out
 
 
-def slice_record(mesh: Mesh, dcn: str, slices: int) -> Record:
+def slice_record(mesh: Mesh, dcn: str, slices: int) -> Fields:
     """Where the dcn axis landed: per position along it, the processes holding it (a multislice check)."""
     if slices <= 1:
         return {}
@@ -110,8 +109,8 @@ def check(spec: TrialSpec) -> None:
 
 def train(spec: TrialSpec) -> Iterator[Record]:
     """Run the trial; yield a `start` record, one `step` record per step (a `profile` after each traced window
-    of run.profile_steps), then a `summary`, each in its dict form (jobs/records.py), which is what the Ray
-    batch, the standalone output and the checkpoint carry.
+    of run.profile_steps), then a `summary` (jobs/records.py); their dict form is what the Ray batch, the
+    standalone output and the checkpoint carry.
     With run.checkpoint_dir set, resume from its latest checkpoint and save every run.checkpoint_every steps."""
     check(spec)
     lead = jax.process_index() == 0
@@ -161,9 +160,9 @@ def train(spec: TrialSpec) -> Iterator[Record]:
             **mem,
             **slice_record(mesh, spec.mesh.dcn, slices),
             kernel_fallbacks=list(flash.FALLBACKS) or None,
-        ).to_dict()
+        )
         # The checkpoint's records: the driver may never have received them (it drops steps it holds).
-        yield from (r.to_dict() for r in history)
+        yield from history
 
     bsh = batch_shardings(spec, mesh)
     tokens = spec.tokens_per_step
@@ -215,22 +214,22 @@ def train(spec: TrialSpec) -> Iterator[Record]:
         if prev is not None and prof.opens(step):  # a trace holds its own steps only: the one before is done
             rec, prev = finish(*prev), None
             if lead:
-                yield rec.to_dict()
+                yield rec
         prof.start(step)
         state, metrics = compiled(state, _put(batches(step), bsh))
         faults.slow_step()
         if prev is not None:
             rec = finish(*prev)
             if lead:
-                yield rec.to_dict()
+                yield rec
             faults.at(rec.step, "after_report")
         prev = (step, metrics)
         if prof.closes(step):  # the window's last step done before the trace stops
             rec, prev = finish(*prev), None
             if lead:
-                yield rec.to_dict()
+                yield rec
             if (profile := prof.stop(step, state)) is not None:  # never in `history`: not checkpointed
-                yield profile.to_dict()
+                yield profile
             last = time.perf_counter()  # stopping and reading the trace is not the next step's time
         if ckpt and ckpt.due(step):
             # Report this step before saving, so the checkpoint holds every record up to the step it
@@ -241,13 +240,13 @@ def train(spec: TrialSpec) -> Iterator[Record]:
             ckpt.save(step, state, [r.to_dict() for r in history], batches.state(step + 1))
             faults.at(step, "after_save")
             if lead and rec:
-                yield rec.to_dict()
+                yield rec
             faults.at(step, "after_report")
             last = time.perf_counter()  # the save is not part of the next step's time
     if prev is not None:
         rec = finish(*prev)
         if lead:
-            yield rec.to_dict()
+            yield rec
     if ckpt:
         ckpt.close()
     if lead and history:
@@ -272,7 +271,7 @@ def train(spec: TrialSpec) -> Iterator[Record]:
             mfu=tflops_step / med / peak if peak == peak and peak > 0 else float("nan"),
             peak_bytes_in_use=device_memory()[1],
             **mem,
-        ).to_dict()
+        )
 
 
 def main(argv: list[str]) -> int:
@@ -283,7 +282,7 @@ def main(argv: list[str]) -> int:
         spec = TrialSpec.from_json(f.read())
     configure_host(spec)
     for rec in train(spec):
-        print(json.dumps(rec), flush=True)
+        print(rec.to_json(), flush=True)
     return 0
 
 

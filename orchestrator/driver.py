@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
-import time
+from typing import Any
+
+from tenacity import Retrying, retry_if_result, wait_fixed
 
 from jobs.spec import TrialSpec
 from orchestrator.config.schema import Options, sweep_identity
 from orchestrator.launch import cluster as clusters
-from orchestrator.launch.attempt import RetryBudgets
 from orchestrator.launch.executor import execute
 from orchestrator.results import gate as regress
 from orchestrator.results import report
@@ -32,10 +33,8 @@ def run(options: Options, specs: list[TrialSpec], rows: list) -> int:
     done = tracker.finished_trials(sweep_id)
     tracker.resume(sweep_id)  # steps an earlier driver of this sweep already logged are not logged twice
     tracker.start_sweep(name, sweep_id, cluster.name)
-    grid = [{"spec": json.loads(s.to_json()), "plan": r.as_dict()} for s, r in zip(specs, rows, strict=True)]
-    tracker.log_text("sweep", json.dumps(grid, indent=1), "grid.json")
 
-    runnable: list[tuple[TrialSpec, object]] = []
+    runnable: list[tuple[TrialSpec, Any]] = []
     seen: set[str] = set()
     with SweepProgress(options.progress) as progress:
         for spec, row in zip(specs, rows, strict=True):
@@ -43,7 +42,7 @@ def run(options: Options, specs: list[TrialSpec], rows: list) -> int:
             if tid in seen:
                 continue
             seen.add(tid)
-            label = f"{spec.strategy.name:<10} L={spec.context_length:<9} {spec.mesh.label()}"
+            label = layout.trial_label(spec.strategy.name, spec.context_length, spec.mesh.label(), "column")
             if tid in done:
                 progress.add(tid, label, spec.train.steps, "skipped", "finished earlier in this sweep")
             elif row.verdict != "run":
@@ -56,14 +55,19 @@ def run(options: Options, specs: list[TrialSpec], rows: list) -> int:
                 progress.add(tid, label, spec.train.steps)
                 tracker.open_trial(spec, sweep_id)  # described once its lease is ours
                 runnable.append((spec, row))
-        tracker.flush(timeout=30)
+        _log_grid(tracker, specs, rows, done)
         outcomes, todo, by_other = _run_leased(options, cluster, tracker, progress, sweep_id, runnable)
+    failed = [t for t, o in outcomes.items() if o not in ("finished", "infeasible")]
+    ran = {s.trial_id for s in todo if outcomes.get(s.trial_id) == "finished"}
+    plotted: list[report.TrialResult] = []
     try:  # a plot must never cost a sweep its exit code
-        ran = {s.trial_id for s in todo if outcomes.get(s.trial_id) == "finished"}
-        _report(tracker, specs, rows, ran, {**done, **{t: tracker.run_id(t) for t in by_other}})
+        plotted = _report(tracker, specs, rows, ran, {**done, **{t: tracker.run_id(t) for t in by_other}})
     except Exception:
         log.exception("sweep report failed")
-    failed = [t for t, o in outcomes.items() if o not in ("finished", "infeasible")]
+    verdict, code = None, 0
+    if recording(options.tracking) and options.gate.enabled:  # tracking=none: no store holds a baseline
+        settled = ran | set(done) | {t for t, status in by_other.items() if status == "finished"}
+        verdict, code = _gate(options, tracker, sweep_id, [t for t in plotted if t.spec.trial_id in settled])
     tracker.set_tags(
         "sweep", {"status": "failed" if failed else "finished", "trials_failed": str(len(failed))}
     )
@@ -83,43 +87,58 @@ def run(options: Options, specs: list[TrialSpec], rows: list) -> int:
         f"{len(failed)} failed, {len(done)} skipped (already finished){others}"
     )
     print(f"dashboard: {tracker.dashboard_hint()}")
-    if not recording(options.tracking):  # tracking=none: no store holds a baseline for the gate
-        return 1 if failed else 0
-    return _gate(options, sweep_id, failed=bool(failed))
+    if verdict is not None:
+        regress.render(verdict)
+    return 1 if failed else code
 
 
-def _report(tracker, specs: list[TrialSpec], rows: list, ran: set[str], stored: dict) -> None:
+def _log_grid(tracker, specs: list[TrialSpec], rows: list, done: dict[str, str]) -> None:
+    """grid.json on the parent run: the grid's table, each point's plan row and the child run holding its spec
+    (trial_spec.json), so no spec is stored twice."""
+    grid = []
+    for spec, row in zip(specs, rows, strict=True):
+        rid = tracker.run_id(spec.trial_id) or done.get(spec.trial_id)
+        grid.append({"spec": f"runs:/{rid}/trial_spec.json" if rid else "", "plan": row.as_dict()})
+    tracker.log_text("sweep", json.dumps(grid, indent=1), "grid.json")
+
+
+def _report(
+    tracker, specs: list[TrialSpec], rows: list, ran: set[str], stored: dict
+) -> list[report.TrialResult]:
     """The sweep's plots over every trial it has finished: those this driver ran (from its own records) and
-    those an earlier or another driver of this sweep finished (`stored`: trial id -> run id, read back)."""
-    predicted = {s.trial_id: r.predicted_hbm_bytes_per_device for s, r in zip(specs, rows, strict=True)}
-    step_s = {s.trial_id: r.predicted_step_s for s, r in zip(specs, rows, strict=True)}
+    those an earlier or another driver of this sweep settled (`stored`: trial id -> run id, read back).
+    Returns the trials the plots cover."""
+    by_id = {s.trial_id: r for s, r in zip(specs, rows, strict=True)}
     finished = list({s.trial_id: s for s in specs if s.trial_id in ran or stored.get(s.trial_id)}.values())
 
     def records_of(tid: str) -> list:
         return tracker.records(tid) if tid in ran else tracker.stored_records(stored[tid])
 
-    plotted = report.publish(tracker, finished, predicted, step_s, records_of)
-    tracker.set_tags("sweep", {"plots_trials": str(plotted)})
+    trials = report.publish(tracker, finished, by_id, records_of)
+    tracker.set_tags("sweep", {"plots_trials": str(len(trials))})
+    return trials
 
 
 def _describe(tracker, spec: TrialSpec, row, sweep_id: str) -> None:
     """A trial this driver holds: its params, spec, status and predictions on its child run."""
     tracker.start_trial(spec, sweep_id, predicted_bytes=row.predicted_hbm_bytes_per_device)
-    if row.predicted_step_s is not None:  # next to the measured final_step_time_median_s
-        tracker.log_metrics(spec.trial_id, {"predicted_step_time_s": row.predicted_step_s})
-        layout.log_predicted(tracker, spec)  # its terms, beside what a profile measures
+    if row.step is not None:  # the plan's terms: next to the measured final_step_time_median_s and a profile
+        tracker.log_metrics(spec.trial_id, {"predicted_step_time_s": row.step.step_s})
+        layout.log_predicted(tracker, spec.trial_id, row.step)
 
 
 def _run_leased(options: Options, cluster, tracker, progress: SweepProgress, sweep_id: str, runnable: list):
     """Claim the runnable trials' leases (orchestrator/tracking/leases.py), run this driver's, then wait for those
-    another driver holds. Returns (trial id -> outcome, the specs run here, trial ids another driver settled)."""
+    another driver holds. Returns (trial id -> outcome, the specs run here, trial id -> the status another driver
+    settled it with)."""
     outcomes: dict[str, str] = {}
     ran: list[TrialSpec] = []
 
     def launch(batch: list[TrialSpec]) -> None:
         clusters.connect(cluster)
-        budgets = RetryBudgets(options.retries.preemption, options.retries.failure)
-        outcomes.update(execute(batch, tracker, progress, clusters.concurrency(cluster), budgets, sweep_id))
+        outcomes.update(
+            execute(batch, tracker, progress, clusters.concurrency(cluster), options.retries, sweep_id)
+        )
         ran.extend(batch)
 
     leases = tracker.leases()
@@ -136,7 +155,6 @@ def _run_leased(options: Options, cluster, tracker, progress: SweepProgress, swe
         mine, held = _claim(leases, runnable, progress, tracker)
         for spec, row in mine:
             _describe(tracker, spec, row, sweep_id)
-        tracker.flush(timeout=30)
         if mine:
             launch([spec for spec, _ in mine])
         by_other = _wait_for_others(leases, held, tracker, progress, sweep_id, launch, outcomes)
@@ -153,18 +171,20 @@ def _claim(leases, runnable: list, progress: SweepProgress, tracker) -> tuple[li
         claim = None if holder else _try_claim(leases, spec.trial_id)
         if claim is not None and claim.ours:
             if claim.epoch > 1:  # taken from a driver that died: what it logged since resume() is known too
-                try:
-                    tracker.refresh(spec.trial_id)
-                except Exception as e:  # noqa: BLE001 - resume()'s reading stands
-                    log.warning(
-                        "trial %s: its steps could not be re-read (%s)", spec.trial_id, type(e).__name__
-                    )
+                _refresh(tracker, spec.trial_id)
             mine.append((spec, row))
             continue
         holder = holder or claim.holder
         held[spec.trial_id] = (spec, row)
         progress.event(spec.trial_id, f"left to driver {holder}, which holds this sweep: waiting")
     return mine, held
+
+
+def _refresh(tracker, tid: str) -> None:
+    try:
+        tracker.refresh(tid)
+    except Exception as e:  # noqa: BLE001 - resume()'s reading stands
+        log.warning("trial %s: its steps could not be re-read (%s)", tid, type(e).__name__)
 
 
 def _try_claim(leases, tid: str):
@@ -176,55 +196,61 @@ def _try_claim(leases, tid: str):
         return SoleLeases().claim(tid)
 
 
-def _wait_for_others(leases, held: dict, tracker, progress, sweep_id: str, launch, outcomes: dict) -> list:
+def _wait_for_others(
+    leases, held: dict, tracker, progress, sweep_id: str, launch, outcomes: dict
+) -> dict[str, str]:
     """Until every trial another driver holds is settled. What it finished or failed is its result (reported,
-    not rerun); a trial whose driver died first is claimed and run here. Returns the ids the other settled."""
-    by_other: list[str] = []
-    try:
-        while held and "cancelled" not in outcomes.values():
-            time.sleep(WAIT_POLL_S)
-            taken = []
-            for tid, (spec, row) in list(held.items()):
-                try:
-                    claim = leases.claim(tid, settled=("finished", "failed"))
-                    if claim.ours:
-                        tracker.refresh(tid)  # the steps its last driver logged are not logged again
-                except Exception as e:  # noqa: BLE001 - the store is away: look again at the next poll
-                    log.warning("trial %s: its lease could not be read (%s); waiting", tid, type(e).__name__)
-                    continue
+    not rerun); a trial whose driver died first is claimed and run here. Returns trial id -> the status the
+    other driver settled it with."""
+    by_other: dict[str, str] = {}
+
+    def look() -> int:
+        """One look at the held trials' leases; how many are still held by another driver."""
+        taken = []
+        for tid, (spec, row) in list(held.items()):
+            try:
+                claim = leases.claim(tid, settled=("finished", "failed"))
                 if claim.ours:
-                    _describe(tracker, spec, row, sweep_id)
-                    taken.append(spec)
-                    progress.event(tid, "its driver is gone: taken over")
-                elif claim.status in ("finished", "failed"):
-                    by_other.append(tid)
-                    progress.update(tid, state="skipped", note=f"{claim.status} by driver {claim.holder}")
-                else:
-                    continue
-                del held[tid]
-            if taken:
-                tracker.flush(timeout=30)
-                launch(taken)
+                    tracker.refresh(tid)  # the steps its last driver logged are not logged again
+            except Exception as e:  # noqa: BLE001 - the store is away: look again at the next poll
+                log.warning("trial %s: its lease could not be read (%s); waiting", tid, type(e).__name__)
+                continue
+            if claim.ours:
+                _describe(tracker, spec, row, sweep_id)
+                taken.append(spec)
+                progress.event(tid, "its driver is gone: taken over")
+            elif claim.status in ("finished", "failed"):
+                by_other[tid] = claim.status
+                progress.update(tid, state="skipped", note=f"{claim.status} by driver {claim.holder}")
+            else:
+                continue
+            del held[tid]
+        if taken:
+            launch(taken)
+        return len(held)
+
+    def waiting(left: int) -> bool:
+        return left > 0 and "cancelled" not in outcomes.values()
+
+    try:
+        if held:
+            Retrying(retry=retry_if_result(waiting), wait=wait_fixed(WAIT_POLL_S))(look)
     except KeyboardInterrupt:
         print(f"interrupted: {len(held)} trials held by another driver are left to it", flush=True)
     return by_other
 
 
-def _gate(options: Options, sweep_id: str, failed: bool) -> int:
-    """Exit code: 1 when a trial failed, else 3 (regress.EXIT_REGRESSION) when the regression gate trips."""
-    code = 0
-    if options.gate.enabled:
-        try:
-            g = options.gate
-            code = regress.gate(
-                options.tracking.uri,
-                options.tracking.experiment,
-                sweep_id,
-                max_drop=g.max_drop,
-                window=g.window,
-                noise_k=g.noise_k,
-            )
-        except Exception:
-            log.exception("regression gate could not read the tracking store")
-            code = 1
-    return 1 if failed else code
+def _gate(options: Options, tracker, sweep_id: str, finished: list) -> tuple[Any, int]:
+    """(the regression gate's verdict, 0 or regress.EXIT_REGRESSION) over the trials this sweep finished, as
+    this driver holds them (`tracker`: the MLflow one); the store is asked only for their baselines. (None, 1)
+    when it cannot answer."""
+    g = options.gate
+    measured = [regress.from_trial(t, sweep_id, tracker.started[t.spec.trial_id]) for t in finished]
+    try:
+        args = (g.max_drop, g.window, g.noise_k, measured)
+        result = tracker.call(regress.compare, tracker.client, tracker.experiment_id(), sweep_id, *args)
+    except Exception:
+        log.exception("regression gate could not read the tracking store")
+        return None, 1
+    tracker.set_tags("sweep", regress.tags(result))
+    return result, regress.exit_code(result)

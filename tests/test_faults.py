@@ -1,5 +1,6 @@
 """Faults through the real CLI: a host process killed mid-trial, and the driver SIGKILLed mid-sweep."""
 
+import json
 import os
 import re
 import signal
@@ -13,9 +14,11 @@ from conftest import ROOT, run_cli
 from mlflow import MlflowClient
 from servers import start_mlflow_server
 
+from jobs.records import StartRecord, StepRecord
 from jobs.train import train
 from orchestrator.config.grid import expand
 from orchestrator.config.load import load
+from orchestrator.tracking.layout import LOG_ARTIFACT, parse_trial_log
 
 PLACED = re.compile(r"attempt (\d+) on (?:\S+: )?0=pid (\d+)@\S+?(?:, 1=pid (\d+)@\S+)?$")
 
@@ -116,7 +119,7 @@ def test_killed_host_is_preempted_and_the_trial_resumes(tmp_path, stdlib_corpus)
     _assert_every_step_once(client, run, 12)
     # a fresh loader would have fed batches 0, 1, ... again from step 3; fp32, gloo sums in its own order
     (spec,) = expand(load([*KILL_ARGS[:3], *data, "cluster=local"]))
-    whole = [r["loss"] for r in train(spec) if r["kind"] == "step"]
+    whole = [r.loss for r in train(spec) if r.kind == "step"]
     got = [m.value for m in sorted(client.get_metric_history(run.info.run_id, "loss"), key=lambda m: m.step)]
     assert got == pytest.approx(whole, rel=1e-5, abs=1e-6), (got, whole)
 
@@ -168,6 +171,13 @@ def test_driver_killed_mid_trial_then_rerun_logs_every_step_once(tmp_path):
     assert run.data.tags["status"] == "finished"
     assert [m.value for m in client.get_metric_history(run.info.run_id, "resumed_from_step")][-1] == 9
     _assert_every_step_once(client, run, 12)
+    # the trial log, read back for plots, holds both drivers' records: the killed one's steps too, each once
+    logged = parse_trial_log(
+        open(client.download_artifacts(run.info.run_id, LOG_ARTIFACT, str(tmp_path))).read()
+    )
+    assert [r.step for r in logged if isinstance(r, StepRecord)] == list(range(12))
+    starts = [r.resumed_from_step for r in logged if isinstance(r, StartRecord)]
+    assert starts[0] == 0 and starts[-1] == 9, starts
 
 
 @pytest.mark.slow
@@ -257,13 +267,17 @@ def test_driver_sigkill_before_the_queue_drains_loses_no_write(tmp_path, postgre
             "+sweep.id=journal",
         ]
         drv = Driver(args, tmp_path)
-        drv.wait_for(r"attempt 1 on ")  # its runs exist: the driver flushes them before launching
+        drv.wait_for(r"attempt 1 on ")  # its runs exist: the driver opens them before launching
         server.stop()
         drv.wait_for(r": done loss=")  # printed after the finished status is queued
         drv.proc.send_signal(signal.SIGKILL)
         drv.proc.wait(timeout=60)
-        journals = list((tmp_path / ".cache" / "tracking").iterdir())
-        assert len(journals) == 1 and '"finished"' in journals[0].read_text()
+        (journal,) = (tmp_path / ".cache" / "tracking").glob("*.jsonl")
+        text = journal.read_text()
+        assert '"finished"' in text
+        # an artifact is journaled as the path of a file kept beside the journal, never as its bytes
+        files = [json.loads(line)["write"].get("file") for line in text.splitlines() if '"file"' in line]
+        assert any(f.endswith("/trial_log.txt") and os.path.isfile(f) for f in files), files
         server.start()
         c = MlflowClient(server.url)
         exp = c.get_experiment_by_name("cp_scaling")

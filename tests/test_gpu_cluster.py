@@ -193,6 +193,6 @@ def test_two_node_gpu_trial_trains_like_one_process_across_a_lost_node(tmp_path)
     # the reference: the same trial without the dcn axis on this process's 8 devices, no Ray
     (spec,) = expand(load([*TRIAL, "cluster=local"]))
     assert spec.mesh.label() == "context8"
-    want = [r["loss"] for r in train(spec) if r["kind"] == "step"]
+    want = [r.loss for r in train(spec) if r.kind == "step"]
     got = [v for _, v in steps]  # fp32; gloo may sum across processes in another order than in-process
     assert len(want) == 3 and got == pytest.approx(want, rel=1e-5, abs=1e-5), (want, got)

@@ -83,7 +83,7 @@ def test_a_trial_reports_its_kernel_fallback():
         "cluster=local",
     ]
     (spec,) = expand(load(args))
-    start = next(r for r in train(spec) if r["kind"] == "start")
+    start = next(r.to_dict() for r in train(spec) if r.kind == "start")
     if HAS_GPU:
         assert start.get("kernel_fallbacks") is None  # bf16, even blocks: cuDNN takes every hop
     else:

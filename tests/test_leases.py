@@ -135,6 +135,6 @@ def test_a_reservation_whose_run_was_never_created_is_taken_up_by_its_owner(sql_
     ident = {"sweep_id": "s", "kind": "sweep"}
     with pytest.raises(ConnectionError):
         find_or_create(client, exp, ident, {}, "s", owner="me")
-    rid, found = find_or_create(client, exp, ident, {}, "s", owner="me")
+    rid, found, _ = find_or_create(client, exp, ident, {}, "s", owner="me")
     assert not found and [r.info.run_id for r in client.search_runs([exp], "tags.sweep_id = 's'")] == [rid]
-    assert find_or_create(client, exp, ident, {}, "s", owner="other") == (rid, True)
+    assert find_or_create(client, exp, ident, {}, "s", owner="other")[:2] == (rid, True)

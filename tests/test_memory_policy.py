@@ -116,7 +116,7 @@ def test_cpu_losses_equal_plain_full_remat(memory):
 def losses(spec: TrialSpec) -> tuple[float, ...]:
     from jobs.train import train
 
-    return tuple(r["loss"] for r in train(spec) if r["kind"] == "step")
+    return tuple(r.loss for r in train(spec) if r.kind == "step")
 
 
 def test_offload_and_host_state_compile_to_tpu_host_memory():

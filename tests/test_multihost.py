@@ -39,7 +39,7 @@ def test_local_multihost_matches_local_loss_curves(tmp_path):
     # the reference: the same grid on one process with 8 devices (this one), no Ray; the cluster is
     # execution, not identity, so its trials have the multi-host ones' ids
     single = {
-        s.trial_id: [r["loss"] for r in train(s) if r["kind"] == "step"]
+        s.trial_id: [r.loss for r in train(s) if r.kind == "step"]
         for s in expand(load([*GRID, "cluster=local"]))
     }
     assert set(single) == set(multi) and len(single) == 2

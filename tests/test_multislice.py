@@ -212,7 +212,7 @@ def test_two_slice_trial_trains_like_one_process_across_a_lost_host(tmp_path):
     # the reference: the same trial without the dcn axis on this process's 8 devices, no Ray
     (spec,) = expand(load([*TRIAL, "cluster=local"]))
     assert spec.mesh.label() == "context8"
-    want = [r["loss"] for r in train(spec) if r["kind"] == "step"]
+    want = [r.loss for r in train(spec) if r.kind == "step"]
     # fp32; gloo's cross-process reductions may sum in another order than in-process ones
     got = _losses(client, two)
     assert len(want) == 3 and got == pytest.approx(want, rel=1e-5, abs=1e-5), (want, got)

@@ -182,7 +182,9 @@ def test_outputs():
     render_table(rows, console)
     text = console.export_text()
     assert "infeasible" in text and "1 run, 1 infeasible, 1 invalid" in text
-    assert "step s (band)" in text and "MFU ≤ (roofline)" not in text  # compact: the roofline is in the reason
+    assert (
+        "step s (band)" in text and "MFU ≤ (roofline)" not in text
+    )  # compact: the roofline is in the reason
     assert max(len(line.rstrip()) for line in text.splitlines()) <= 100
     console = Console(record=True, width=300)
     render_table(rows, console, wide=True)

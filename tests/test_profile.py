@@ -131,7 +131,7 @@ def test_a_profiled_trial_traces_its_step_and_resumes_without_the_trace(tmp_path
         f"run.checkpoint_dir={tmp_path / 'ckpt'}",
     ]  # a save right after the trace
     spec = expand(load([*TRIAL, *run]))[0]
-    recs = list(train(spec))
+    recs = [r.to_dict() for r in train(spec)]  # the form a Ray batch carries
     kinds = [(r["kind"], r.get("step", r.get("first_step"))) for r in recs]
     assert kinds[1:6] == [("step", 0), ("step", 1), ("step", 2), ("profile", 2), ("step", 3)], kinds
     steps = {r["step"]: r for r in recs if r["kind"] == "step"}
@@ -152,7 +152,8 @@ def test_a_profiled_trial_traces_its_step_and_resumes_without_the_trace(tmp_path
     # the host's step ends when the loss is ready on one device, the trace's when the last device is done
     assert 0 < p.step_s <= 1.1 * steps[2]["step_time_s"]
 
-    again = list(train(spec))  # resumes after the save at step 2: its history carries no trace
+    # resumes after the save at step 2: its history carries no trace
+    again = [r.to_dict() for r in train(spec)]
     print(f"compile {recs[0]['compile_s']:.1f} s, resumed {again[0]['compile_s']:.1f} s")
     assert [r["kind"] for r in again] == ["start", "step", "step", "step", "step", "summary"]
     assert again[0]["resumed_from_step"] == 3 and again[3].get("profiled") is True

@@ -14,8 +14,9 @@ import pytest
 from test_report import fake_records, make_spec
 
 from jobs.records import StartRecord, StepRecord, SummaryRecord, as_record, parse, parse_known
-from orchestrator.launch import executor
-from orchestrator.launch.attempt import Event, RetryBudgets
+from orchestrator.config.schema import Retries
+from orchestrator.launch import attempt, executor
+from orchestrator.launch.attempt import Event
 from orchestrator.tracking import NullTracker
 from orchestrator.tracking.layout import START_METRICS, STEP_METRICS, SUMMARY_METRICS, record_points
 
@@ -91,7 +92,7 @@ def test_an_old_checkpoints_step_record_loads():
     old = {k: v for k, v in STEP.items() if k != "t_ms"}  # step records before they carried their own time
     rec = parse(old)
     assert rec.t_ms is None and rec.to_dict() == old
-    assert record_points(rec, now=42)[0][2] == 42  # logged at the driver's time instead
+    assert record_points(rec, now=42)[0].timestamp == 42  # logged at the driver's time instead
 
 
 def test_a_newer_jobs_keys_are_kept_and_a_newer_kind_is_skipped():
@@ -137,7 +138,7 @@ def generic_points(d: dict, now: int, attempt: int) -> dict[str, tuple[float, in
 
 @pytest.mark.parametrize("d", [START, STEP, SUMMARY], ids=["start", "step", "summary"])
 def test_a_typed_record_logs_the_points_its_dict_did(d):
-    got = {k: (v, t, s) for k, v, t, s in record_points(parse(d), now=7, attempt=2)}
+    got = {m.key: (m.value, m.timestamp, m.step) for m in record_points(parse(d), now=7, attempt=2)}
     assert got == generic_points(d, 7, 2)
 
 
@@ -157,11 +158,11 @@ class Quiet:
         self.updates.append(kw)
 
 
-def test_the_executor_types_a_batch_at_the_seam():
+def test_the_executor_gets_a_batch_typed_once_at_the_seam():
     spec = make_spec("ring", 512, steps=2)
     tracker, progress = Recorder(), Quiet()
-    ex = executor.Executor([spec], tracker, progress, 1, RetryBudgets(), "")
-    batch = [*fake_records(spec), {"kind": "eval", "loss": 1.0}]  # a newer job's kind: skipped
+    ex = executor.Executor([spec], tracker, progress, 1, Retries(), "")
+    batch = parse_known([*fake_records(spec), {"kind": "eval", "loss": 1.0}])  # a newer job's kind: skipped
     ex._on_records(Event(spec.trial_id, 1, "records", records=batch), spec, {})
     ((_, logged, _),) = tracker.logged
     assert [type(r) for r in logged] == [StartRecord, StepRecord, StepRecord, SummaryRecord]
@@ -171,8 +172,11 @@ def test_the_executor_types_a_batch_at_the_seam():
     assert metrics["step_time_s"] == 0.5 and metrics["memory_gib"] == 2**26 / 2**30
 
 
-def test_retry_budgets_have_one_name():
-    assert not hasattr(executor, "Budgets")
+def test_retry_budgets_have_one_declaration():
+    """The config's Retries is the budget the executor spends: no second declaration to keep equal."""
+    assert not hasattr(executor, "Budgets") and not hasattr(attempt, "RetryBudgets")
+    budgets = Retries(preemption=2, failure=0)
+    assert [attempt.budget(budgets, o) for o in attempt.Outcome] == [0, 2, 0, 0, 0]
 
 
 def test_record_tags_say_what_the_summary_covers_and_why_a_kernel_fell_back():

@@ -145,39 +145,43 @@ def base(name: str) -> str:
     return name.removesuffix("/<strategy>").removesuffix("/<bucket>")
 
 
-class _Ops(list):
-    def put(self, op: dict) -> None:
-        self.append(op)
-
-
 @pytest.fixture(scope="module")
-def planned() -> dict[str, set[str]]:
-    """What planrecord.record writes for a small plan (with compiles), through the real Tracker's methods, as
+def planned(tmp_path_factory) -> dict[str, set[str]]:
+    """What planrecord.record writes for a small plan (with compiles), read back from a real store, as
     "parent tags", "child metrics", ... -> names."""
-    from orchestrator.plan import plan
+    from types import SimpleNamespace
+
+    from mlflow import MlflowClient
+
+    from orchestrator.plan import aot, plan
     from orchestrator.results import planned as planrecord
     from orchestrator.tracking.store import Tracker
 
     specs = expand(load(["+sweep=smoke"]))
     rows = plan(specs)
-    tracker = Tracker.__new__(Tracker)  # no store and no writer thread: the ops are kept, not delivered
-    tracker.queue, tracker.logs = _Ops(), {}
-    from types import SimpleNamespace
-
-    from orchestrator.plan import aot
-
+    uri = f"sqlite:///{tmp_path_factory.mktemp('planned') / 'mlflow.db'}"
+    tracker = Tracker(uri, "planned", str(tmp_path_factory.mktemp("artifacts")))
     result = aot.CompileResult(peak_bytes=1, compiler_peak_bytes=1)
     compiled = {s.trial_id: SimpleNamespace(result=result) for s in specs}  # trial id -> aot.Comparison
     planrecord.record(tracker, "smoke", "x", specs, rows, compiled)
+    assert tracker.flush(timeout=120)
+    client = MlflowClient(uri)
     out: dict[str, set[str]] = defaultdict(set)
-    for op in tracker.queue:
-        run = "parent" if op["key"] == "sweep" else "child"
-        for kind in ("identity", "tags", "params"):
-            out[f"{run} {'params' if kind == 'params' else 'tags'}"] |= set(op.get(kind, {}))
-        out[f"{run} tags"] |= {"mlflow.parentRunId"} if op.get("parent") else set()
-        out[f"{run} metrics"] |= {base_of_planned(p[0]) for p in op.get("metrics", [])}
-        out[f"{run} artifacts"] |= {op["path"]} if "path" in op else set()
+    for r in client.search_runs([tracker.experiment_id()]):
+        run = "parent" if r.data.tags["kind"] == "sweep" else "child"
+        # MLflow's own tags but the parent link are not the layout's
+        out[f"{run} tags"] |= {
+            t for t in r.data.tags if not t.startswith("mlflow.") or t == "mlflow.parentRunId"
+        }
+        out[f"{run} params"] |= set(r.data.params)
+        out[f"{run} metrics"] |= {base_of_planned(m) for m in r.data.metrics}
+        out[f"{run} artifacts"] |= {a.path for a in _files(client, r.info.run_id)}
     return out
+
+
+def _files(client, run_id: str, path: str | None = None) -> list:
+    found = client.list_artifacts(run_id, path)
+    return [f for a in found for f in (_files(client, run_id, a.path) if a.is_dir else [a])]
 
 
 def base_of_planned(metric: str) -> str:

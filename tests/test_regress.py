@@ -105,6 +105,33 @@ def test_trials_with_other_baseline_runs_name_them_in_their_row():
     )
 
 
+def test_the_drivers_trials_are_compared_and_only_their_baselines_read(client, monkeypatch):
+    """The driver passes the trials it holds: the store is asked for their baseline runs, never for them."""
+    log_sweep(client, "s1")
+    eid = client.get_experiment_by_name(EXP).experiment_id
+    now = int(time.time() * 1000) + 1
+    measured = [
+        regress.Measured(
+            tid,
+            "s2",
+            strategy,
+            length,
+            "context8",
+            "",
+            now,
+            {"final_mfu": 0.2 * s, "final_tokens_per_s": 1000.0 * length / 512 * s},
+        )
+        for (strategy, length, tid), s in zip(POINTS, (1.0, 1.0, 0.7), strict=True)
+    ]
+    filters = []
+    search = client.search_runs
+    monkeypatch.setattr(client, "search_runs", lambda ids, f, **kw: filters.append(f) or search(ids, f, **kw))
+    res = regress.compare(client, eid, "s2", 0.10, measured=measured)  # no run of sweep s2 in the store
+    assert [c.label for c in res.regressions] == ["ring L=1024 context8"]
+    assert [c.baseline_sweep for c in res.changes] == ["s1"] * 3
+    assert len(filters) == 3 and all("tags.sweep_id != 's2'" in f for f in filters)
+
+
 def test_unchanged_sweep_passes_and_is_tagged(client, store):
     log_sweep(client, "s1")
     parent = log_sweep(client, "s2", {"t-ring-512": 0.95})  # a 5% wobble is under the 10% threshold

@@ -1,6 +1,7 @@
 """The sweep report: figures from specs, summaries and loss curves, with no store and no devices."""
 
 import io
+from types import SimpleNamespace
 
 import pytest
 from matplotlib.figure import Figure
@@ -21,6 +22,15 @@ def make_spec(strategy: str = "ring", length: int = 1024, steps: int = 4) -> Tri
         train=TrainSpec(steps=steps),
         cluster=ClusterSpec(),  # local: 1 GiB of HBM per device in the planner's model
         axes=(("strategy", strategy), ("context_length", length)),
+    )
+
+
+def planned(predicted_bytes: int | None = None, step=None) -> SimpleNamespace:
+    """What the report reads of a PlanRow: its memory, its step time and the StepTime behind it."""
+    return SimpleNamespace(
+        predicted_hbm_bytes_per_device=predicted_bytes,
+        predicted_step_s=step.step_s if step else None,
+        step=step,
     )
 
 
@@ -76,8 +86,8 @@ def trials():
         for s in specs
     }
     recs[specs[-1].trial_id] = recs[specs[-1].trial_id][:-1]  # no summary: not finished, left out
-    predicted = {s.trial_id: s.context_length * 2**17 for s in specs}
-    return collect(specs, lambda tid: recs.get(tid, []), predicted)
+    rows = {s.trial_id: planned(s.context_length * 2**17) for s in specs}
+    return collect(specs, lambda tid: recs.get(tid, []), rows)
 
 
 def test_collect_keeps_finished_trials_with_curves(trials):
@@ -142,7 +152,7 @@ def test_loss_by_position_is_a_metric_and_a_parent_plot():
     from orchestrator.tracking.layout import record_points
 
     rec = StepRecord(step=3, t_ms=1, loss=2.0, loss_by_position={"0-256": 2.5, "256-1K": 1.5})
-    names = {p[0]: p[1] for p in record_points(rec, now=1)}
+    names = {p.key: p.value for p in record_points(rec, now=1)}
     assert names["loss_by_position/0-256"] == 2.5 and names["loss_by_position/256-1K"] == 1.5
     specs = [make_spec(s, L) for s in ("ring", "usp") for L in (1024, 4096)]
     trials = [
@@ -168,7 +178,7 @@ def test_recall_accuracy_by_distance_is_a_metric_and_a_parent_plot():
         StepRecord(step=i, t_ms=1, loss=2.0, accuracy_by_distance={"0-256": a, "256-1K": 0.5})
         for i, a in enumerate((0.1, 0.2, 0.4, 0.6))
     ]
-    names = {p[0]: p[1] for p in record_points(recs[-1], now=1)}
+    names = {p.key: p.value for p in record_points(recs[-1], now=1)}
     assert names["accuracy_by_distance/0-256"] == 0.6 and names["accuracy_by_distance/256-1K"] == 0.5
     assert _last_steps(recs, "accuracy_by_distance") == pytest.approx({"0-256": 0.4, "256-1K": 0.5})
     spec = make_spec("ring", 1024)
@@ -209,7 +219,7 @@ def test_a_runtime_peak_is_drawn_beside_the_compiled_and_planned_memory():
     spec = make_spec("ring", 1024)
     recs = fake_records(spec, mem=2**27)
     recs[-1]["peak_bytes_in_use"] = 3 * 2**26  # a TPU or GPU backend reports its allocator's peak
-    (t,) = collect([spec], lambda tid: recs, {spec.trial_id: 2**28})
+    (t,) = collect([spec], lambda tid: recs, {spec.trial_id: planned(2**28)})
     lines = {
         ln.get_label(): list(ln.get_ydata())
         for ln in make_figures([t])["memory_vs_context"].axes[0].get_lines()
@@ -217,3 +227,29 @@ def test_a_runtime_peak_is_drawn_beside_the_compiled_and_planned_memory():
     assert lines["ring compiled"] == pytest.approx([0.125])
     assert lines["ring measured (runtime peak)"] == pytest.approx([0.1875])
     assert lines["ring predicted"] == pytest.approx([0.25])
+
+
+def test_the_plans_terms_are_drawn_unless_the_trial_ran_at_another_peak(monkeypatch):
+    """A chip with a spec-sheet peak ran at the plan's rate: its breakdown bars are the PlanRow's StepTime, and
+    the step-time model is not run again. A CPU trial measured its own rate: re-priced at that, once."""
+    from orchestrator.plan import steptime
+    from orchestrator.results.report import predicted_groups
+
+    tpu = make_spec("ring", 1024)
+    tpu = TrialSpec(
+        **{**tpu.__dict__, "cluster": ClusterSpec(hbm_bytes_per_device=GIB, peak_tflops_per_device=459.0)}
+    )
+    cpu = make_spec("ring", 2048)
+    terms = {s.trial_id: steptime.step_time(s) for s in (tpu, cpu)}
+    prof = {"kind": "profile", "first_step": 2, "last_step": 2, "step_s": 0.4, "seconds": {"matmul": 0.1}}
+    calls = []
+    real = steptime.step_time
+    monkeypatch.setattr(steptime, "step_time", lambda spec, **kw: calls.append(kw) or real(spec, **kw))
+    recs = {s.trial_id: [*fake_records(s), prof] for s in (tpu, cpu)}
+    got = collect([tpu, cpu], recs.__getitem__, {t: planned(step=st) for t, st in terms.items()})
+    assert got[0].terms is terms[tpu.trial_id] and got[0].predicted_step_at_run_s is None
+    assert calls == [{"peak": 0.1}]  # the CPU trial only, at the peak its start record measured
+    assert got[1].terms.peak_tflops == 0.1 and got[1].predicted_step_at_run_s == got[1].terms.step_s
+    bars = make_figures(got)["measured_vs_predicted"].axes[0].patches
+    heights = [b.get_height() for b in bars][: len(predicted_groups(terms[tpu.trial_id]))]
+    assert heights == pytest.approx(list(predicted_groups(terms[tpu.trial_id]).values()))

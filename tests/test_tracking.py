@@ -4,6 +4,7 @@ Local-store tests are fast; the server tests run a real `mlflow server` (sqlite)
 on a local GCS emulator, stop it mid-write and start it again.
 """
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -15,9 +16,10 @@ from conftest import ROOT, run_cli
 from matplotlib.figure import Figure
 from mlflow import MlflowClient
 from servers import gcs_client, start_gcs_emulator, start_mlflow_server
+from tenacity import wait_fixed
 from test_report import fake_records, make_spec
 
-from jobs.records import SummaryRecord, parse
+from jobs.records import StepRecord, SummaryRecord, parse
 from orchestrator.config.schema import Tracking
 from orchestrator.tracking import NullTracker, open_tracker
 from orchestrator.tracking import Tracker as TrackerProtocol
@@ -97,6 +99,38 @@ def test_parent_and_child_runs(sql_store, tmp_path, monkeypatch):
     assert again.stored_records(parent.info.run_id) == []  # no trial log there: nothing, and no raise
 
 
+def test_a_trial_taken_over_goes_on_with_the_records_the_store_has(store, tmp_path, monkeypatch):
+    """A driver killed mid-trial wrote no trial log; the driver that takes the trial over starts its log from the
+    start and step records behind the metrics the store has, so the log the trial ends with (read back for the
+    plots) holds both drivers' records, each step once."""
+    monkeypatch.chdir(tmp_path)
+    spec = make_spec("ring", 512, steps=5)
+    start, *steps, summary = [parse(r) for r in fake_records(spec)]
+    steps = [dataclasses.replace(r, t_ms=1_000 + r.step) for r in steps]
+    first = Tracker(store, "exp")
+    first.start_sweep("smoke", "sw", "local")
+    first.start_trial(spec, "sw")
+    first.set_status(spec.trial_id, "running")
+    first.log_records(spec.trial_id, [start, *steps[:3]])
+    assert first.flush(timeout=60)  # then killed: no trial log, status still running
+    again = Tracker(store, "exp")
+    again.resume("sw")
+    again.start_sweep("smoke", "sw", "local")
+    again.start_trial(spec, "sw")
+    assert [type(r).__name__ for r in again.records(spec.trial_id)] == ["StartRecord"] + ["StepRecord"] * 3
+    assert again.records(spec.trial_id)[1:] == steps[:3]  # what MLflow keeps of them: all of these fields
+    again.log_records(spec.trial_id, [start, *steps[1:], summary])  # the resumed attempt re-sends 1 and 2
+    again.set_status(spec.trial_id, "finished", terminal="FINISHED")
+    assert again.flush(timeout=60)
+    logged = Tracker(store, "exp").stored_records(again.run_id(spec.trial_id))
+    assert [r.step for r in logged if isinstance(r, StepRecord)] == [0, 1, 2, 3, 4]
+    assert [type(r).__name__ for r in logged].count("StartRecord") == 2 and isinstance(
+        logged[-1], SummaryRecord
+    )
+    c = MlflowClient(store)
+    assert [m.step for m in c.get_metric_history(again.run_id(spec.trial_id), "compile_s")] == [1, 2]
+
+
 def test_tracking_none_is_the_null_tracker_and_imports_no_mlflow():
     code = (
         "import sys; from orchestrator.config.load import load; from orchestrator.tracking import open_tracker; "
@@ -147,7 +181,7 @@ def test_lost_answers_are_retried_without_duplicates(sql_store, tmp_path, monkey
 
     for name in real:
         monkeypatch.setattr(t.client, name, flaky(name))
-    monkeypatch.setattr("orchestrator.tracking.queue.BACKOFF_S", (0.05,))
+    monkeypatch.setattr("orchestrator.tracking.queue.BACKOFF", wait_fixed(0.05))
     spec = make_spec("all_gather", 512, steps=5)
     t.start_sweep("smoke", "sw1", "local")
     t.start_trial(spec, "sw1")
@@ -204,15 +238,27 @@ def blobs(host: str) -> list[str]:
     return [b.name for b in gcs_client(host).list_blobs(BUCKET)]
 
 
-def test_outage_buffers_every_point_and_creates_runs_late(gcs_server):
-    """The server is down before the runs exist and while metrics stream; after it is back, all arrives once."""
+def test_outage_buffers_every_write_and_a_run_waits_for_the_store(gcs_server, monkeypatch):
+    """The server is down when the parent run is opened (opening waits for it), then again while the trials'
+    metrics, statuses and artifacts stream (nothing waits); once it is back, everything arrives once."""
     server, host, pg = gcs_server
+    # opening waits for the store until it is back, however slowly a loaded host restarts the server
+    monkeypatch.setattr("orchestrator.tracking.store.STORE_WAIT_S", 900.0)
     t = Tracker(server.url, "outage")
     assert t.finished_trials("sw-out") == {}  # the store is up at launch (a read)
     specs = [make_spec("ring", 512, steps=20), make_spec("all_gather", 1024, steps=20)]
     server.stop()
+    opening = threading.Thread(target=t.start_sweep, args=("smoke", "sw-out", "local"))
+    opening.start()
+    opening.join(timeout=3)
+    assert opening.is_alive() and t.run_id("sweep") is None  # waiting for the store, not giving up
+    server.start()
+    opening.join(timeout=120)
+    assert t.run_id("sweep")
+    for s in specs:
+        t.open_trial(s, "sw-out")
+    server.stop()
     t0 = time.monotonic()
-    t.start_sweep("smoke", "sw-out", "local")
     for s in specs:
         t.start_trial(s, "sw-out", predicted_bytes=1)
         log_trial(t, s, "sw-out", chunks=4, pause=0.5)

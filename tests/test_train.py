@@ -24,7 +24,7 @@ def spec_of(*overrides: str):
 
 
 def run(spec) -> tuple[dict, list[float], dict]:
-    recs = list(train(spec))
+    recs = [r.to_dict() for r in train(spec)]  # the form a Ray batch and a checkpoint carry
     start = next(r for r in recs if r["kind"] == "start")
     summary = next((r for r in recs if r["kind"] == "summary"), {})
     return start, [r["loss"] for r in recs if r["kind"] == "step"], summary
@@ -40,7 +40,7 @@ def test_recall_learns_through_ring_cp_and_matches_no_cp():
     ring = spec_of("strategy=ring", steps, *LEARN)
     dense = spec_of("strategy=none", steps, "cluster.devices_per_host=1", *LEARN)
     assert ring.mesh.cp == 8 and dense.mesh.size == 1
-    recs = list(train(ring))
+    recs = [r.to_dict() for r in train(ring)]
     cp_losses = [r["loss"] for r in recs if r["kind"] == "step"]
     summary = next(r for r in recs if r["kind"] == "summary")
     _, ref_losses, _ = run(dense)

@@ -23,7 +23,7 @@ def spec_of(corpus, *overrides: str):
 
 
 def steps(spec) -> list[dict]:
-    return [r for r in train(spec) if r["kind"] == "step"]
+    return [r.to_dict() for r in train(spec) if r.kind == "step"]
 
 
 def losses(spec) -> list[float]:
@@ -83,7 +83,7 @@ def test_resume_sees_the_batches_it_would_have_seen(stdlib_corpus, tmp_path):
     run = RunSpec(checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_every=2)
     first = dataclasses.replace(whole, train=dataclasses.replace(whole.train, steps=4), run=run)
     assert losses(first) == pytest.approx(ref[:4], abs=1e-5)
-    recs = list(train(dataclasses.replace(whole, run=run)))
+    recs = [r.to_dict() for r in train(dataclasses.replace(whole, run=run))]
     assert next(r for r in recs if r["kind"] == "start")["resumed_from_step"] == 4
     got = {r["step"]: r["loss"] for r in recs if r["kind"] == "step"}
     # steps 4 and 5 ran on the restored iterator: a fresh one would have fed batches 0 and 1 again

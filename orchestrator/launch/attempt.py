@@ -1,8 +1,8 @@
 """One attempt of a trial on Ray: one task per host in fresh processes, gang-started on its slices
-(placement.py), and its typed outcome (finished / preempted / failed / infeasible / cancelled), with the retry
-budgets per kind.
+(placement.py), and its typed outcome (finished / preempted / failed / infeasible / cancelled).
 
-Host 0 streams metric-record batches back (a streaming generator task); the driver alone talks to MLflow.
+Host 0 streams metric-record batches back (a streaming generator task): typed records in the job, their dict
+form across Ray, typed again once on the driver's side; the driver alone talks to MLflow.
 """
 
 from __future__ import annotations
@@ -17,19 +17,28 @@ from typing import Any
 
 import ray
 
+from jobs.records import Record, StepRecord, parse_known
 from jobs.spec import TrialSpec
 from orchestrator.launch import cluster as clusters
 from orchestrator.launch.placement import Placed, Reservation, clean_env, host_info, live_placement_groups
 
-__all__ = ["Attempt", "Cancelled", "Event", "host_task", "live_placement_groups"]
+__all__ = [
+    "Attempt",
+    "Cancelled",
+    "Event",
+    "Outcome",
+    "Spare",
+    "budget",
+    "host_task",
+    "live_placement_groups",
+    "starts_ahead",
+    "stop",
+]
 log = logging.getLogger(__name__)
 GRACE_S = 2.0  # after a host's error, how long the others get to report their own cause before we cancel
 
 
-# max_calls=1: every trial gets fresh processes (libtpu's lockfile, a clean jax.distributed).
-# max_retries=0: a lone host retried by Ray could never rejoin its gang; the executor retries the whole trial.
-@ray.remote(num_returns="streaming", max_calls=1, max_retries=0)
-def host_task(
+def _host(
     spec_json: str,
     process_id: int,
     num_processes: int,
@@ -49,14 +58,48 @@ def host_task(
     init_distributed(coordinator, num_processes, process_id)
     buf, last, first = [], time.monotonic(), True
     for rec in train(spec):
-        buf.append(rec)
+        buf.append(rec.to_dict())  # the Ray boundary: the records' dict form
+        step = isinstance(rec, StepRecord)
         # the first step goes out at once: "submit -> first step" should not wait on batching
-        if rec["kind"] != "step" or first or time.monotonic() - last > batch_s:
-            first = first and rec["kind"] != "step"
+        if not step or first or time.monotonic() - last > batch_s:
+            first = first and not step
             yield buf
             buf, last = [], time.monotonic()
     if buf:
         yield buf
+
+
+# max_calls=1: every trial gets fresh processes (libtpu's lockfile, a clean jax.distributed).
+# max_retries=0: a lone host retried by Ray could never rejoin its gang; the executor retries the whole trial.
+@ray.remote(num_returns="streaming", max_calls=1, max_retries=0)
+def host_task(*args):
+    """One host of a trial, in a worker process Ray starts for it."""
+    yield from _host(*args)
+
+
+@ray.remote(num_cpus=0, max_restarts=0, max_task_retries=0)
+class Spare:
+    """A process started ahead, while other trials run, for the next trial's one host on the local Ray this
+    driver started (starts_ahead): that trial does not wait for a Python process and Ray to start. It runs that
+    one host and nothing else, and goes with its attempt: a fresh process per trial, as host_task's. It takes
+    no CPU from Ray's count: on the local Ray the executor's concurrency bounds the trials."""
+
+    @ray.method(num_returns="streaming")
+    def host(self, *args):
+        yield from _host(*args)
+
+
+def starts_ahead(cluster: Any) -> bool:
+    """Whether a trial's host may run in a Spare: one host, no placement group, on a Ray this driver started."""
+    return cluster.kind == "local" and not cluster.address and cluster.hosts_per_trial == 1
+
+
+def stop(spare: Any) -> None:
+    """End a Spare's process (its trial's, or one no trial took)."""
+    try:
+        ray.kill(spare)
+    except Exception:  # noqa: BLE001 - gone already
+        pass
 
 
 @dataclass
@@ -64,7 +107,8 @@ class Event:
     trial_id: str
     attempt: int
     kind: str  # "placed" | "host" | "records" | "outcome"
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[Record] = field(default_factory=list)  # "records": the job's, typed
+    info: list[dict[str, Any]] = field(default_factory=list)  # "placed": the placement; "host": host records
     outcome: Outcome | str = ""
     error: str = ""
 
@@ -79,8 +123,9 @@ class Attempt:
     Everything blocking (waiting for a free slice, the hosts' streams) happens on the trial's own thread,
     so the executor loop never waits on one trial. Every exit path releases the placement groups."""
 
-    def __init__(self, spec: TrialSpec, attempt: int, events: queue.Queue):
+    def __init__(self, spec: TrialSpec, attempt: int, events: queue.Queue, spare: Any = None):
         self.spec, self.attempt, self.events = spec, attempt, events
+        self.spare = spare  # a Spare to run the one host in (starts_ahead), else Ray starts a process
         self.lock = threading.Lock()
         self.cancelled = self.stopping = False
         self.reservation = Reservation(spec.cluster, self._check)
@@ -126,7 +171,7 @@ class Attempt:
     def _place(self) -> Placed:
         """Reserve the trial's slices whole (all-or-nothing placement groups) and order its hosts."""
         placed = self.reservation.place()
-        self._emit("placed", records=[placed.record])
+        self._emit("placed", info=[placed.record])
         return placed
 
     def _launch(self, placed: Placed) -> None:
@@ -143,7 +188,10 @@ class Attempt:
                 if host_env := env | placed.envs[pid]:
                     o["runtime_env"] = {"env_vars": host_env}
                 args = (self.spec.to_json(), pid, n, placed.coordinator, placed.envs[pid])
-                self.refs.append(host_task.options(**o).remote(*args))
+                if self.spare is not None and placed.strategies == [None] and not host_env:
+                    self.refs.append(self.spare.host.remote(*args))
+                else:
+                    self.refs.append(host_task.options(**o).remote(*args))
         self.readers = [
             threading.Thread(target=self._drain, args=(pid, gen), daemon=True, name=f"host-{pid}")
             for pid, gen in enumerate(self.refs)
@@ -155,12 +203,11 @@ class Attempt:
         try:
             for ref in gen:
                 batch = ray.get(ref)
-                hosts = [r for r in batch if r.get("kind") == "host"]
-                rest = [r for r in batch if r.get("kind") != "host"]
-                if hosts:
-                    self._emit("host", records=hosts)
-                if rest:
-                    self._emit("records", records=rest)
+                if hosts := [r for r in batch if r.get("kind") == "host"]:
+                    self._emit("host", info=hosts)
+                # typed at this seam, once; a newer job's kinds are skipped
+                if records := parse_known(r for r in batch if r.get("kind") != "host"):
+                    self._emit("records", records=records)
         except Exception as e:  # noqa: BLE001 - judged in _wait
             with self.lock:
                 if not self.stopping:  # errors after our own cancel are ours, not the cause
@@ -188,10 +235,12 @@ class Attempt:
         with self.lock:
             self.stopping = True
             refs = list(self.refs)
+        if self.spare is not None:  # an actor's task is not force-cancelled: its process goes
+            stop(self.spare)
         for r in refs:
             try:
                 ray.cancel(r, force=True)
-            except Exception:  # noqa: BLE001 - already finished
+            except Exception:  # noqa: BLE001 - already finished, or the Spare's
                 pass
 
     def request_cancel(self) -> None:
@@ -206,6 +255,8 @@ class Attempt:
 
     def release(self) -> None:
         self.reservation.release()
+        if self.spare is not None:
+            stop(self.spare)
 
 
 class Outcome(StrEnum):
@@ -249,12 +300,6 @@ def combine(outcomes: list[Outcome]) -> Outcome:
     return Outcome.FINISHED
 
 
-@dataclass(frozen=True)
-class RetryBudgets:
-    """Retries per trial, separately for preemptions (not the code's fault) and failures (maybe a bug)."""
-
-    preemption: int = 3
-    failure: int = 1
-
-    def limit(self, outcome: Outcome) -> int:
-        return {Outcome.PREEMPTED: self.preemption, Outcome.FAILED: self.failure}.get(outcome, 0)
+def budget(retries: Any, outcome: Outcome) -> int:
+    """Retries a trial may take for this kind of outcome: `retries` is the config's (config/schema.Retries)."""
+    return {Outcome.PREEMPTED: retries.preemption, Outcome.FAILED: retries.failure}.get(outcome, 0)

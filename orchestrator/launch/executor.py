@@ -11,13 +11,14 @@ import signal
 import time
 from collections import deque
 
-from jobs.records import Record, StartRecord, StepRecord, SummaryRecord, parse_known
+from jobs.records import Record, StartRecord, StepRecord, SummaryRecord
 from jobs.spec import TrialSpec
+from orchestrator.config.schema import Retries
 from orchestrator.launch import attempt as sched
-from orchestrator.launch.attempt import Outcome, RetryBudgets
+from orchestrator.launch.attempt import Outcome, budget
 from orchestrator.tracking import Tracker
 from orchestrator.tracking import layout as profiles
-from orchestrator.tracking.layout import memory_bytes
+from orchestrator.tracking.layout import GIB, memory_bytes
 from orchestrator.ui.progress import SweepProgress
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,7 @@ def summary_metrics(summary: SummaryRecord) -> dict[str, float]:
         "tflops_per_s_per_device": summary.tflops_per_s_per_device,
     }
     if mem := memory_bytes(summary):
-        out["memory_gib"] = mem / 2**30
+        out["memory_gib"] = mem / GIB
     return out
 
 
@@ -64,10 +65,10 @@ class Executor:
         tracker: Tracker,
         progress: SweepProgress,
         concurrency: int,
-        budgets: RetryBudgets,
+        retries: Retries,
         sweep_id: str,
     ):
-        self.tracker, self.progress, self.concurrency, self.budgets = tracker, progress, concurrency, budgets
+        self.tracker, self.progress, self.concurrency, self.retries = tracker, progress, concurrency, retries
         self.sweep_id = sweep_id
         self.events: queue.Queue = queue.Queue()
         self.pending = deque(specs)
@@ -79,6 +80,7 @@ class Executor:
         self.summaries: dict[str, SummaryRecord] = {}
         self.history: dict[str, list[dict]] = {s.trial_id: [] for s in specs}  # per attempt: where, when, end
         self.interrupted = False
+        self.spare = None  # a process started for the next trial while these run (attempt.Spare)
 
     def run(self) -> dict[str, str]:
         old = signal.signal(signal.SIGINT, self._on_sigint)
@@ -88,17 +90,18 @@ class Executor:
                 try:
                     ev = self.events.get(timeout=0.5)
                 except queue.Empty:
-                    self.tracker.flush()
                     continue
                 if ev.attempt != self.attempts.get(ev.trial_id):
                     if ev.kind == "records":  # a late batch of an ended attempt: still data (steps dedup)
-                        self._log(ev.trial_id, parse_known(ev.records), ev.attempt)
+                        self._log(ev.trial_id, ev.records, ev.attempt)
                     continue
                 getattr(self, f"_on_{ev.kind}")(ev, self.by_id[ev.trial_id], self.history[ev.trial_id][-1])
         finally:
             signal.signal(signal.SIGINT, old)
             if self.interrupted:
                 self._cancel_all()
+            if self.spare is not None:
+                sched.stop(self.spare)
         return self.outcomes
 
     def _on_sigint(self, *_) -> None:
@@ -113,19 +116,22 @@ class Executor:
             self.tracker.set_status(tid, "running")
             self.history[tid].append({"attempt": self.attempts[tid], "submitted": time.time(), "hosts": []})
             run_spec = with_checkpoint_dir(spec, self.sweep_id)
-            self.running[tid] = sched.Attempt(run_spec, self.attempts[tid], self.events)
+            spare, self.spare = (self.spare, None) if sched.starts_ahead(spec.cluster) else (None, self.spare)
+            self.running[tid] = sched.Attempt(run_spec, self.attempts[tid], self.events, spare)
+        if self.pending and self.spare is None and sched.starts_ahead(self.pending[0].cluster):
+            self.spare = sched.Spare.remote()  # its process starts now, while the running trials run
 
     def _on_placed(self, ev: sched.Event, spec: TrialSpec, att: dict) -> None:
-        att |= {"placed": time.time(), **ev.records[0]}
-        self.progress.update(ev.trial_id, state="running", note=f"on {ev.records[0]['slice'] or 'local'}")
+        att |= {"placed": time.time(), **ev.info[0]}
+        self.progress.update(ev.trial_id, state="running", note=f"on {ev.info[0]['slice'] or 'local'}")
 
     def _on_host(self, ev: sched.Event, spec: TrialSpec, att: dict) -> None:
-        att["hosts"] += ev.records
+        att["hosts"] += ev.info
         if len(att["hosts"]) == spec.cluster.hosts_per_trial:  # every host of every slice
             self.progress.event(ev.trial_id, f"attempt {ev.attempt} on {placement_note(att['hosts'])}")
 
     def _on_records(self, ev: sched.Event, spec: TrialSpec, att: dict) -> None:
-        records: list[Record] = parse_known(ev.records)  # the jobs' dict form, typed at this seam
+        records = ev.records
         att.setdefault("first_record", time.time())
         first = next((r for r in records if isinstance(r, StepRecord)), None)
         if "first_step" not in att and first is not None:
@@ -158,7 +164,7 @@ class Executor:
         tid, outcome = ev.trial_id, Outcome(ev.outcome)
         self.running.pop(tid, None)
         att |= {"ended": time.time(), "outcome": outcome.value, "error": ev.error[-1000:]}
-        if outcome in self.used[tid] and self.used[tid][outcome] < self.budgets.limit(outcome):
+        if outcome in self.used[tid] and self.used[tid][outcome] < budget(self.retries, outcome):
             self._retry(spec, outcome, ev.error)
         else:
             self._finish(spec, outcome, ev.error)
@@ -186,7 +192,6 @@ class Executor:
         if outcome == Outcome.FINISHED and tid in self.summaries:
             for k, v in summary_metrics(self.summaries[tid]).items():
                 t.log_metrics("sweep", {f"{k}/{spec.strategy.name}": v}, step=spec.context_length)
-        t.flush()
 
     def _cancel_all(self) -> None:
         for attempt in self.running.values():  # all at once: each waits for its slice to be freed
@@ -214,9 +219,10 @@ def execute(
     tracker: Tracker,
     progress: SweepProgress,
     concurrency: int,
-    budgets: RetryBudgets,
+    retries: Retries,
     sweep_id: str = "",
 ) -> dict[str, str]:
-    """Run trials (at most `concurrency` at once) with retries; returns trial_id -> final outcome.
-    With a sweep id, trials that checkpoint get a per-trial checkpoint directory under it."""
-    return Executor(specs, tracker, progress, concurrency, budgets, sweep_id).run()
+    """Run trials (at most `concurrency` at once) with retries (`retries`: the budget per kind of outcome);
+    returns trial_id -> final outcome. With a sweep id, trials that checkpoint get a per-trial checkpoint
+    directory under it."""
+    return Executor(specs, tracker, progress, concurrency, retries, sweep_id).run()

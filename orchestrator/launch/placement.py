@@ -19,6 +19,14 @@ from typing import Any
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from tenacity import (
+    RetryError,
+    Retrying,
+    retry_if_exception_type,
+    retry_if_result,
+    stop_after_delay,
+    stop_never,
+)
 
 from jobs.spec import ClusterSpec
 from orchestrator.launch import cluster as clusters
@@ -193,9 +201,18 @@ class Reservation:
             self.check()
             self.pg = pg = placement_group(bundles, strategy=strategy)
             _reserved.add(pg.id)
-        while not ray.wait([pg.ready()], timeout=1.0)[0]:
-            self.check()
+        self._until_ready(pg)
         return pg
+
+    def _until_ready(self, pg, within_s: float | None = None) -> bool:
+        """Wait for Ray to grant `pg`, looking for a cancel every second; False when `within_s` s pass first."""
+        granted = lambda: bool(ray.wait([pg.ready()], timeout=1.0)[0])  # noqa: E731
+        stop = stop_never if within_s is None else stop_after_delay(within_s)
+        looks = Retrying(retry=retry_if_result(lambda ok: not ok), stop=stop, before=lambda _: self.check())
+        try:
+            return looks(granted)
+        except RetryError:
+            return False
 
     def _reserve_gpu_nodes(self):
         """hosts_per_trial whole GPU nodes (gpu_bundles), queueing while other trials hold them."""
@@ -222,27 +239,22 @@ class Reservation:
                 f"a trial needs slices_per_trial={c.slices_per_trial} slices but the cluster has {have}; "
                 f"lower cluster.slices_per_trial or add slices"
             )
+        # not enough free slice heads (running trials hold them): keep queueing
+        heads = Retrying(retry=retry_if_exception_type(TimeoutError), before=lambda _: self.check())
         while True:
-            self.check()
-            try:
-                spg = slice_placement_group(
-                    topology=c.topology,
-                    accelerator_version=c.accelerator,
-                    num_slices=c.slices_per_trial,
-                    head_reservation_timeout_s=2.0,
-                )
-            except TimeoutError:
-                continue  # not enough free slice heads (running trials hold them): keep queueing
+            spg = heads(
+                slice_placement_group,
+                topology=c.topology,
+                accelerator_version=c.accelerator,
+                num_slices=c.slices_per_trial,
+                head_reservation_timeout_s=2.0,
+            )
             with self.lock:
                 self.spg = spg
                 _reserved.update(pg.id for pg in [spg.placement_group, *spg.head_placement_groups])
-            self.check()
             # The heads name the slices; their workers may still be busy (or lost): wait, then re-choose.
-            deadline = time.monotonic() + SLICE_WAIT_S
-            while time.monotonic() < deadline:
-                if ray.wait([spg.placement_group.ready()], timeout=1.0)[0]:
-                    return spg.placement_group, dict(spg.bundle_resources)
-                self.check()
+            if self._until_ready(spg.placement_group, SLICE_WAIT_S):
+                return spg.placement_group, dict(spg.bundle_resources)
             log.warning(
                 "slices %s not schedulable in %.0f s; choosing again", spg.bundle_label_selector, SLICE_WAIT_S
             )

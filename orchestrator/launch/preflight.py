@@ -74,25 +74,20 @@ def _ray(cluster: Any) -> None:
 
 
 def _resolve(address: str) -> tuple[str | None, str]:
-    """(host:port or None, where it came from), in ray.init's order: $RAY_ADDRESS, then for "auto" the
-    address file of the last `ray start`, then a head process running on this host."""
+    """(host:port or None, where it came from), in the order ray.init documents: $RAY_ADDRESS, then for "auto"
+    the address of the latest cluster `ray start` began, from the file it writes in Ray's temp directory
+    ($RAY_TMPDIR, else $TMPDIR, else /tmp)."""
     env = os.environ.get("RAY_ADDRESS", "")
     if env:
         return env, "$RAY_ADDRESS"
     if address != "auto":
         return address, "cluster.address"
-    from ray._common.utils import get_ray_address_file  # Ray's own lookup, so the file is the one it reads
-
-    path = get_ray_address_file(None)
+    temp = os.environ.get("RAY_TMPDIR") or os.environ.get("TMPDIR") or "/tmp"
+    path = os.path.join(temp, "ray", "ray_current_cluster")
     if os.path.exists(path):
         with open(path) as f:
             return f.read().strip(), f"from {path}"
-    from ray._private.services import find_gcs_addresses
-
-    found = sorted(find_gcs_addresses())
-    if found:
-        return found[0], "a Ray head process on this host"
-    return None, f"no $RAY_ADDRESS, no {path}, no Ray head process on this host"
+    return None, f"no $RAY_ADDRESS, no {path}"
 
 
 def _gcs(tracking: Any, specs: list[TrialSpec]) -> None:

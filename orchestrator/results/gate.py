@@ -14,18 +14,25 @@ EXIT_REGRESSION.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-from mlflow import MlflowClient
 from rich.console import Console
 from rich.table import Table
 
 from orchestrator.config.schema import Gate
+from orchestrator.tracking.layout import GIB, memory_bytes, trial_label, trial_params
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+    from orchestrator.results.report import TrialResult
 
 EXIT_REGRESSION = 3
 DEFAULT = Gate()  # the defaults of the library calls and of the CLI flags are the config's
@@ -36,6 +43,56 @@ SHOWN = {
     "final_step_time_median_s": "step s",
     "memory_bytes_per_device": "GiB/dev",
 }
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One finished trial of the sweep being gated: what the driver holds of it (or, from the command line,
+    what its run in the store says)."""
+
+    trial_id: str
+    sweep_id: str
+    strategy: str
+    context_length: int
+    mesh: str
+    cluster: str  # the `cluster` param: baselines come from the same cluster
+    start_time: int  # its run's MLflow start time (ms): baselines started before it
+    metrics: dict[str, float]  # final_mfu, final_tokens_per_s, ..., peak_tflops_per_device
+
+    @property
+    def label(self) -> str:
+        return trial_label(self.strategy, self.context_length, self.mesh).strip()
+
+
+def from_run(run: Any) -> Measured:
+    """A finished trial as its child run in the store has it."""
+    p, tags = run.data.params, run.data.tags
+    return Measured(
+        tags["trial_id"],
+        tags["sweep_id"],
+        p.get("strategy", "?"),
+        int(p.get("context_length", 0)),
+        p.get("mesh", ""),
+        p.get("cluster", ""),
+        run.info.start_time,
+        dict(run.data.metrics),
+    )
+
+
+def from_trial(t: TrialResult, sweep_id: str, start_time: int) -> Measured:
+    """A finished trial as the driver holds it: its summary and the peak its last attempt measured, named as
+    its run's params name it (an axis may rename the mesh or cluster)."""
+    p, s = trial_params(t.spec), t.summary
+    values = {
+        "final_mfu": s.mfu,
+        "final_tokens_per_s": s.tokens_per_s,
+        "final_step_time_median_s": s.step_time_median_s,
+        "memory_bytes_per_device": memory_bytes(s),
+        "peak_tflops_per_device": t.peak_at_run,
+    }
+    metrics = {k: float(v) for k, v in values.items() if v is not None and not math.isnan(v)}
+    L = int(p["context_length"])
+    return Measured(t.spec.trial_id, sweep_id, p["strategy"], L, p["mesh"], p["cluster"], start_time, metrics)
 
 
 def band(history: Sequence[float], max_drop: float, noise_k: float) -> tuple[float, float]:
@@ -130,22 +187,15 @@ class GateResult:
         return text
 
 
-def _label(run) -> str:
-    p = run.data.params
-    return f"{p.get('strategy', '?')} L={p.get('context_length', '?')} {p.get('mesh', '')}".strip()
-
-
-def history(client: MlflowClient, experiment_id: str, run, window: int) -> list:
-    """The last `window` finished runs of `run`'s trial id on its cluster that started before it, one per
+def history(client: MlflowClient, experiment_id: str, trial: Measured, window: int) -> list:
+    """The last `window` finished runs of the trial's id on its cluster that started before it, one per
     earlier sweep, newest first."""
-    tid, sweep_id = run.data.tags["trial_id"], run.data.tags["sweep_id"]
     # same trial id on the same cluster: the id deliberately ignores where it ran, speed does not
-    cluster = run.data.params.get("cluster")
-    same_cluster = f" and params.cluster = '{cluster}'" if cluster else ""
+    same_cluster = f" and params.cluster = '{trial.cluster}'" if trial.cluster else ""
     found = client.search_runs(
         [experiment_id],
-        f"tags.trial_id = '{tid}' and tags.status = 'finished' and tags.sweep_id != '{sweep_id}' "
-        f"and attributes.start_time < {run.info.start_time}{same_cluster}",
+        f"tags.trial_id = '{trial.trial_id}' and tags.status = 'finished' and tags.sweep_id != "
+        f"'{trial.sweep_id}' and attributes.start_time < {trial.start_time}{same_cluster}",
         order_by=["attributes.start_time DESC"],
         max_results=max(50, 4 * window),  # room for the runs skipped below
     )
@@ -163,10 +213,11 @@ def history(client: MlflowClient, experiment_id: str, run, window: int) -> list:
     return out
 
 
-def same_peak(run, base: list) -> bool:
+def same_peak(trial: Measured, base: list) -> bool:
     """Whether every run's MFU divides by one peak: on CPU the peak is a matmul probed at each trial's start, and
     its noise (the host's load during one matmul) halved MFU with tokens/s unchanged. Shown, not gated."""
-    return len({r.data.metrics.get("peak_tflops_per_device") for r in [run, *base]}) == 1
+    key = "peak_tflops_per_device"
+    return len({trial.metrics.get(key), *(r.data.metrics.get(key) for r in base)}) == 1
 
 
 def compare(
@@ -176,28 +227,30 @@ def compare(
     max_drop: float = DEFAULT.max_drop,
     window: int = DEFAULT.window,
     noise_k: float = DEFAULT.noise_k,
+    measured: list[Measured] | None = None,
 ) -> GateResult:
-    """Compare each finished trial of `sweep_id` with the median of its last `window` earlier finished runs."""
-    mine = client.search_runs(
-        [experiment_id],
-        f"tags.sweep_id = '{sweep_id}' and tags.kind = 'trial' and tags.status = 'finished'",
-        max_results=5000,
-    )
+    """Compare each finished trial of `sweep_id` with the median of its last `window` earlier finished runs.
+    `measured`: the sweep's finished trials as the driver holds them; None reads them from the store."""
+    if measured is None:
+        mine = client.search_runs(
+            [experiment_id],
+            f"tags.sweep_id = '{sweep_id}' and tags.kind = 'trial' and tags.status = 'finished'",
+            max_results=5000,
+        )
+        measured = [from_run(r) for r in mine]
     result = GateResult(sweep_id, max_drop, [], window=window, noise_k=noise_k)
-    for run in sorted(
-        mine, key=lambda r: (r.data.params.get("strategy", ""), int(r.data.params.get("context_length", 0)))
-    ):
-        base = history(client, experiment_id, run, window)
+    for trial in sorted(measured, key=lambda t: (t.strategy, t.context_length)):
+        base = history(client, experiment_id, trial, window)
         if not base:
-            result.new.append(_label(run))
+            result.new.append(trial.label)
             continue
         sweeps = tuple(b.data.tags.get("sweep_id", "?") for b in base)
-        change = Change(run.data.tags["trial_id"], _label(run), sweeps[0], baseline_sweeps=sweeps)
-        change.unpegged = not same_peak(run, base)
+        change = Change(trial.trial_id, trial.label, sweeps[0], baseline_sweeps=sweeps)
+        change.unpegged = not same_peak(trial, base)
         for m in SHOWN:
             runs = [b.data.metrics[m] for b in base if m in b.data.metrics]
-            if m in run.data.metrics and runs:
-                change.values[m] = (statistics.median(runs), run.data.metrics[m])
+            if m in trial.metrics and runs:
+                change.values[m] = (statistics.median(runs), trial.metrics[m])
                 if m in GATED and not (m == "final_mfu" and change.unpegged):
                     change.noise[m], change.bands[m] = band(runs, max_drop, noise_k)
         change.dropped = [m for m in GATED if m in change.bands and -change.delta(m) > change.bands[m]]
@@ -237,7 +290,7 @@ def render(result: GateResult, console: Console | None = None) -> None:
                 cells.append("-")
                 continue
             old, new = c.values[m]
-            scale = 2**30 if m.endswith("bytes_per_device") else 1
+            scale = GIB if m.endswith("bytes_per_device") else 1
             colour = "red" if m in c.dropped else ""
             text = f"{old / scale:.4g} → {new / scale:.4g} ({c.delta(m):+.1%})"
             cells.append(f"[{colour}]{text}[/]" if colour else text)
@@ -269,7 +322,10 @@ def gate(
     window: int = DEFAULT.window,
     noise_k: float = DEFAULT.noise_k,
 ) -> int:
-    """Compare, print, tag the sweep's parent run; 0, or EXIT_REGRESSION when a gated metric dropped."""
+    """Compare the sweep's finished trials in the store, print, tag its parent run; 0, or EXIT_REGRESSION when a
+    gated metric dropped."""
+    from mlflow import MlflowClient
+
     client = MlflowClient(uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
@@ -281,8 +337,20 @@ def gate(
             [exp.experiment_id], f"tags.sweep_id = '{sweep_id}' and tags.kind = 'sweep'", max_results=1
         )
         for p in parents:
-            client.set_tag(p.info.run_id, "regression", str(bool(result.regressions)).lower())
-            client.set_tag(p.info.run_id, "regression_summary", result.summary()[:5000])
+            for k, v in tags(result).items():
+                client.set_tag(p.info.run_id, k, v)
+    return exit_code(result)
+
+
+def tags(result: GateResult) -> dict[str, str]:
+    """What the verdict sets on the sweep's parent run."""
+    return {
+        "regression": str(bool(result.regressions)).lower(),
+        "regression_summary": result.summary()[:5000],
+    }
+
+
+def exit_code(result: GateResult) -> int:
     return EXIT_REGRESSION if result.regressions else 0
 
 

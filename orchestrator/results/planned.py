@@ -14,8 +14,9 @@ from typing import Any
 from jobs.spec import TrialSpec
 from orchestrator.plan import aot
 from orchestrator.plan.hardware import model_of
-from orchestrator.results.report import GIB, _axes, _finish
+from orchestrator.results.report import _axes, _finish
 from orchestrator.tracking import Tracker
+from orchestrator.tracking.layout import GIB
 
 PLANNED_TAG = "planned"
 

@@ -20,9 +20,7 @@ from jobs.records import ProfileRecord, Record, StartRecord, StepRecord, Summary
 from jobs.spec import TrialSpec
 from orchestrator.plan.hardware import model_of
 from orchestrator.tracking import Tracker
-from orchestrator.tracking.layout import memory_bytes
-
-GIB = 2**30
+from orchestrator.tracking.layout import GIB, memory_bytes
 
 
 @dataclass(frozen=True)
@@ -43,7 +41,10 @@ class TrialResult:
         default_factory=dict
     )  # recall: accuracy per distance bucket, the same
     profile: ProfileRecord | None = None  # process 0's first traced window (run.profile_steps), no files
-    peak_at_run: float | None = None  # the matmul rate the trial measured (CPU), for the model's terms
+    peak_at_run: float | None = None  # the peak its last attempt divided its MFU by
+    # the planner's step-time terms (a StepTime) as the trial ran: re-priced at peak_at_run where that is not
+    # the plan's peak (CPU), else the plan's own
+    terms: Any = None
 
     @property
     def measured_bytes(self) -> float | None:
@@ -53,35 +54,35 @@ class TrialResult:
 def collect(
     specs: Iterable[TrialSpec],
     records_of: Callable[[str], list[Record] | list[Mapping[str, Any]]],
-    predicted: dict[str, int | None] | None = None,
-    predicted_step: dict[str, float | None] | None = None,
+    rows: Mapping[str, Any] | None = None,
 ) -> list[TrialResult]:
     """TrialResults for the specs whose records (typed, or their dict form) include a summary (finished
-    trials)."""
+    trials). `rows`: trial id -> its PlanRow (orchestrator/plan), whose predictions the report draws."""
     out = []
     for spec in specs:
         recs = parse_known(records_of(spec.trial_id))
         summary = next((r for r in reversed(recs) if isinstance(r, SummaryRecord)), None)
         if summary is None:
             continue
-        start = next((r for r in recs if isinstance(r, StartRecord)), StartRecord())
+        # the attempt the summary comes from: the last one
+        start = next((r for r in reversed(recs) if isinstance(r, StartRecord)), StartRecord())
         losses = [(r.step, float(r.loss)) for r in recs if isinstance(r, StepRecord)]
-        pred = (predicted or {}).get(spec.trial_id)
-        step = (predicted_step or {}).get(spec.trial_id)
-        at_run = _at_run_peak(spec, start) if step is not None else None
+        row = (rows or {}).get(spec.trial_id)
+        at_run = _at_run_peak(spec, start)
         out.append(
             TrialResult(
                 spec,
                 summary,
                 losses,
-                pred,
+                getattr(row, "predicted_hbm_bytes_per_device", None),
                 start.peak_source,
-                step,
-                at_run,
+                getattr(row, "predicted_step_s", None),
+                at_run.step_s if at_run else None,
                 _last_steps(recs),
                 _last_steps(recs, "accuracy_by_distance"),
                 next((r for r in recs if isinstance(r, ProfileRecord) and r.seconds), None),
                 start.peak_tflops_per_device,
+                at_run or getattr(row, "step", None),
             )
         )
     return out
@@ -98,11 +99,13 @@ def _last_steps(recs: list[Record], key: str = "loss_by_position", last: int = 3
     return {k: sum(v[-last:]) / len(v[-last:]) for k, v in seen.items()}
 
 
-def _at_run_peak(spec: TrialSpec, start: StartRecord) -> float | None:
+def _at_run_peak(spec: TrialSpec, start: StartRecord) -> Any:
+    """The step-time model at the peak the trial measured where the plan priced it at another (CPU: the host's
+    load moves between plan time and run time), else None: the plan's terms stand."""
     from orchestrator.plan.steptime import run_peak, step_time
 
     peak = run_peak(spec, start.peak_tflops_per_device)
-    return step_time(spec, peak=peak).step_s if peak else None  # None: the plan already used this peak
+    return step_time(spec, peak=peak) if peak else None
 
 
 def _series(trials: list[TrialResult]) -> dict[str, list[TrialResult]]:
@@ -262,29 +265,24 @@ def make_figures(trials: list[TrialResult]) -> dict[str, Figure]:
 
 
 def breakdown_figure(trials: list[TrialResult]) -> Figure | None:
-    """Predicted vs measured step breakdown of every profiled trial (orchestrator/results/report.py)."""
-    from orchestrator.plan.steptime import run_peak, step_time
-    from orchestrator.results import report as rb
-
+    """Predicted vs measured step breakdown of every profiled trial whose step-time terms are known."""
     rows = []
-    for name, ts in _series([t for t in trials if t.profile is not None]).items():
+    for name, ts in _series([t for t in trials if t.profile is not None and t.terms is not None]).items():
         for t in ts:
-            terms = step_time(t.spec, peak=run_peak(t.spec, t.peak_at_run))  # priced as the trial ran
             label = f"{name} {t.spec.context_length:,}"
-            rows.append((label, rb.predicted_groups(terms), rb.measured_groups(t.profile)))  # type: ignore[arg-type]
-    return rb.figure(rows, _where(trials)) if rows else None
+            rows.append((label, predicted_groups(t.terms), measured_groups(t.profile)))  # type: ignore[arg-type]
+    return figure(rows, _where(trials)) if rows else None
 
 
 def publish(
     tracker: Tracker,
     specs: Iterable[TrialSpec],
-    predicted: dict[str, int | None] | None = None,
-    predicted_step: dict[str, float | None] | None = None,
+    rows: Mapping[str, Any] | None = None,
     records_of: Callable[[str], list[Record]] | None = None,
-) -> int:
-    """Make the figures for the finished trials (records: `records_of`, else the tracker's own) and queue them
-    on the parent run as plots/NAME.png. Returns how many trials the plots cover."""
-    trials = collect(specs, records_of or tracker.records, predicted, predicted_step)
+) -> list[TrialResult]:
+    """Make the figures for the finished trials (records: `records_of`, else the tracker's own; `rows`: trial
+    id -> PlanRow) and queue them on the parent run as plots/NAME.png. Returns the trials the plots cover."""
+    trials = collect(specs, records_of or tracker.records, rows)
     for t in trials:  # next to predicted_step_time_s, which the driver logged at plan time
         if t.predicted_step_at_run_s is not None:
             tracker.log_metrics(
@@ -293,7 +291,7 @@ def publish(
     figs = make_figures(trials)
     for name, fig in figs.items():
         tracker.log_figure("sweep", fig, f"plots/{name}.png")
-    return len(trials)
+    return trials
 
 
 # group -> (the planner's StepTime fields, the trace's categories)

@@ -18,8 +18,9 @@ NONE_URI = "none"
 
 @runtime_checkable
 class Tracker(Protocol):
-    """The writes and reads run.py, executor.py, planrecord.py and report.py make. Writes never block on the
-    store; `flush` is where a caller waits for them."""
+    """The writes and reads the driver, the executor, results/planned.py and results/report.py make. Opening a
+    run (start_sweep, open_trial, start_trial) waits for the store; no other write does: `flush` is where a
+    caller waits for them."""
 
     @property
     def ops(self) -> Sized:

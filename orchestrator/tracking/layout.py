@@ -1,6 +1,7 @@
-"""Every MLflow name a trial's records become: a step, start or summary record as points, params and tags; the
-trial log read back from a finished child run (so a sweep's plots cover what an earlier or another driver
-finished); a trial's profiles (trace files under `profile/`, `measured/*` beside `predicted/*`).
+"""Every MLflow name a trial's records become: a step, start or summary record as points, params and tags; a
+trial's label and run name; the trial log, read back from a child run (so a sweep's plots cover what an earlier
+or another driver finished, and a resumed trial's log holds every driver's records); a trial's profiles (trace
+files under `profile/`, `measured/*` beside the planner's `predicted/*`).
 
 The profile files keep the layout jax.profiler wrote (`plugins/profile/<session>/`), one session per traced
 window and process, so the downloaded `profile/` folder is a log directory TensorBoard's profile plugin or xprof
@@ -12,11 +13,16 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
-from dataclasses import dataclass, field
+import typing
+from collections import defaultdict
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
 
 from jobs.records import ProfileRecord, Record, StartRecord, StepRecord, SummaryRecord, parse_known
 from jobs.spec import TrialSpec
-from orchestrator.plan import steptime
+
+if TYPE_CHECKING:
+    from mlflow.entities import Metric
 
 # Which fields of each record become MLflow metrics (docs/reference/mlflow.md lists them; tests/test_records.py
 # checks every numeric field of a record is here). A key a newer job sends is kept in the trial log only.
@@ -59,7 +65,15 @@ SUMMARY_METRICS = (
     "peak_bytes_in_use",
     *MEMORY_METRICS,
 )
-Point = list  # [key, value, timestamp_ms, step]: JSON-able, for the tracking journal
+GIB = 2**30  # bytes per GiB, the unit of the memory metrics, plots and tables
+# How people read a trial: "ring L=1024 context8" (the gate, the trial log); in aligned columns (the progress
+# lines); as an MLflow run name, "ring-L1024-context8" (docs/reference/mlflow.md).
+LABELS = {"text": "{s} L={L} {m}", "column": "{s:<10} L={L:<9} {m}", "run": "{s}-L{L}-{m}"}
+
+
+def trial_label(strategy: str, context_length: int | str, mesh: str, style: str = "text") -> str:
+    """A trial's name for people, in one of the LABELS styles."""
+    return LABELS[style].format(s=strategy, L=context_length, m=mesh)
 
 
 def trial_params(spec: TrialSpec) -> dict[str, str]:
@@ -93,9 +107,11 @@ def memory_bytes(summary: SummaryRecord) -> int | None:
     return summary.peak_bytes_in_use or summary.compiled_bytes_per_device
 
 
-def record_points(r: Record, now: int, attempt: int = 1) -> list[Point]:
+def record_points(r: Record, now: int, attempt: int = 1) -> list[Metric]:
     """One metric record as MLflow points: step records per step (at the job's own time, so a copy re-sent
     after a resume is the same point), start records per attempt, summary ones at step 0."""
+    from mlflow.entities import Metric  # only a tracker that records gets here
+
     if isinstance(r, StepRecord):
         vals = {m: getattr(r, m) for m in STEP_METRICS}
         step, now = r.step, int(r.t_ms or now)
@@ -112,7 +128,7 @@ def record_points(r: Record, now: int, attempt: int = 1) -> list[Point]:
         vals |= {f"{POSITION_METRIC}/{k}": v for k, v in (r.loss_by_position or {}).items()}
         vals |= {f"{DISTANCE_METRIC}/{k}": v for k, v in (r.accuracy_by_distance or {}).items()}
     ok = {k: float(v) for k, v in vals.items() if isinstance(v, int | float) and not isinstance(v, bool)}
-    return [[k, v, now, step] for k, v in ok.items() if v == v]
+    return [Metric(k, v, now, step) for k, v in ok.items() if v == v]
 
 
 def summary_covers(r: SummaryRecord, attempt: int) -> str:
@@ -136,7 +152,7 @@ def record_tags(records: list[Record], attempt: int) -> dict[str, str]:
 
 @dataclass
 class TrialLog:
-    """What the driver saw of one trial: records per attempt and status lines (the trial log artifact)."""
+    """What the drivers saw of one trial: records per attempt and status lines (the trial log artifact)."""
 
     attempts: list[list[Record]] = field(default_factory=lambda: [[]])
     lines: list[str] = field(default_factory=list)
@@ -158,20 +174,85 @@ LOG_ARTIFACT = "trial_log.txt"  # the trial log: one JSON record per line, betwe
 
 
 def parse_trial_log(text: str) -> list[Record]:
-    """The records of a trial log, in the order its driver saw them (status lines skipped)."""
+    """The records of a trial log, in the order its drivers saw them (status lines skipped)."""
     return parse_known(json.loads(ln) for ln in text.splitlines() if ln.startswith("{"))
 
 
-def stored_records(client, run_id: str) -> list[Record]:
+def _log_text(client: Any, run_id: str) -> str:
+    with tempfile.TemporaryDirectory() as d:
+        with open(client.download_artifacts(run_id, LOG_ARTIFACT, d)) as f:
+            return f.read()
+
+
+def stored_records(client: Any, run_id: str) -> list[Record]:
     """A trial's records from its child run's trial log; [] (logged) where the run has none or the store fails,
     since a plot must never cost a sweep its exit code."""
     try:
-        with tempfile.TemporaryDirectory() as d:
-            with open(client.download_artifacts(run_id, LOG_ARTIFACT, d)) as f:
-                return parse_trial_log(f.read())
+        return parse_trial_log(_log_text(client, run_id))
     except Exception as e:  # noqa: BLE001
         log.warning("run %s: its trial log could not be read back (%s: %s)", run_id, type(e).__name__, e)
         return []
+
+
+def stored_log(client: Any, run_id: str) -> TrialLog:
+    """What the store holds of a trial an earlier or another driver began: the trial log one of them wrote when
+    it ended the trial, and the start and step records behind the metrics logged since (a driver killed
+    mid-trial writes no log). A driver that takes the trial over goes on from this, so the log the trial ends
+    with holds every driver's records."""
+    logged = any(a.path == LOG_ARTIFACT for a in client.list_artifacts(run_id))
+    text = _log_text(client, run_id) if logged else ""
+    held = TrialLog(attempts=[parse_trial_log(text)], lines=text.splitlines())
+    have = {r.step for r in held.records if isinstance(r, StepRecord)}
+    rebuilt = records_from_metrics(client, run_id, starts=not logged)
+    held.add([r for r in rebuilt if not (isinstance(r, StepRecord) and r.step in have)])
+    return held
+
+
+def _casts(cls: type) -> dict[str, type]:
+    """Field -> int or float, for the numeric fields of a record (MLflow keeps every metric as a float)."""
+    hints = typing.get_type_hints(cls)
+    return {
+        f.name: int if hints[f.name] in (int, int | None) else float
+        for f in fields(cls)
+        if hints[f.name] in (int, float, int | None, float | None)
+    }
+
+
+def records_from_metrics(client: Any, run_id: str, starts: bool = True) -> list[Record]:
+    """The start records (one per attempt, with `starts`) and step records a child run's metrics hold, in
+    that order; only what MLflow keeps of them (the numbers, at the step or attempt they were logged at)."""
+    names = client.get_run(run_id).data.metrics
+    by_step: dict[int, dict[str, Metric]] = defaultdict(dict)
+    buckets = (POSITION_METRIC + "/", DISTANCE_METRIC + "/")
+    for k in [k for k in names if k in STEP_METRICS or k.startswith(buckets)]:
+        for m in client.get_metric_history(run_id, k):
+            by_step[m.step][k] = m
+    by_attempt: dict[int, dict[str, float]] = defaultdict(dict)
+    for k in [k for k in names if k in START_METRICS] if starts else []:
+        for m in client.get_metric_history(run_id, k):
+            if m.step > 0:  # step 0 is the summary's
+                by_attempt[m.step][k] = m.value
+    out: list[Record] = []
+    cast = _casts(StartRecord)
+    for _, values in sorted(by_attempt.items()):
+        out.append(StartRecord(**{k: cast[k](v) for k, v in values.items()}))
+    cast = _casts(StepRecord)
+    for step, ms in sorted(by_step.items()):
+        at: dict[str, dict[str, float]] = defaultdict(dict)  # loss_by_position -> bucket -> value, ...
+        for k, m in ms.items():
+            head, _, bucket = k.partition("/")
+            if bucket:
+                at[head][bucket] = m.value
+        out.append(
+            StepRecord(
+                step=step,
+                t_ms=min(m.timestamp for m in ms.values()),
+                **{k: cast[k](m.value) for k, m in ms.items() if k in STEP_METRICS},
+                loss_by_position=at.get(POSITION_METRIC),
+                accuracy_by_distance=at.get(DISTANCE_METRIC),
+            )
+        )
+    return out
 
 
 # The MLflow names, spelled out so docs/reference/mlflow.md is checked against them (tests/test_reference.py).
@@ -226,7 +307,7 @@ def metrics(p: ProfileRecord) -> dict[str, float]:
     return {MEASURED[k]: v for k, v in values.items() if k in MEASURED}
 
 
-def log_profile(tracker, key: str, p: ProfileRecord) -> None:
+def log_profile(tracker: Any, key: str, p: ProfileRecord) -> None:
     """The files as artifacts; process 0's breakdown as metrics at the window's first step, its limiter."""
     for name, data in sorted(p.file_bytes().items()):
         tracker.log_bytes(key, data, f"profile/plugins/profile/{session(p)}/{name}")
@@ -235,8 +316,8 @@ def log_profile(tracker, key: str, p: ProfileRecord) -> None:
         tracker.set_tags(key, {"measured_limiter": p.limiter})
 
 
-def log_predicted(tracker, spec: TrialSpec) -> None:
-    """The planner's step-time terms for this trial, and its limiter, next to what a profile measures."""
-    st = steptime.step_time(spec)  # what the plan computed (its peak is cached): no device, no compile
-    tracker.log_metrics(spec.trial_id, {m: getattr(st, f) for f, m in PREDICTED.items()})
-    tracker.set_tags(spec.trial_id, {"predicted_limiter": st.limiter})
+def log_predicted(tracker: Any, key: str, terms: Any) -> None:
+    """The planner's step-time terms for this trial (the plan's StepTime, orchestrator/plan/steptime.py) and
+    its limiter, next to what a profile measures."""
+    tracker.log_metrics(key, {m: getattr(terms, f) for f, m in PREDICTED.items()})
+    tracker.set_tags(key, {"predicted_limiter": terms.limiter})

@@ -19,12 +19,15 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from tenacity import RetryError, Retrying, retry_if_result, stop_after_attempt
+
 from orchestrator.tracking.runs import log_param_once
 
 log = logging.getLogger(__name__)
 
 HEARTBEAT_S = 10.0
 TTL_S = 60.0  # six missed heartbeats: a driver on another host is presumed dead
+CLAIM_LOOKS = 20
 EXITED = "exited"
 
 
@@ -106,24 +109,31 @@ class Leases:
     def claim(self, key: str, settled: tuple[str, ...] = ("finished",)) -> Claim:
         """Take trial `key`'s lease unless a live driver holds it, or its holder left it in a `settled`
         status (then it is that driver's result, not ours to run again)."""
-        rid = self.run_ids[key]
-        for _ in range(20):  # each turn another driver won an epoch: a bounded number of them exists
-            run = self.client.get_run(rid)
-            params, status = run.data.params, run.data.tags.get("status", "")
-            epochs = [int(k[6:]) for k in params if k.startswith("lease_") and k[6:].isdigit()]
-            n = max(epochs, default=0)
-            if n:
-                holder = params[f"lease_{n}"]
-                if holder == self.token:
-                    return Claim(True, holder, status, n)
-                if status in settled or self.alive(holder):
-                    return Claim(False, holder, status, n)
-            if log_param_once(self.client, rid, f"lease_{n + 1}", self.token) == self.token:
-                return Claim(True, self.token, status, n + 1)
-            # another driver took epoch n + 1 first: look again at who holds it now
-        raise RuntimeError(
-            f"trial {key}: the lease changed hands 20 times while this driver tried to claim it"
-        )
+        # each look that finds another driver won the next epoch is followed by another: a bounded number
+        looks = Retrying(retry=retry_if_result(lambda got: got is None), stop=stop_after_attempt(CLAIM_LOOKS))
+        try:
+            return looks(self._look, self.run_ids[key], settled)
+        except RetryError:
+            raise RuntimeError(
+                f"trial {key}: the lease changed hands {CLAIM_LOOKS} times while this driver tried to claim it"
+            ) from None
+
+    def _look(self, rid: str, settled: tuple[str, ...]) -> Claim | None:
+        """One look at the trial's lease, and a bid for the next epoch where its holder is gone; None when
+        another driver's bid for that epoch won."""
+        run = self.client.get_run(rid)
+        params, status = run.data.params, run.data.tags.get("status", "")
+        epochs = [int(k[6:]) for k in params if k.startswith("lease_") and k[6:].isdigit()]
+        n = max(epochs, default=0)
+        if n:
+            holder = params[f"lease_{n}"]
+            if holder == self.token:
+                return Claim(True, holder, status, n)
+            if status in settled or self.alive(holder):
+                return Claim(False, holder, status, n)
+        if log_param_once(self.client, rid, f"lease_{n + 1}", self.token) == self.token:
+            return Claim(True, self.token, status, n + 1)
+        return None
 
 
 class SoleLeases:

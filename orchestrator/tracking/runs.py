@@ -11,16 +11,28 @@ hides it); every other driver reads the id from there.
 
 from __future__ import annotations
 
-import time
 import uuid
-from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
+
+from tenacity import RetryError, Retrying, retry_if_result, stop_after_delay, wait_fixed
 
 WAIT_S = 60.0  # for the driver that reserved a parent run to create it
 
 
+class Opened(NamedTuple):
+    run_id: str
+    found: bool  # it existed already (a resumed sweep's, another driver's, or ours whose answer was lost)
+    start_time: int  # ms, MLflow's start time of the run (the regression gate's "earlier")
+
+
 def _oldest(runs: list) -> Any:
     return min(runs, key=lambda r: (r.info.start_time, r.info.run_id))
+
+
+def _opened(client: Any, run_id: str, found: bool, known: Any = None) -> Opened:
+    """`known`: the run when we hold it already (searched or created); another driver's is read."""
+    run = known if known is not None and known.info.run_id == run_id else client.get_run(run_id)
+    return Opened(run_id, found, run.info.start_time)
 
 
 def log_param_once(client: Any, run_id: str, key: str, value: str) -> str:
@@ -44,7 +56,7 @@ def _settle_child(client: Any, anchor: str, key: str, candidate: str) -> str:
 
 def _reserved(
     client: Any, exp_id: str, identity: dict[str, str], tags: dict, name: str, owner: str
-) -> tuple[str, bool]:
+) -> Opened:
     """A parent run created by exactly one driver: the one whose reservation experiment was created.
     `owner` marks the reservation ours, so a retry after a lost answer goes on with it."""
     from mlflow.exceptions import MlflowException
@@ -57,21 +69,31 @@ def _reserved(
     except MlflowException as e:
         if e.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
-        deadline = time.monotonic() + WAIT_S
-        while True:  # the reserving driver is creating the run
-            found = client.get_experiment_by_name(key) or SimpleNamespace(tags={}, experiment_id="")
-            if found.tags.get("run"):
-                return found.tags["run"], True
-            if found.tags.get("owner") == owner:  # our own reservation, whose answer was lost
-                res = found.experiment_id
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{key} was reserved but no run was created in {WAIT_S:.0f} s") from None
-            time.sleep(0.2)
-    mine = client.create_run(exp_id, tags={**identity, **tags}, run_name=name).info.run_id
-    client.set_experiment_tag(res, "run", mine)
+
+        def settled() -> tuple[str, str] | None:
+            """("run", its id) once the reserving driver made it; ("ours", the reservation) when the
+            reservation is our own whose answer was lost; None while another driver is creating the run."""
+            found = client.get_experiment_by_name(key)
+            marks = found.tags if found else {}
+            if marks.get("run"):
+                return "run", marks["run"]
+            return ("ours", found.experiment_id) if marks.get("owner") == owner else None
+
+        wait = Retrying(
+            retry=retry_if_result(lambda got: got is None),
+            stop=stop_after_delay(WAIT_S),
+            wait=wait_fixed(0.2),
+        )
+        try:
+            what, res = wait(settled)
+        except RetryError:
+            raise RuntimeError(f"{key} was reserved but no run was created in {WAIT_S:.0f} s") from None
+        if what == "run":
+            return _opened(client, res, True)
+    mine = client.create_run(exp_id, tags={**identity, **tags}, run_name=name)
+    client.set_experiment_tag(res, "run", mine.info.run_id)
     client.delete_experiment(res)
-    return mine, False
+    return _opened(client, mine.info.run_id, False, mine)
 
 
 def find_or_create(
@@ -82,21 +104,20 @@ def find_or_create(
     name: str,
     anchor: tuple[str, str] | None = None,
     owner: str = "",
-) -> tuple[str, bool]:
-    """(run id, found): the run with these identity tags, created (with `tags`) when there is none.
+) -> Opened:
+    """The run with these identity tags, created (with `tags`) when there is none.
     `anchor`: (parent run id, key) for a child run, settled on the parent; `owner`: this opener's id."""
     filt = " and ".join(f"tags.{k} = '{v}'" for k, v in identity.items())
     found = client.search_runs([exp_id], filt, max_results=50)
     if not anchor:
-        return (
-            (_oldest(found).info.run_id, True)
-            if found
-            else _reserved(client, exp_id, identity, tags, name, owner)
-        )
+        if found:
+            return _opened(client, _oldest(found).info.run_id, True, _oldest(found))
+        return _reserved(client, exp_id, identity, tags, name, owner)
     if found:
-        return _settle_child(client, *anchor, _oldest(found).info.run_id), True
-    mine = client.create_run(exp_id, tags={**identity, **tags}, run_name=name).info.run_id
-    winner = _settle_child(client, *anchor, mine)
-    if winner != mine:  # another driver created it too, and recorded its own first
-        client.delete_run(mine)
-    return winner, winner != mine
+        oldest = _oldest(found)
+        return _opened(client, _settle_child(client, *anchor, oldest.info.run_id), True, oldest)
+    mine = client.create_run(exp_id, tags={**identity, **tags}, run_name=name)
+    winner = _settle_child(client, *anchor, mine.info.run_id)
+    if winner != mine.info.run_id:  # another driver created it too, and recorded its own first
+        client.delete_run(mine.info.run_id)
+    return _opened(client, winner, winner != mine.info.run_id, mine)
