@@ -1,4 +1,5 @@
-"""Shared test setup: 8 simulated CPU devices for in-process JAX, a fresh MLflow store per test."""
+"""Shared test setup: 8 simulated CPU devices for in-process JAX, a fresh MLflow store per test (a copy of one
+migrated per session)."""
 
 import atexit
 import os
@@ -49,10 +50,21 @@ def run_cli(args: list[str], cwd: Path, timeout: float = 600, env: dict | None =
     )
 
 
+@pytest.fixture(scope="session")
+def migrated_sqlite(tmp_path_factory) -> Path:
+    """One sqlite store migrated to MLflow's head schema for the session (tests/stores.py); tests take copies."""
+    from stores import sqlite_template
+
+    return sqlite_template(tmp_path_factory.mktemp("mlflow-template"))
+
+
 @pytest.fixture
-def store(tmp_path):
-    """A fresh sqlite MLflow store URI in a temporary directory."""
-    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+def store(tmp_path, migrated_sqlite):
+    """A fresh sqlite MLflow store URI: tmp_path/mlflow.db, which is also the store of a driver run in tmp_path
+    with tracking=local (./mlflow.db)."""
+    from stores import sqlite_copy
+
+    return sqlite_copy(migrated_sqlite, tmp_path / "mlflow.db")
 
 
 @pytest.fixture(scope="session")
@@ -73,7 +85,7 @@ def postgres():
 def sql_store(request, tmp_path):
     """A fresh MLflow store URI on each SQL backend: sqlite, and PostgreSQL as the deployed server's."""
     if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'mlflow.db'}"
+        return request.getfixturevalue("store")
     return request.getfixturevalue("postgres").database(f"t_{os.urandom(6).hex()}")
 
 
