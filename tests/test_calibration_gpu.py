@@ -25,8 +25,7 @@ from orchestrator.calibrate.published_gpu import (
     linear_share,
 )
 from orchestrator.calibrate.published_tpu import model
-from orchestrator.plan import plan_one
-from orchestrator.plan import rules
+from orchestrator.plan import plan_one, rules
 from orchestrator.plan.search import recommend
 from orchestrator.plan.steptime import step_time
 

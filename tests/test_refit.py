@@ -13,8 +13,7 @@ from mlflow.entities import Metric, Param
 from omegaconf import OmegaConf
 
 from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
-from orchestrator.calibrate import refit
-from orchestrator.calibrate import tpu
+from orchestrator.calibrate import refit, tpu
 from orchestrator.calibrate.fit import with_constants
 from orchestrator.config.load import CONF_DIR, group_option, load
 from orchestrator.plan.steptime import step_time

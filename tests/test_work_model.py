@@ -10,8 +10,7 @@ import pytest
 
 from orchestrator.config import grid
 from orchestrator.config import load as config
-from orchestrator.plan import hardware
-from orchestrator.plan import plan, roofline, steptime, work
+from orchestrator.plan import hardware, plan, roofline, steptime, work
 
 PLAN_DIR = Path(__file__).resolve().parent.parent / "orchestrator" / "plan"
 POLICIES = {
