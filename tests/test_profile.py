@@ -12,7 +12,6 @@ import typing
 import jax
 import numpy as np
 import pytest
-from conftest import run_cli
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -122,9 +121,7 @@ def test_every_category_and_planner_term_has_its_metric_name():
     fields = {
         f.name for f in dataclasses.fields(StepTime) if typing.get_type_hints(StepTime)[f.name] is float
     }
-    assert set(layout.PREDICTED) <= fields and all(
-        v == f"predicted/{k}" for k, v in layout.PREDICTED.items()
-    )
+    assert set(layout.PREDICTED) <= fields and all(v == f"predicted/{k}" for k, v in layout.PREDICTED.items())
 
 
 def test_a_profiled_trial_traces_its_step_and_resumes_without_the_trace(tmp_path):
@@ -161,10 +158,10 @@ def test_a_profiled_trial_traces_its_step_and_resumes_without_the_trace(tmp_path
 
 
 @pytest.mark.slow
-def test_a_profiled_cli_trial_puts_its_trace_and_breakdown_on_its_run(tmp_path):
+def test_a_profiled_cli_trial_puts_its_trace_and_breakdown_on_its_run(tmp_path, local_ray, store, cli):
     from mlflow import MlflowClient
 
-    res = run_cli([*TRIAL, "progress=plain", "gate.enabled=false"], cwd=tmp_path)
+    res = cli([*TRIAL, "progress=plain", "gate.enabled=false"], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp = client.get_experiment_by_name("cp_scaling")
