@@ -104,12 +104,25 @@ def run_cli_each(
     ]
 
 
+def _forget_relative_stores() -> None:
+    """MLflow keeps one store, and one SQLAlchemy engine, per tracking URI for the life of the process, and
+    tracking=local's sqlite:///mlflow.db is relative: without this, every in-process driver after the first
+    would write into the first one's ./mlflow.db. Absolute URIs (each test's own tmp_path) need no forgetting."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+    from mlflow.tracking._tracking_service.registry import TrackingStoreRegistry
+
+    TrackingStoreRegistry._get_store_with_resolved_uri.cache_clear()
+    for uri in [u for u in SqlAlchemyStore._engine_map if u.startswith("sqlite:///") and u[10:11] != "/"]:
+        SqlAlchemyStore._engine_map.pop(uri).dispose()
+
+
 @pytest.fixture
 def cli(capsys):
     """The CLI in this process: `cli(args, cwd, env)` calls orchestrator.__main__.main(args) in `cwd` with `env`
     added and returns what run_cli returns (a CompletedProcess: exit code, stdout, stderr with the log lines).
     A driver's trials run on the Ray of the test's `local_ray`/`fake_tpu`/`fake_gpu` fixture (connect() joins
-    the Ray that is up). The call leaves nothing behind: cwd, os.environ and the root logger are restored."""
+    the Ray that is up). The call leaves nothing behind: cwd, os.environ, the root logger and MLflow's store for
+    a relative URI are restored."""
     from orchestrator.__main__ import main
 
     def call(args: list[str], cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -121,8 +134,10 @@ def cli(capsys):
         try:
             os.chdir(cwd)
             os.environ.update(env or {})
+            _forget_relative_stores()
             code = main(list(args))
         finally:
+            _forget_relative_stores()
             root.removeHandler(logs)
             os.chdir(saved_cwd)
             os.environ.clear()
