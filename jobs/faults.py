@@ -15,6 +15,7 @@ import os
 import signal
 import time
 
+ENV = ("CP_ORCH_INJECT_SLEEP_S", "CP_ORCH_INJECT_FAULTS", "CP_ORCH_INJECT_DIR")  # the driver hands them on
 POINTS = ("before_save", "after_save", "after_report")
 ACTIONS = ("kill", "hold")
 HOLD_S = 600  # a held process gives up eventually, should nobody kill it

@@ -1,8 +1,12 @@
-"""Shared test setup: 8 simulated CPU devices for in-process JAX, a fresh MLflow store per test."""
+"""Shared test setup: 8 simulated CPU devices for in-process JAX, a fresh MLflow store per test (a copy of one
+migrated per session)."""
 
 import atexit
+import json
+import logging
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -23,6 +27,14 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 
+# One AOT compile cache for the session (orchestrator/plan/aot/cache.py), not the checkout's .cache/aot: a TPU
+# compile several tests ask for runs once, and every session starts cold, as CI's fresh clone does. The tests
+# about the cache itself point CP_AOT_CACHE at their own tmp_path.
+if "CP_AOT_CACHE" not in os.environ:
+    _aot = tempfile.mkdtemp(prefix="cp-orchestrator-test-aot-cache-")
+    os.environ["CP_AOT_CACHE"] = _aot
+    atexit.register(shutil.rmtree, _aot, ignore_errors=True)
+
 # The planner measures a CPU host's matmul rate per run, and on a shared 2-core machine one probe swings ~10x;
 # tests pin it (the nominal 2-core figure) so a point's verdict does not depend on the neighbours' load.
 # tests/test_mfu_model.py runs the probe itself.
@@ -34,9 +46,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def run_cli(args: list[str], cwd: Path, timeout: float = 600, env: dict | None = None):
-    """The real CLI in a subprocess, as a user runs it."""
-    import subprocess
-
+    """The real CLI in a subprocess, as a user runs it: where the process is the subject (a SIGKILLed or
+    interrupted driver, two drivers racing, what a bad input imports); elsewhere the `cli` fixture."""
     full_env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
     full_env |= {"PYTHONPATH": str(ROOT), **(env or {})}
     return subprocess.run(
@@ -49,10 +60,165 @@ def run_cli(args: list[str], cwd: Path, timeout: float = 600, env: dict | None =
     )
 
 
+# Each argv through main() in turn, its output captured apart; a traceback is output like any other.
+_EACH = """
+import contextlib, io, json, logging, sys, traceback
+from orchestrator.__main__ import main
+
+results = []
+for args in json.loads(sys.stdin.read()):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(args)
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+    logging.getLogger().handlers.clear()  # main's basicConfig binds the next run's stderr, not this one's
+    results.append({"code": code, "stdout": out.getvalue(), "stderr": err.getvalue()})
+print(json.dumps(results))
+"""
+
+
+def run_cli_each(
+    arg_lists: list[list[str]], cwd: Path, env: dict | None = None, timeout: float = 600
+) -> list[subprocess.CompletedProcess]:
+    """Several CLI runs in ONE fresh interpreter (python -m orchestrator's main, one argv after another), as
+    run_cli would give them: what a whole list of inputs imports, for the price of one process start."""
+    full_env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
+    full_env |= {"PYTHONPATH": str(ROOT), **(env or {})}
+    res = subprocess.run(
+        [sys.executable, "-c", _EACH],
+        input=json.dumps(arg_lists),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+        check=True,
+    )
+    runs = json.loads(res.stdout.splitlines()[-1])
+    return [
+        subprocess.CompletedProcess(a, r["code"], r["stdout"], r["stderr"])
+        for a, r in zip(arg_lists, runs, strict=True)
+    ]
+
+
+def _forget_relative_stores() -> None:
+    """MLflow keeps one store, and one SQLAlchemy engine, per tracking URI for the life of the process, and
+    tracking=local's sqlite:///mlflow.db is relative: without this, every in-process driver after the first
+    would write into the first one's ./mlflow.db. Absolute URIs (each test's own tmp_path) need no forgetting."""
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+    from mlflow.tracking._tracking_service.registry import TrackingStoreRegistry
+
+    TrackingStoreRegistry._get_store_with_resolved_uri.cache_clear()
+    for uri in [u for u in SqlAlchemyStore._engine_map if u.startswith("sqlite:///") and u[10:11] != "/"]:
+        SqlAlchemyStore._engine_map.pop(uri).dispose()
+
+
 @pytest.fixture
-def store(tmp_path):
-    """A fresh sqlite MLflow store URI in a temporary directory."""
-    return f"sqlite:///{tmp_path / 'mlflow.db'}"
+def cli(capsys):
+    """The CLI in this process: `cli(args, cwd, env)` calls orchestrator.__main__.main(args) in `cwd` with `env`
+    added and returns what run_cli returns (a CompletedProcess: exit code, stdout, stderr with the log lines).
+    A driver's trials run on the Ray of the test's `local_ray`/`fake_tpu`/`fake_gpu` fixture (connect() joins
+    the Ray that is up). The call leaves nothing behind: cwd, os.environ, the root logger and MLflow's store for
+    a relative URI are restored."""
+    from orchestrator.__main__ import main
+
+    def call(args: list[str], cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+        capsys.readouterr()  # the test's own output so far is not the CLI's
+        saved_env, saved_cwd = dict(os.environ), os.getcwd()
+        logs = logging.StreamHandler(sys.stderr)  # as `python -m orchestrator` shows them (basicConfig)
+        root = logging.getLogger()
+        root.addHandler(logs)
+        try:
+            os.chdir(cwd)
+            os.environ.update(env or {})
+            _forget_relative_stores()
+            code = main(list(args))
+        finally:
+            _forget_relative_stores()
+            root.removeHandler(logs)
+            os.chdir(saved_cwd)
+            os.environ.clear()
+            os.environ.update(saved_env)
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, out, err)
+
+    return call
+
+
+@pytest.fixture(scope="session")
+def rays():
+    """The session's one Ray at a time (tests/rays.py); left down at the end."""
+    from rays import Rays
+
+    r = Rays()
+    yield r
+    r.release()
+
+
+@pytest.fixture
+def local_ray(rays):
+    """The session's local Ray, for in-process drivers on cluster=local, local_multihost, local_multislice."""
+    return rays.use("local")
+
+
+@pytest.fixture
+def fake_tpu(rays):
+    """The session's fake TPU cluster (conf/cluster/local_fake_tpu: 2 v5p-16 slices x 2 hosts); its ClusterSpec."""
+    return rays.use("fake_tpu")
+
+
+@pytest.fixture
+def fake_gpu(rays):
+    """The session's fake GPU cluster (conf/cluster/local_fake_gpu: 2 nodes x 4 GPUs); its ClusterSpec."""
+    return rays.use("fake_gpu")
+
+
+@pytest.fixture
+def no_ray(rays):
+    """No Ray in this process when the test starts (it starts its own), nor after it."""
+    rays.release()
+    yield
+    rays.release()
+
+
+RAY_FIXTURES = ("no_ray", "local_ray", "fake_tpu", "fake_gpu")  # the order their tests run in
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    """Each Ray kind starts once: modules without a Ray first, then by the kinds they use (a module that uses
+    two kinds runs between the two groups), and within a module its tests by kind; otherwise in file order."""
+
+    def kind(item) -> int:
+        return next((i for i, f in enumerate(RAY_FIXTURES) if f in item.fixturenames), -1)
+
+    modules: dict[Path, list[int]] = {}
+    for item in items:
+        modules.setdefault(item.path, []).append(kind(item))
+    rank = {
+        m: (min(k for k in ks if k >= 0), max(ks)) if max(ks) >= 0 else (-1, -1) for m, ks in modules.items()
+    }
+    order = {m: i for i, m in enumerate(modules)}
+    items.sort(key=lambda it: (rank[it.path], order[it.path], kind(it)))
+
+
+@pytest.fixture(scope="session")
+def migrated_sqlite(tmp_path_factory) -> Path:
+    """One sqlite store migrated to MLflow's head schema for the session (tests/stores.py); tests take copies."""
+    from stores import sqlite_template
+
+    return sqlite_template(tmp_path_factory.mktemp("mlflow-template"))
+
+
+@pytest.fixture
+def store(tmp_path, migrated_sqlite):
+    """A fresh sqlite MLflow store URI: tmp_path/mlflow.db, which is also the store of a driver run in tmp_path
+    with tracking=local (./mlflow.db)."""
+    from stores import sqlite_copy
+
+    return sqlite_copy(migrated_sqlite, tmp_path / "mlflow.db")
 
 
 @pytest.fixture(scope="session")
@@ -73,7 +239,7 @@ def postgres():
 def sql_store(request, tmp_path):
     """A fresh MLflow store URI on each SQL backend: sqlite, and PostgreSQL as the deployed server's."""
     if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'mlflow.db'}"
+        return request.getfixturevalue("store")
     return request.getfixturevalue("postgres").database(f"t_{os.urandom(6).hex()}")
 
 

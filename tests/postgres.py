@@ -17,6 +17,9 @@ import time
 from pathlib import Path
 
 from servers import free_port
+from stores import migrate
+
+TEMPLATE = "migrated"  # MLflow's schema, migrated once per server; tests' databases are copies of it
 
 
 def bin_dir() -> Path | None:
@@ -40,6 +43,7 @@ class Postgres:
         self.data, self.log = self.dir / "data", self.dir / "server.log"
         self.port = free_port()
         self.as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        self.migrated = False
         if self.as_user:
             self.dir.chmod(0o755)
             shutil.chown(self.dir, "postgres")
@@ -73,10 +77,21 @@ class Postgres:
         time.sleep(down_s)
         self.start()
 
-    def database(self, name: str) -> str:
-        """A fresh database `name` (created once), as a SQLAlchemy URI."""
-        self._run("createdb", "-h", "127.0.0.1", "-p", self.port, "-U", "postgres", name)
+    def database(self, name: str, migrated: bool = True) -> str:
+        """A fresh database `name` (created once), as a SQLAlchemy URI: a copy of the template MLflow's schema was
+        migrated into once (CREATE DATABASE ... TEMPLATE), or an empty one (`migrated=False`)."""
+        if migrated and not self.migrated:
+            self._createdb(TEMPLATE)
+            migrate(self.uri(TEMPLATE))  # and disconnects: a template must have no open connections
+            self.migrated = True
+        self._createdb(name, *(["--template", TEMPLATE] if migrated else []))
+        return self.uri(name)
+
+    def uri(self, name: str) -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{name}"
+
+    def _createdb(self, name: str, *args: str) -> None:
+        self._run("createdb", "-h", "127.0.0.1", "-p", self.port, "-U", "postgres", *args, name)
 
     def tail(self, n: int = 3000) -> str:
         return self.log.read_text(errors="replace")[-n:] if self.log.exists() else ""

@@ -45,14 +45,12 @@ def broken() -> TrialSpec:
 
 
 @pytest.fixture
-def fresh_ray(monkeypatch):
+def fresh_ray(no_ray, monkeypatch):
     """No Ray before the test (the pool starts its own), none after; PYTHONPATH as it was."""
     import ray
 
-    ray.shutdown()
     monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", str(ROOT)))
-    yield ray
-    ray.shutdown()
+    return ray
 
 
 @pytest.fixture
@@ -74,7 +72,8 @@ def entries(where: Path) -> dict[str, bytes]:
 
 
 @pytest.mark.slow
-def test_pool_answers_as_the_serial_path_and_a_rerun_compiles_nothing(tmp_path, fresh_ray):
+def test_pool_answers_as_the_serial_path_and_a_rerun_compiles_nothing(tmp_path, local_ray):
+    """On the session's local Ray, as on any Ray started elsewhere: the pool compiles on the one it finds."""
     pytest.importorskip("libtpu")
     specs = [small(), broken(), small("usp", MeshSpec(context=4, context_ulysses=2))]
     serial = aot.compare(specs, cache=str(tmp_path / "serial"))  # workers=None: here, one after another
@@ -92,7 +91,7 @@ def test_pool_answers_as_the_serial_path_and_a_rerun_compiles_nothing(tmp_path, 
 
 
 @pytest.mark.slow
-def test_draws_compile_in_their_own_processes_and_the_worst_judges(tmp_path, fresh_ray):
+def test_draws_compile_in_their_own_processes_and_the_worst_judges(tmp_path, local_ray):
     pytest.importorskip("libtpu")
     spec, where = small(), tmp_path / "draws"
     [row] = aot.compare([spec], workers=2, cache=str(where), progress="plain", draws=2)

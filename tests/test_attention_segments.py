@@ -3,6 +3,7 @@ dQ/dK/dV, for contiguous, zigzag and balanced token orders, xla and splash (Pall
 ring hops that no local query can see really skip their kernel (counted on the running devices)."""
 
 import os
+from functools import partial
 
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 os.environ["JAX_PLATFORMS"] = "cpu"
@@ -85,10 +86,16 @@ def out_and_grads(f, q, k, v, ct):
     return (out, *vjp(ct))
 
 
+# The references take the segment ids as an argument, so each compiles once per shape for the whole matrix.
+@partial(jax.jit, static_argnames="causal")
 def reference(q, k, v, ct, seg_BxL, causal=True):
-    seg = jnp.asarray(seg_BxL)
-    fn = lambda q, k, v: reference_attention(q, k, v, causal=causal, q_seg=seg, kv_seg=seg)
-    return jax.jit(lambda *a: out_and_grads(fn, *a))(q, k, v, ct)
+    fn = lambda q, k, v: reference_attention(q, k, v, causal=causal, q_seg=seg_BxL, kv_seg=seg_BxL)
+    return out_and_grads(fn, q, k, v, ct)
+
+
+@partial(jax.jit, static_argnames="causal")
+def unpacked(q, k, v, causal=True):
+    return reference_attention(q, k, v, causal=causal)
 
 
 def check(
@@ -101,12 +108,12 @@ def check(
     perm = None if order is None else np.stack([order(row, P) for row in seg])
     f = packed_fn(strategy, mesh_shape, layout, kernel, seg, block=block, causal=causal, perm_BxL=perm)
     got = jax.jit(lambda *a: out_and_grads(f, *a))(q, k, v, ct)
-    want = reference(q, k, v, ct, seg, causal)
+    want = reference(q, k, v, ct, jnp.asarray(seg), causal)
     for name, g, w in zip(("out", "dq", "dk", "dv"), got, want, strict=True):
         err = float(jnp.max(jnp.abs(g - w)))
         assert err < TOL, f"{strategy} {mesh_shape} {layout} {kernel}: {name} max abs error {err:.2e}"
     # the documents are really separate: a row's output differs from the unpacked (one causal row) answer
-    plain = jax.jit(lambda q, k, v: reference_attention(q, k, v, causal=causal))(q, k, v)
+    plain = unpacked(q, k, v, causal)
     assert float(jnp.max(jnp.abs(got[0] - plain))) > 1e-2
 
 

@@ -4,7 +4,7 @@ import math
 import time
 
 import pytest
-from conftest import run_cli
+from conftest import run_cli, run_cli_each
 from mlflow import MlflowClient
 
 
@@ -88,12 +88,24 @@ BAD_INPUT = [
 ]
 
 
-@pytest.mark.parametrize("args, words", BAD_INPUT, ids=lambda x: " ".join(x) if isinstance(x, list) else "")
-def test_bad_input_exits_2_before_launch(tmp_path, no_ray_no_mlflow, args, words):
-    res = run_cli(args, cwd=tmp_path, timeout=120, env=no_ray_no_mlflow)
+def _rejected(res, words: str) -> None:
+    """Exit 2 with one `error:` line saying `words`, and no traceback."""
     assert res.returncode == 2, res.stderr
     errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
     assert len(errors) == 1 and words in errors[0], res.stderr
     assert "Traceback" not in res.stderr + res.stdout
-    assert "Started a local Ray instance" not in res.stdout + res.stderr
-    assert not (tmp_path / "mlflow.db").exists()  # nothing half-launched, not even a tracking store
+
+
+@pytest.mark.parametrize("args, words", BAD_INPUT, ids=lambda x: " ".join(x) if isinstance(x, list) else "")
+def test_bad_input_exits_2_before_launch(tmp_path, cli, args, words):
+    _rejected(cli(args, cwd=tmp_path), words)
+    assert list(tmp_path.iterdir()) == []  # nothing half-launched, not even a tracking store
+
+
+def test_bad_input_is_rejected_before_ray_or_mlflow_loads(tmp_path, no_ray_no_mlflow):
+    """Every BAD_INPUT case through `python -m orchestrator`'s main in one fresh interpreter whose ray and mlflow
+    fail on import: each is rejected as in-process, so none got as far as importing either."""
+    results = run_cli_each([args for args, _ in BAD_INPUT], tmp_path, env=no_ray_no_mlflow)
+    for (_, words), res in zip(BAD_INPUT, results, strict=True):
+        _rejected(res, words)
+    assert list(tmp_path.iterdir()) == []

@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from conftest import ROOT, run_cli
+from conftest import ROOT
 from mlflow import MlflowClient
 from servers import start_mlflow_server
 
@@ -102,13 +102,13 @@ def _faults(tmp_path, spec: str) -> dict[str, str]:
 
 
 @pytest.mark.slow
-def test_killed_host_is_preempted_and_the_trial_resumes(tmp_path, stdlib_corpus):
+def test_killed_host_is_preempted_and_the_trial_resumes(tmp_path, stdlib_corpus, local_ray, store, cli):
     """Host 1 (not the one reporting) dies after step 4's record; host 0 loses its peer mid-collective.
     On packed documents: the retry restores the loader's state, so its steps equal an uninterrupted run's."""
     env = _faults(tmp_path, "kill:1:4:after_report")
     data = ["train.data.kind=documents", f"train.data.sources=[{stdlib_corpus}]", "model.vocab=512"]
     args = ["cluster=local_multihost", *KILL_ARGS, *data, "+sweep.id=kill-host"]
-    res = run_cli(args, cwd=tmp_path, env=env)
+    res = cli(args, cwd=tmp_path, env=env)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "preempted: retrying" in res.stdout and (tmp_path / "faults" / "kill-1-4-after_report").exists()
     client, run = _one_trial(tmp_path)
@@ -125,13 +125,13 @@ def test_killed_host_is_preempted_and_the_trial_resumes(tmp_path, stdlib_corpus)
 
 
 @pytest.mark.slow
-def test_host_killed_at_each_point_of_the_step_loop_loses_no_step(tmp_path):
+def test_host_killed_at_each_point_of_the_step_loop_loses_no_step(tmp_path, local_ray, store, cli):
     """Process 0 (the one reporting) is killed before a save, between a save and its step's report, and
     after a report: every step's loss reaches the store exactly once. One host: what is killed is the
     reporting process's step loop, the same on every layout (a multi-host kill is the test above)."""
     env = _faults(tmp_path, "kill:0:2:before_save,kill:0:5:after_save,kill:0:8:after_report")
     args = ["cluster=local", *KILL_ARGS, "retries.preemption=6", "+sweep.id=kill-points"]
-    res = run_cli(args, cwd=tmp_path, env=env)
+    res = cli(args, cwd=tmp_path, env=env)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert len(list((tmp_path / "faults").iterdir())) == 3  # all three kills happened
     client, run = _one_trial(tmp_path)
@@ -151,7 +151,7 @@ def test_host_killed_at_each_point_of_the_step_loop_loses_no_step(tmp_path):
 
 
 @pytest.mark.slow
-def test_driver_killed_mid_trial_then_rerun_logs_every_step_once(tmp_path):
+def test_driver_killed_mid_trial_then_rerun_logs_every_step_once(tmp_path, local_ray, store, cli):
     """The driver dies while a checkpointing trial runs; the rerun resumes the trial from its checkpoint,
     re-sends what the checkpoint holds, and the store ends with each step once."""
     env = _faults(tmp_path, "hold:0:8:after_report")  # the job stops after step 8's save and report
@@ -165,7 +165,7 @@ def test_driver_killed_mid_trial_then_rerun_logs_every_step_once(tmp_path):
     assert marker.exists(), "\n".join(drv.lines[-60:])
     drv.proc.send_signal(signal.SIGKILL)
     drv.proc.wait(timeout=60)
-    res = run_cli(args, cwd=tmp_path, env=env)
+    res = cli(args, cwd=tmp_path, env=env)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     client, run = _one_trial(tmp_path)
     assert run.data.tags["status"] == "finished"
@@ -181,7 +181,7 @@ def test_driver_killed_mid_trial_then_rerun_logs_every_step_once(tmp_path):
 
 
 @pytest.mark.slow
-def test_driver_sigkill_then_rerun_finishes_without_repeats(tmp_path):
+def test_driver_sigkill_then_rerun_finishes_without_repeats(tmp_path, local_ray, store, cli):
     args = [
         "+sweep=smoke",
         "sweep.axes.strategy=[all_gather,ulysses,ring]",
@@ -204,7 +204,7 @@ def test_driver_sigkill_then_rerun_finishes_without_repeats(tmp_path):
     client, runs = _trials(tmp_path, "resume-me")
     finished_before = {r.data.tags["trial_id"] for r in runs if r.data.tags.get("status") == "finished"}
     assert 1 <= len(finished_before) < 3
-    res = run_cli(args, cwd=tmp_path)
+    res = cli(args, cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert f"{len(finished_before)} skipped" in res.stdout
     client, runs = _trials(tmp_path, "resume-me")
@@ -229,7 +229,7 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.slow
-def test_ctrl_c_cancels_running_trials_and_frees_their_slices(tmp_path):
+def test_ctrl_c_cancels_running_trials_and_frees_their_slices(tmp_path, store):
     args = [
         "cluster=local_multihost",
         "context_length=512",
@@ -250,7 +250,7 @@ def test_ctrl_c_cancels_running_trials_and_frees_their_slices(tmp_path):
 
 
 @pytest.mark.slow
-def test_driver_sigkill_before_the_queue_drains_loses_no_write(tmp_path, postgres):
+def test_driver_sigkill_before_the_queue_drains_loses_no_write(tmp_path, postgres, local_ray, cli):
     """The tracking server (on PostgreSQL, as deployed) is down while a trial finishes; the driver is SIGKILLed right after the trial's last
     record and its finished status were queued (so journaled). The rerun replays the journal: every step once,
     the trial finished and not run again."""
@@ -283,7 +283,7 @@ def test_driver_sigkill_before_the_queue_drains_loses_no_write(tmp_path, postgre
         exp = c.get_experiment_by_name("cp_scaling")
         (run,) = c.search_runs([exp.experiment_id], "tags.kind = 'trial'")
         assert run.data.tags["status"] != "finished"  # the store never heard of the end
-        res = run_cli(args, cwd=tmp_path)
+        res = cli(args, cwd=tmp_path)
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
         assert "replaying" in res.stderr and "0 finished, 0 failed, 1 skipped" in res.stdout, res.stdout[
             -2000:

@@ -7,8 +7,8 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from conftest import run_cli
 from mlflow import MlflowClient
+from rays import PlacementGroups
 
 from jobs.mesh import _knows_slice
 from jobs.spec import ClusterSpec, TrialSpec
@@ -83,47 +83,43 @@ def test_only_a_tpu_device_knows_its_slice():
 @pytest.mark.slow
 # Ray starts the fake nodes with fork+exec from this process, where jax is loaded: the exec follows at once
 @pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning")
-def test_gpu_nodes_are_reserved_whole_on_distinct_nodes_or_not_at_all():
+def test_gpu_nodes_are_reserved_whole_on_distinct_nodes_or_not_at_all(fake_gpu):
     import ray
 
     from orchestrator.launch.attempt import Cancelled
-    from orchestrator.launch.placement import Reservation, live_placement_groups
+    from orchestrator.launch.placement import Reservation
 
+    assert fake_gpu.name == FAKE_GPU.name  # the session's fake GPU cluster is conf/cluster/local_fake_gpu
     two = dataclasses.replace(FAKE_GPU, slices_per_trial=2)
-    assert not ray.is_initialized()  # a Ray of another test would be joined instead of the fake nodes
-    clusters.connect(two)
-    try:
-        assert clusters.gpu_nodes(4) == 2 and clusters.gpu_nodes(5) == 0
-        assert clusters.concurrency(two) == 1 and clusters.concurrency(FAKE_GPU) == 2
-        with pytest.raises(ValueError, match="needs 3 GPU nodes of 4 GPUs .* but the cluster has 2; lower"):
-            Reservation(dataclasses.replace(two, slices_per_trial=3), lambda: None).place()
-        both = Reservation(two, lambda: None)
-        placed = both.place()
-        (pg,) = [v for v in ray.util.placement_group_table().values() if v["state"] == "CREATED"]
-        assert pg["strategy"] == "STRICT_SPREAD"
-        assert list(pg["bundles"].values()) == [{"GPU": 4.0, "CPU": 1.0}] * 2
-        assert len(set(pg["bundles_to_node_id"].values())) == 2  # one node each
-        assert placed.options == {"num_gpus": 4} and len(placed.strategies) == 2
-        assert placed.envs == [{"JAX_LOCAL_DEVICE_IDS": "0,1,2,3"}] * 2
-        assert len(placed.record["slice"].split("+")) == 2 and placed.record["n_slices"] == 2
-        tries = []
+    ours = PlacementGroups()  # the session's other tests' trials may hold or release theirs meanwhile
+    assert clusters.gpu_nodes(4) == 2 and clusters.gpu_nodes(5) == 0
+    assert clusters.concurrency(two) == 1 and clusters.concurrency(FAKE_GPU) == 2
+    with pytest.raises(ValueError, match="needs 3 GPU nodes of 4 GPUs .* but the cluster has 2; lower"):
+        Reservation(dataclasses.replace(two, slices_per_trial=3), lambda: None).place()
+    both = Reservation(two, lambda: None)
+    placed = both.place()
+    pg = ray.util.placement_group_table(both.pg)
+    assert pg["state"] == "CREATED" and pg["strategy"] == "STRICT_SPREAD"
+    assert list(pg["bundles"].values()) == [{"GPU": 4.0, "CPU": 1.0}] * 2
+    assert len(set(pg["bundles_to_node_id"].values())) == 2  # one node each
+    assert placed.options == {"num_gpus": 4} and len(placed.strategies) == 2
+    assert placed.envs == [{"JAX_LOCAL_DEVICE_IDS": "0,1,2,3"}] * 2
+    assert len(placed.record["slice"].split("+")) == 2 and placed.record["n_slices"] == 2
+    tries = []
 
-        def give_up_after_three() -> None:  # called before and while the group waits: the queue's own events
-            tries.append(1)
-            if len(tries) > 3:
-                raise Cancelled
+    def give_up_after_three() -> None:  # called before and while the group waits: the queue's own events
+        tries.append(1)
+        if len(tries) > 3:
+            raise Cancelled
 
-        waiter = Reservation(FAKE_GPU, give_up_after_three)
-        with pytest.raises(Cancelled):  # both nodes held: a one-node trial queues, granted nothing
-            waiter.place()
-        assert len(tries) == 4 and waiter.pg is not None and not ray.wait([waiter.pg.ready()], timeout=0)[0]
-        waiter.release()  # what the attempt does on every exit path
-        assert live_placement_groups() == 1
-        both.release()
-        assert live_placement_groups() == 0
-    finally:
-        clusters.shutdown()
-        assert not ray.is_initialized()
+    waiter = Reservation(FAKE_GPU, give_up_after_three)
+    with pytest.raises(Cancelled):  # both nodes held: a one-node trial queues, granted nothing
+        waiter.place()
+    assert len(tries) == 4 and waiter.pg is not None and not ray.wait([waiter.pg.ready()], timeout=0)[0]
+    waiter.release()  # what the attempt does on every exit path
+    assert ours.live() == 1
+    both.release()
+    assert ours.live() == 0
 
 
 # --- the trial over two fake GPU nodes, through the CLI ----------------------------------------------------
@@ -136,8 +132,6 @@ TRIAL = [
     "progress=plain",
     "gate.enabled=false",
 ]
-# what a node can inherit from an earlier job: an attempt must not see it
-STALE_ENV = {"JAX_COORDINATOR_ADDRESS": "10.9.9.9:1234", "JAX_LOCAL_DEVICE_IDS": "0"}
 
 
 def _artifact(client: MlflowClient, run, path: str, tmp_path) -> str:
@@ -145,11 +139,12 @@ def _artifact(client: MlflowClient, run, path: str, tmp_path) -> str:
 
 
 @pytest.mark.slow
-def test_two_node_gpu_trial_trains_like_one_process_across_a_lost_node(tmp_path):
+def test_two_node_gpu_trial_trains_like_one_process_across_a_lost_node(tmp_path, fake_gpu, store, cli):
     """local_fake_gpu with slices_per_trial=2: one trial over both fake nodes (2 processes x 4 devices), ring
     over context 8 with the context axis across the nodes. Process 1 (the second node's host) is SIGKILLed
     after step 1: preempted, re-queued, both nodes reserved again, and the loss curve is the 8-device single
-    process run's in fp32, every step once."""
+    process run's in fp32, every step once. The nodes started with a stale JAX_COORDINATOR_ADDRESS and
+    JAX_LOCAL_DEVICE_IDS (tests/rays.py): an attempt must not see them."""
     (tmp_path / "faults").mkdir()
     faults = {
         "CP_ORCH_INJECT_FAULTS": "kill:1:1:after_report",
@@ -163,7 +158,7 @@ def test_two_node_gpu_trial_trains_like_one_process_across_a_lost_node(tmp_path)
         "retries.preemption=6",
         "+sweep.id=fake-gpu",
     ]
-    res = run_cli(args, cwd=tmp_path, env=STALE_ENV | faults)
+    res = cli(args, cwd=tmp_path, env=faults)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "preempted: retrying" in res.stdout and (tmp_path / "faults" / "kill-1-1-after_report").exists()
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")

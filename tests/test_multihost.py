@@ -1,7 +1,6 @@
 """Two JAX processes x 4 CPU devices (jax.distributed, gloo) train exactly like one process with 8 devices."""
 
 import pytest
-from conftest import run_cli
 from mlflow import MlflowClient
 
 from jobs.train import train
@@ -30,8 +29,8 @@ def losses_by_trial(client: MlflowClient, sweep_id: str) -> dict[str, list[float
 
 
 @pytest.mark.slow
-def test_local_multihost_matches_local_loss_curves(tmp_path):
-    res = run_cli([*GRID, "cluster=local_multihost", "sweep.id=mh"], cwd=tmp_path)
+def test_local_multihost_matches_local_loss_curves(tmp_path, local_ray, store, cli):
+    res = cli([*GRID, "cluster=local_multihost", "sweep.id=mh"], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     # both processes of every multi-host attempt were placed and reported in
     assert res.stdout.count(", 1=pid ") == 2, res.stdout

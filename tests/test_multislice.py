@@ -9,12 +9,13 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT, run_cli
+from conftest import ROOT
 from mlflow import MlflowClient
+from rays import PlacementGroups
 from servers import free_port
 
 from jobs.mesh import make_mesh
-from jobs.spec import ClusterSpec, MeshSpec
+from jobs.spec import MeshSpec
 from jobs.train import train
 from orchestrator.config.grid import expand
 from orchestrator.config.load import load
@@ -177,7 +178,7 @@ def _losses(client: MlflowClient, run) -> list[float]:
 
 
 @pytest.mark.slow
-def test_two_slice_trial_trains_like_one_process_across_a_lost_host(tmp_path):
+def test_two_slice_trial_trains_like_one_process_across_a_lost_host(tmp_path, local_ray, store, cli):
     """local_multislice: 4 processes (2 fake slices x 2 hosts x 2 devices), ring over context 8 with the context
     axis across the slices. Process 3 (slice 1, not the reporting one) is SIGKILLed after step 1: the trial is
     preempted as a whole, re-queued, the retry gang-starts all four processes again, and the loss curve is the
@@ -185,7 +186,7 @@ def test_two_slice_trial_trains_like_one_process_across_a_lost_host(tmp_path):
     (tmp_path / "faults").mkdir()
     env = {"CP_ORCH_INJECT_FAULTS": "kill:3:1:after_report", "CP_ORCH_INJECT_DIR": str(tmp_path / "faults")}
     args = [*TRIAL, "cluster=local_multislice", "mesh.dcn=context", "+sweep.id=two-slices"]
-    res = run_cli(args, cwd=tmp_path, env=env)
+    res = cli(args, cwd=tmp_path, env=env)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "preempted: retrying" in res.stdout and (tmp_path / "faults" / "kill-3-1-after_report").exists()
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -221,21 +222,13 @@ def test_two_slice_trial_trains_like_one_process_across_a_lost_host(tmp_path):
 # --- two fake TPU slices --------------------------------------------------------------------------------------
 
 
-# what a node can inherit from an old multislice job or `ray start` (Ray #62893): an attempt must not see them
-STALE_ENV = {
-    "MEGASCALE_COORDINATOR_ADDRESS": "10.9.9.9:8081",
-    "MEGASCALE_NUM_SLICES": "4",
-    "MEGASCALE_TRANSPORT_TYPE": "grpc",
-    "JAX_COORDINATOR_ADDRESS": "10.9.9.9:1234",
-}
-
-
 @pytest.mark.slow
-def test_fake_tpu_trial_spans_two_slices_and_its_retry_starts_clean(tmp_path):
+def test_fake_tpu_trial_spans_two_slices_and_its_retry_starts_clean(tmp_path, fake_tpu, store, cli):
     """local_fake_tpu (2 fake v5p-16 slices x 2 hosts) with slices_per_trial=2: Ray reserves both slices for
     one trial; the four hosts are numbered slice-major by TPU_WORKER_ID and each got the MEGASCALE_* env.
-    The nodes inherit stale per-attempt variables (Ray #62893), and host 3 is SIGKILLed after step 1: the retry
-    gang-starts all four again, and every attempt's hosts see only that attempt's MEGASCALE_* and coordinator."""
+    The nodes inherit stale per-attempt variables (Ray #62893, tests/rays.py), and host 3 is SIGKILLed after
+    step 1: the retry gang-starts all four again, and every attempt's hosts see only that attempt's MEGASCALE_*
+    and coordinator."""
     (tmp_path / "faults").mkdir()
     faults = {
         "CP_ORCH_INJECT_FAULTS": "kill:3:1:after_report",
@@ -249,7 +242,7 @@ def test_fake_tpu_trial_spans_two_slices_and_its_retry_starts_clean(tmp_path):
         "retries.preemption=6",
         "+sweep.id=fake-two-slices",
     ]
-    res = run_cli(args, cwd=tmp_path, env=STALE_ENV | faults)
+    res = cli(args, cwd=tmp_path, env=faults)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "preempted: retrying" in res.stdout and (tmp_path / "faults" / "kill-3-1-after_report").exists()
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
@@ -290,54 +283,39 @@ def test_fake_tpu_trial_spans_two_slices_and_its_retry_starts_clean(tmp_path):
 @pytest.mark.slow
 # Ray starts the fake nodes with fork+exec from this process, where jax is loaded: the exec follows at once
 @pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning")
-def test_two_slice_reservation_is_all_or_nothing():
+def test_two_slice_reservation_is_all_or_nothing(fake_tpu):
     """While one slice is held, a two-slice reservation gets neither (Ray releases the head it took); once
     both are free it gets both, and every placement group is released afterwards."""
-    import ray
-
-    from orchestrator.launch import cluster as clusters
     from orchestrator.launch.attempt import Cancelled
-    from orchestrator.launch.placement import Reservation, live_placement_groups
+    from orchestrator.launch.placement import Reservation
 
-    c = ClusterSpec(
-        name="fake",
-        kind="fake_tpu",
-        accelerator="v5p",
-        hosts=2,
-        devices_per_host=4,
-        slices=2,
-        topology="2x2x2",
-        slices_per_trial=2,
-    )
-    assert not ray.is_initialized()  # a Ray of another test would be joined instead of the fake slices
-    clusters.connect(c)
-    try:
-        with pytest.raises(ValueError, match="needs slices_per_trial=3 slices but the cluster has 2"):
-            Reservation(dataclasses.replace(c, slices_per_trial=3), lambda: None).place()
-        held = Reservation(dataclasses.replace(c, slices_per_trial=1), lambda: None)
-        held_slice = held.place().record["slice"]
-        tries = []
+    # the session's fake TPU cluster: 2 v5p-16 slices (topology 2x2x2) x 2 hosts of 4 chips
+    assert (fake_tpu.slices, fake_tpu.hosts, fake_tpu.topology) == (2, 2, "2x2x2")
+    c = dataclasses.replace(fake_tpu, slices_per_trial=2)
+    ours = PlacementGroups()  # the session's other tests' trials may hold or release theirs meanwhile
+    with pytest.raises(ValueError, match="needs slices_per_trial=3 slices but the cluster has 2"):
+        Reservation(dataclasses.replace(c, slices_per_trial=3), lambda: None).place()
+    held = Reservation(dataclasses.replace(c, slices_per_trial=1), lambda: None)
+    held_slice = held.place().record["slice"]
+    tries = []
 
-        def give_up_after_three() -> None:  # called before each try: the reservation's own events
-            tries.append(1)
-            if len(tries) > 3:
-                raise Cancelled
+    def give_up_after_three() -> None:  # called before each try: the reservation's own events
+        tries.append(1)
+        if len(tries) > 3:
+            raise Cancelled
 
-        both = Reservation(c, give_up_after_three)
-        with pytest.raises(Cancelled):
-            both.place()
-        assert live_placement_groups() == 2  # only the held slice's worker group and head
-        held.release()
-        assert live_placement_groups() == 0
-        both = Reservation(c, lambda: None)
-        placed = both.place()
-        assert set(placed.record["slice"].split("+")) == {"fake-slice-0", "fake-slice-1"}, held_slice
-        assert [e["MEGASCALE_SLICE_ID"] for e in placed.envs] == ["0", "0", "1", "1"]
-        both.release()
-        assert live_placement_groups() == 0
-    finally:
-        clusters.shutdown()
-        assert not ray.is_initialized()
+    both = Reservation(c, give_up_after_three)
+    with pytest.raises(Cancelled):
+        both.place()
+    assert ours.live() == 2  # only the held slice's worker group and head
+    held.release()
+    assert ours.live() == 0
+    both = Reservation(c, lambda: None)
+    placed = both.place()
+    assert set(placed.record["slice"].split("+")) == {"fake-slice-0", "fake-slice-1"}, held_slice
+    assert [e["MEGASCALE_SLICE_ID"] for e in placed.envs] == ["0", "0", "1", "1"]
+    both.release()
+    assert ours.live() == 0
 
 
 def test_local_multislice_config_is_two_slices_of_two_hosts():

@@ -233,7 +233,7 @@ def _aot_rows() -> list:
 @pytest.mark.slow
 def test_analytic_never_below_tpu_compiler():
     """The planner may over-predict memory, never under-predict it by more than 5 % (a plan that says `run` must
-    compile). Compiles for a v5p 2x2x1 slice; cached in .cache/aot after the first run."""
+    compile). Compiles for a v5p 2x2x1 slice; the session's AOT cache (conftest.py) serves the next test."""
     pytest.importorskip("libtpu")
     for r in _aot_rows():
         assert r.status == "compiled" and r.ratio >= 0.95, r
@@ -251,7 +251,7 @@ def test_analytic_vs_tpu_compiler():
     Blocks cover each kernel call's local sequence: with several blocks per call the current XLA kernel
     compiles to O(L_q x L_k) buffers, which no flash-style model predicts. The model prices the xla kernel's
     transients, so the points pin kernel=xla (auto would compile splash for TPU, whose transients the model
-    does not price yet). Compiles take ~1 min each on 2 cores the first time, then come from .cache/aot.
+    does not price yet). Compiles take ~1 min each on 2 cores the first time, then come from the AOT cache.
     """
     pytest.importorskip("libtpu")
     for r in _aot_rows():

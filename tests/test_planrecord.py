@@ -1,7 +1,6 @@
 """dry_run=true record=true: the plan as planned MLflow runs, marked as such, never gated as measured ones."""
 
 import pytest
-from conftest import run_cli
 from mlflow import MlflowClient
 
 from orchestrator.results import gate as regress
@@ -15,7 +14,7 @@ def _runs(tmp_path, sweep_id: str) -> tuple[MlflowClient, str, list, list]:
     return client, eid, parents, [r for r in runs if r.data.tags["kind"] == "trial"]
 
 
-def test_planned_sweep_to_14m_on_tpu7x_without_a_tpu(tmp_path):
+def test_planned_sweep_to_14m_on_tpu7x_without_a_tpu(tmp_path, store, cli):
     args = [
         "+sweep=cp_scaling",
         "cluster=tpu7x_128",
@@ -25,7 +24,7 @@ def test_planned_sweep_to_14m_on_tpu7x_without_a_tpu(tmp_path):
         "sweep.id=plan14m",
         "skip_invalid=true",
     ]
-    res = run_cli(args, cwd=tmp_path)
+    res = cli(args, cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "recorded the plan as sweep plan14m-plan" in res.stdout
     client, _, (parent,), children = _runs(tmp_path, "plan14m-plan")
@@ -52,16 +51,16 @@ def test_planned_sweep_to_14m_on_tpu7x_without_a_tpu(tmp_path):
 
 
 @pytest.mark.slow
-def test_planned_runs_are_never_a_regression_baseline(tmp_path):
+def test_planned_runs_are_never_a_regression_baseline(tmp_path, local_ray, store, cli):
     one = [
         "+sweep=smoke",
         "progress=plain",
         "sweep.axes.strategy=[all_gather]",
         "sweep.axes.context_length=[512]",
     ]
-    plan = run_cli([*one, "dry_run=true", "record=true", "sweep.id=s"], cwd=tmp_path)
+    plan = cli([*one, "dry_run=true", "record=true", "sweep.id=s"], cwd=tmp_path)
     assert plan.returncode == 0, plan.stdout[-2000:] + plan.stderr[-2000:]
-    real = run_cli([*one, "sweep.id=s"], cwd=tmp_path)
+    real = cli([*one, "sweep.id=s"], cwd=tmp_path)
     assert real.returncode == 0, real.stdout[-2000:] + real.stderr[-2000:]
     client, eid, _, planned = _runs(tmp_path, "s-plan")
     _, _, _, measured = _runs(tmp_path, "s")

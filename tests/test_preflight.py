@@ -1,7 +1,6 @@
 """The environment's faults at start are bad input: one `error:` line, exit 2, nothing recorded or launched."""
 
 import pytest
-from conftest import run_cli
 from servers import free_port  # a port nothing listens on (bound, then released)
 
 
@@ -45,13 +44,13 @@ FAULTS = {
 
 
 @pytest.mark.parametrize("fault", list(FAULTS))
-def test_a_start_up_fault_is_one_line_and_exit_2(tmp_path, fault):
+def test_a_start_up_fault_is_one_line_and_exit_2(tmp_path, cli, fault):
     make, says = FAULTS[fault]
     args, env = make(tmp_path)
     run = tmp_path / "run"
     run.mkdir()
     tracking = [] if any(a.startswith("tracking=") for a in args) else ["tracking=local"]
-    res = run_cli(["context_length=512", "train.steps=2", *tracking, *args], cwd=run, env=env, timeout=120)
+    res = cli(["context_length=512", "train.steps=2", *tracking, *args], cwd=run, env=env)
     assert res.returncode == 2, res.stdout[-2000:] + res.stderr[-2000:]
     errors = res.stderr.strip().splitlines()
     assert len(errors) == 1 and errors[0].startswith("error: ") and says in errors[0], res.stderr

@@ -12,7 +12,6 @@ import typing
 import jax
 import numpy as np
 import pytest
-from conftest import run_cli
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -160,10 +159,10 @@ def test_a_profiled_trial_traces_its_step_and_resumes_without_the_trace(tmp_path
 
 
 @pytest.mark.slow
-def test_a_profiled_cli_trial_puts_its_trace_and_breakdown_on_its_run(tmp_path):
+def test_a_profiled_cli_trial_puts_its_trace_and_breakdown_on_its_run(tmp_path, local_ray, store, cli):
     from mlflow import MlflowClient
 
-    res = run_cli([*TRIAL, "progress=plain", "gate.enabled=false"], cwd=tmp_path)
+    res = cli([*TRIAL, "progress=plain", "gate.enabled=false"], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp = client.get_experiment_by_name("cp_scaling")

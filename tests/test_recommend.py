@@ -106,8 +106,9 @@ def test_cli_errors_exit_2(tmp_path, no_ray_no_mlflow, args, words):
 
 
 @pytest.mark.slow
-def test_recommend_aot_compiles_the_listed_answers(tmp_path):
-    """recommend=true aot=true: the top answers compiled for the TPU topology on the Ray pool, in the JSON."""
+def test_recommend_aot_compiles_the_listed_answers(tmp_path, local_ray, cli):
+    """recommend=true aot=true: the top answers compiled for the TPU topology on the Ray pool (the session's
+    local Ray, which the pool joins), in the JSON."""
     pytest.importorskip("libtpu")
     small = [
         "model=tiny",
@@ -118,7 +119,7 @@ def test_recommend_aot_compiles_the_listed_answers(tmp_path):
         "context_length=4096",
     ]
     args = ["recommend=true", *small, "top=2", "aot=true", "aot_workers=2", "output=json", "progress=plain"]
-    res = run_cli(args, cwd=tmp_path, timeout=600, env={"CP_AOT_CACHE": str(tmp_path / "aot")})
+    res = cli(args, cwd=tmp_path, env={"CP_AOT_CACHE": str(tmp_path / "aot")})
     assert res.returncode == 0, res.stderr[-3000:]
     top = json.loads(res.stdout)["top"]
     assert len(top) == 2 and all(

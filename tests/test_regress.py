@@ -3,7 +3,6 @@
 import time
 
 import pytest
-from conftest import run_cli
 from mlflow import MlflowClient
 from rich.console import Console
 
@@ -274,12 +273,12 @@ ONE_TRIAL = [
 
 
 @pytest.mark.slow
-def test_cli_gate_exit_code(tmp_path):
+def test_cli_gate_exit_code(tmp_path, local_ray, store, cli):
     """A baseline and a slowed-down sweep of one trial through the real CLI (an unchanged sweep passing is
     test_unchanged_sweep_passes_and_is_tagged, in-process)."""
-    base = run_cli(ONE_TRIAL + ["sweep.id=base"], cwd=tmp_path)
+    base = cli(ONE_TRIAL + ["sweep.id=base"], cwd=tmp_path)
     assert base.returncode == 0, base.stdout[-2000:] + base.stderr[-3000:]
-    slow = run_cli(ONE_TRIAL + ["sweep.id=slow"], cwd=tmp_path, env={"CP_ORCH_INJECT_SLEEP_S": "2"})
+    slow = cli(ONE_TRIAL + ["sweep.id=slow"], cwd=tmp_path, env={"CP_ORCH_INJECT_SLEEP_S": "2"})
     assert slow.returncode == 3, slow.stdout[-3000:] + slow.stderr[-3000:]
     assert "REGRESSED" in slow.stdout
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")

@@ -4,8 +4,8 @@ import json
 
 import pytest
 import ray
-from conftest import run_cli
 from mlflow import MlflowClient
+from rays import FAKE_TPU_STALE_ENV
 
 from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, RunSpec, StrategySpec, TrialSpec
 from orchestrator.launch import cluster as clusters
@@ -101,9 +101,10 @@ def test_placement_note_and_plain_progress(capsys):
 
 
 @pytest.mark.slow
-def test_fake_tpu_slices_gang_schedule_trials(tmp_path):
+def test_fake_tpu_slices_gang_schedule_trials(tmp_path, fake_tpu, store, cli):
     """4 trials on 2 fake v5p-16 slices (2 hosts x 4 devices): at most 2 at once, each on one whole slice.
-    The fake nodes inherit a stale multislice environment (Ray #62893): one-slice hosts run without it."""
+    The fake nodes inherit a stale multislice environment (Ray #62893, tests/rays.py): one-slice hosts run
+    without it."""
     args = [
         "+sweep=smoke",
         "cluster=local_fake_tpu",
@@ -113,13 +114,7 @@ def test_fake_tpu_slices_gang_schedule_trials(tmp_path):
         "progress=plain",
         "sweep.id=fake-tpu",
     ]
-    stale = {
-        "MEGASCALE_COORDINATOR_ADDRESS": "10.9.9.9:8081",
-        "MEGASCALE_NUM_SLICES": "2",
-        "MEGASCALE_SLICE_ID": "1",
-        "JAX_COORDINATOR_ADDRESS": "10.9.9.9:1234",
-    }
-    res = run_cli(args, cwd=tmp_path, env=stale)
+    res = cli(args, cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp = client.get_experiment_by_name("cp_scaling")
@@ -137,9 +132,8 @@ def test_fake_tpu_slices_gang_schedule_trials(tmp_path):
             "fake-slice-"
         )
         assert all(str(h["process_id"]) == h["worker_id"] for h in att["hosts"])
-        assert all(h["megascale"] == {} and h["scrubbed"] == sorted(stale) for h in att["hosts"]), att[
-            "hosts"
-        ]
+        stale = sorted(FAKE_TPU_STALE_ENV)
+        assert all(h["megascale"] == {} and h["scrubbed"] == stale for h in att["hosts"]), att["hosts"]
         assert len({h["node_id"] for h in att["hosts"]}) == 2
         assert r.data.tags["slices"] == att["hosts"][0]["slice"]
         spans.append((att["placed"], att["ended"]))

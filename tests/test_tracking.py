@@ -153,9 +153,9 @@ def test_the_null_tracker_keeps_the_protocol_and_records_nothing():
 
 
 @pytest.mark.slow
-def test_a_single_trial_with_tracking_none_writes_no_store(tmp_path):
+def test_a_single_trial_with_tracking_none_writes_no_store(tmp_path, local_ray, cli):
     """A quick local debug run: one real trial, exit 0, and no mlflow.db, mlruns or tracking journal."""
-    res = run_cli(["tracking=none", "train.steps=2", "context_length=256", "progress=plain"], cwd=tmp_path)
+    res = cli(["tracking=none", "train.steps=2", "context_length=256", "progress=plain"], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
     assert "1 finished" in res.stdout and "nothing was recorded" in res.stdout
     assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "mlruns").exists()

@@ -177,9 +177,7 @@ class Attempt:
     def _launch(self, placed: Placed) -> None:
         c, n = self.spec.cluster, len(placed.strategies)
         opts: dict[str, Any] = {"num_cpus": 1, **placed.options}
-        # a local Ray has the workers' environment job-wide (cluster.py); elsewhere each task carries it
-        local = not c.address and c.kind in ("local", "local_multihost")
-        env: dict[str, str] = {} if local else clusters.worker_env(c)
+        env = clusters.task_env(c)  # nothing on the local Ray this driver started: it has it job-wide
         with self.lock:
             self._check()
             for pid, strat in enumerate(placed.strategies):

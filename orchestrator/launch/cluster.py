@@ -13,6 +13,7 @@ from pathlib import Path
 
 import ray
 
+from jobs import faults
 from jobs.spec import ClusterSpec
 from orchestrator import REPO
 
@@ -21,10 +22,12 @@ ROOT = REPO
 TPU_KINDS = ("tpu", "fake_tpu")
 GPU_KINDS = ("gpu", "fake_gpu")  # a GPU node is a one-host slice: NVLink inside it, the network between nodes
 FAKE_KINDS = ("fake_tpu", "fake_gpu")  # this driver starts the cluster itself
+LOCAL_KINDS = ("local", "local_multihost")  # one local Ray, the trial's hosts its processes
 SLICE_LABEL = "ray.io/tpu-slice-name"
 WORKER_LABEL = "ray.io/tpu-worker-id"
 
 _fake = None  # the fake-TPU or fake-GPU ray.cluster_utils.Cluster this driver started, if any
+_job_env: dict[str, str] | None = None  # the workers' environment of the local Ray this driver started
 
 
 def fake_slice_env(cluster: ClusterSpec, slice_index: int, worker: int) -> dict[str, str]:
@@ -90,12 +93,25 @@ def _no_address_file() -> Iterator[None]:
 
 
 def worker_env(cluster: ClusterSpec) -> dict[str, str]:
-    """The environment of a trial's host processes: the cluster's host env and a shared compilation cache."""
+    """The environment of a trial's host processes: the cluster's host env, a shared compilation cache, and the
+    driver's test-only fault injection (jobs/faults.py), if any."""
     # A persistent compilation cache: retries, resumed sweeps and nightly re-runs skip identical compiles.
     cache = os.environ.get("JAX_COMPILATION_CACHE_DIR") or os.path.join(
         tempfile.gettempdir(), "cp-orchestrator-jax-cache"
     )
-    return {"PYTHONUNBUFFERED": "1", "JAX_COMPILATION_CACHE_DIR": cache} | cluster.host_env()
+    injected = {k: os.environ[k] for k in faults.ENV if k in os.environ}
+    return {"PYTHONUNBUFFERED": "1", "JAX_COMPILATION_CACHE_DIR": cache} | injected | cluster.host_env()
+
+
+def task_env(cluster: ClusterSpec) -> dict[str, str]:
+    """What a trial's host task carries in its own runtime_env. A local Ray this driver started has the workers'
+    environment job-wide, so Ray can start worker processes ahead of the trials (a per-task runtime_env makes
+    every fresh max_calls=1 worker start cold): there, only what differs from it, usually nothing. Any other
+    Ray (a remote or fake cluster, or one that was up before, as in a notebook or a test session): all of it."""
+    env = worker_env(cluster)
+    if _job_env is not None and not cluster.address and cluster.kind in LOCAL_KINDS:
+        return {k: v for k, v in env.items() if _job_env.get(k) != v}
+    return env
 
 
 def _chips_per_host(cluster: ClusterSpec) -> int:
@@ -107,7 +123,7 @@ def _chips_per_host(cluster: ClusterSpec) -> int:
 def connect(cluster: ClusterSpec) -> None:
     """Start (local, local_multihost, fake_tpu, fake_gpu) or join (tpu, gpu, address) the Ray cluster for
     `cluster`."""
-    global _fake
+    global _fake, _job_env
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
@@ -129,15 +145,21 @@ def connect(cluster: ClusterSpec) -> None:
         cpus = max(os.cpu_count() or 2, cluster.hosts_per_trial * max(cluster.concurrency, 1))
         # The workers' environment is the job's, so Ray can start worker processes ahead of the trials
         # (a per-task runtime_env would make every fresh max_calls=1 worker start cold).
-        env = {"env_vars": worker_env(cluster)}
+        env = worker_env(cluster)
         ray.init(
-            address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False, runtime_env=env
+            address="local",
+            num_cpus=cpus,
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env={"env_vars": env},
         )
+        _job_env = env
 
 
 def shutdown() -> None:
-    global _fake
+    global _fake, _job_env
     ray.shutdown()
+    _job_env = None
     if _fake is not None:
         _fake.shutdown()
         _fake = None
