@@ -1,10 +1,12 @@
-"""Screenshots of the MLflow dashboard after a real smoke sweep, taken by headless Chromium: docs/img/dashboard-*.png.
+"""Screenshots of the MLflow dashboard and of the sweep's HTML page after a real sweep, taken by headless
+Chromium: docs/img/dashboard-*.png and docs/img/report.png.
 
     python benchmarks/screenshots.py [--uri http://127.0.0.1:PORT] [--out docs/img] [--size 1400x900]
 
 Without --uri it starts a throwaway `mlflow server` (sqlite, in a temp dir) on a free port and runs
-`+sweep=smoke` against it (`--sweep quickstart`: that sweep, on data/stdlib, about 5 minutes) (one to two minutes on 2 cores); with --uri it photographs the newest sweep already
-there, which is the quick loop after a UI change. Needs Debian's browser and driver
+`+sweep=smoke` against it (one to two minutes on 2 cores; `--sweep quickstart`: that sweep, about 5 minutes);
+with --uri it photographs the newest sweep already there, which is the quick loop after a UI change. The first
+picture is the link the driver prints, opened by a browser profile that has never seen MLflow. Needs Debian's browser and driver
 (`apt-get install chromium chromium-driver`) and `pip install selenium`; no browser is ever downloaded.
 """
 
@@ -56,7 +58,7 @@ return cards.length && drawn && keys.every(k => new RegExp(arguments[0]).test(k)
 
 def run_sweep(uri: str, workdir: Path, sweep: str = "smoke") -> None:
     """A sweep through the real CLI, in `workdir` (its journal and Ray logs stay out of the repo)."""
-    if sweep == "quickstart":  # its corpus, built by python -m jobs.data.documents.corpus --out data/stdlib
+    if sweep == "quickstart" and (ROOT / "data").is_dir():  # a corpus built already; else built on first use
         (workdir / "data").symlink_to(ROOT / "data", target_is_directory=True)
     cmd = [
         sys.executable,
@@ -158,6 +160,38 @@ class Dashboard:
         self.d.quit()
 
 
+def first_view(ui: Dashboard, uri: str, out: Path) -> tuple[Path, str]:
+    """The driver's dashboard link as a fresh browser profile first shows it: nothing closed, nothing clicked."""
+    from orchestrator.tracking.store import MlflowTracker
+
+    link = MlflowTracker(uri, EXPERIMENT).dashboard_url()  # the very link the driver prints
+    ui.d.get(link)
+    ui.wait.until(
+        lambda d: d.execute_script(CARDS_DRAWN, ".*"), "no chart drawn on the dashboard's first view"
+    )
+    time.sleep(0.5)  # plotly's and antd's fade-ins have no end event to wait on
+    ui.d.save_screenshot(str(out / "dashboard-first-view.png"))
+    return out / "dashboard-first-view.png", f"first view of {link}"
+
+
+def report_page(ui: Dashboard, uri: str, pid: str, out: Path, width: int) -> tuple[Path, str]:
+    """The sweep's report.html from its parent run, opened from a file as a reader would, photographed whole."""
+    with tempfile.TemporaryDirectory(prefix="screenshots-report-") as tmp:
+        page = Path(MlflowClient(uri).download_artifacts(pid, "report.html", tmp))
+        ui.d.get(page.as_uri())
+        ui.wait.until(
+            lambda d: d.execute_script(
+                "return [...document.images].every(i => i.complete && i.naturalWidth)"
+            ),
+            "the report's plots did not load",
+        )
+        tall = ui.d.execute_script("return document.documentElement.scrollHeight")
+        metrics = {"width": width, "height": tall, "deviceScaleFactor": 1, "mobile": False}
+        ui.d.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
+        ui.d.save_screenshot(str(out / "report.png"))
+    return out / "report.png", f"the sweep's report.html, {width}x{tall}"
+
+
 def take(uri: str, out: Path, width: int, height: int, sweep_id: str = "") -> list[tuple[Path, str]]:
     eid, pid, cid, child = newest_sweep(uri, sweep_id)
     out.mkdir(parents=True, exist_ok=True)
@@ -165,6 +199,7 @@ def take(uri: str, out: Path, width: int, height: int, sweep_id: str = "") -> li
     with tempfile.TemporaryDirectory(prefix="screenshots-chromium-") as profile:
         ui = Dashboard(uri, width, height, profile)
         try:
+            made.append(first_view(ui, uri, out))
             ui.open(f"/experiments/{eid}/runs")
             grip = ui.find("[role='columnheader'][col-id*='Run Name'] .ag-header-cell-resize")
             webdriver.ActionChains(ui.d).drag_and_drop_by_offset(grip, 120, 0).perform()  # whole run names
@@ -205,6 +240,7 @@ def take(uri: str, out: Path, width: int, height: int, sweep_id: str = "") -> li
                     f"trial run {child}, {', '.join(keys)} charts",
                 )
             )
+            made.append(report_page(ui, uri, pid, out, width))
         finally:
             ui.close()
     return made

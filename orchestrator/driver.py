@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from typing import Any
 
 from tenacity import Retrying, retry_if_result, wait_fixed
@@ -13,7 +14,7 @@ from orchestrator.config.schema import Options, sweep_identity
 from orchestrator.launch import cluster as clusters
 from orchestrator.launch.executor import execute
 from orchestrator.results import gate as regress
-from orchestrator.results import report
+from orchestrator.results import html, report
 from orchestrator.tracking import layout, open_tracker, recording
 from orchestrator.tracking.leases import SoleLeases
 from orchestrator.ui.progress import SweepProgress
@@ -60,8 +61,10 @@ def run(options: Options, specs: list[TrialSpec], rows: list) -> int:
     failed = [t for t, o in outcomes.items() if o not in ("finished", "infeasible")]
     ran = {s.trial_id for s in todo if outcomes.get(s.trial_id) == "finished"}
     plotted: list[report.TrialResult] = []
+    page = ""
     try:  # a plot must never cost a sweep its exit code
-        plotted = _report(tracker, specs, rows, ran, {**done, **{t: tracker.run_id(t) for t in by_other}})
+        stored = {**done, **{t: tracker.run_id(t) for t in by_other}}
+        plotted, page = _report(tracker, name, sweep_id, specs, rows, ran, stored, outcomes)
     except Exception:
         log.exception("sweep report failed")
     verdict, code = None, 0
@@ -89,6 +92,8 @@ def run(options: Options, specs: list[TrialSpec], rows: list) -> int:
     print(f"dashboard: {tracker.dashboard_hint()}")
     if verdict is not None:
         regress.render(verdict)
+    if page:
+        print(f"report: {page}", flush=True)
     return 1 if failed else code
 
 
@@ -103,20 +108,48 @@ def _log_grid(tracker, specs: list[TrialSpec], rows: list, done: dict[str, str])
 
 
 def _report(
-    tracker, specs: list[TrialSpec], rows: list, ran: set[str], stored: dict
-) -> list[report.TrialResult]:
+    tracker,
+    name: str,
+    sweep_id: str,
+    specs: list[TrialSpec],
+    rows: list,
+    ran: set[str],
+    stored: dict,
+    outcomes: dict[str, str],
+) -> tuple[list[report.TrialResult], str]:
     """The sweep's plots over every trial it has finished: those this driver ran (from its own records) and
-    those an earlier or another driver of this sweep settled (`stored`: trial id -> run id, read back).
-    Returns the trials the plots cover."""
+    those an earlier or another driver of this sweep settled (`stored`: trial id -> run id, read back); then
+    its HTML page (results/html.py) on the parent run and next to the store. Returns the trials the plots cover
+    and the page's path."""
     by_id = {s.trial_id: r for s, r in zip(specs, rows, strict=True)}
     finished = list({s.trial_id: s for s in specs if s.trial_id in ran or stored.get(s.trial_id)}.values())
 
     def records_of(tid: str) -> list:
         return tracker.records(tid) if tid in ran else tracker.stored_records(stored[tid])
 
-    trials = report.publish(tracker, finished, by_id, records_of)
+    trials, pngs = report.publish(tracker, finished, by_id, records_of)
     tracker.set_tags("sweep", {"plots_trials": str(len(trials))})
-    return trials
+
+    def link_of(tid: str) -> str:
+        rid = tracker.run_id(tid) or stored.get(tid)
+        return tracker.run_url(rid) if rid else ""
+
+    settled = {**{t: "finished" for t in stored}, **outcomes}
+    points = html.points(list(by_id.values()), trials, settled, link_of)
+    cluster = specs[0].cluster
+    summary = [
+        html.counts(points),
+        f"{specs[0].model.name} on {cluster.name} ({cluster.platform}); sweep id {sweep_id}",
+        f"dashboard: {tracker.dashboard_hint()}",
+    ]
+    notes = [html.CPU_NOTE] if cluster.platform == "cpu" else []
+    text = html.page(f"sweep {name} · {sweep_id}", summary, points, pngs, notes)
+    tracker.log_text("sweep", text, "report.html")
+    path = os.path.join(tracker.report_dir(), f"{sweep_id}.html")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+    return trials, path
 
 
 def _describe(tracker, spec: TrialSpec, row, sweep_id: str) -> None:

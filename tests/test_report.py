@@ -105,7 +105,7 @@ def test_make_figures_plots_what_the_driver_holds(trials):
     assert all(isinstance(f, Figure) for f in figs.values())
 
     ax = figs["mfu_vs_context"].axes[0]
-    lines = {ln.get_label(): ln for ln in ax.get_lines()}
+    lines = {ln.get_label(): ln for ln in ax.get_lines() if not ln.get_label().startswith("_")}
     assert set(lines) == {"all_gather", "ring"}
     assert list(lines["all_gather"].get_xdata()) == [512, 1024, 2048]
     assert list(lines["ring"].get_ydata()) == pytest.approx([0.1 / 0.25, 0.1 / 0.5])
@@ -123,14 +123,33 @@ def test_make_figures_plots_what_the_driver_holds(trials):
     st = figs["step_time_vs_context"].axes[0]
     assert st.get_xscale() == "log" and st.get_yscale() == "log"
 
+    # a panel per context length, a curve per strategy, each strategy in its colour of every other plot
     loss_axes = figs["loss_curves"].axes
-    assert [a.get_title() for a in loss_axes] == ["all_gather", "ring"]
-    assert len(loss_axes[0].get_lines()) == 3  # one curve per context length
+    assert [a.get_title() for a in loss_axes] == ["L=512", "L=1,024", "L=2,048"]
+    assert [len(a.get_lines()) for a in loss_axes] == [2, 2, 1]  # ring's 2,048 did not finish
+    colour = {k: ln.get_color() for k, ln in lines.items()}
+    assert {ln.get_label(): ln.get_color() for ln in loss_axes[0].get_lines()} == colour
+    assert colour["all_gather"] != colour["ring"]
 
     for f in figs.values():  # each renders to a PNG (Agg, no display)
         buf = io.BytesIO()
         f.savefig(buf, format="png")
         assert buf.getvalue()[:4] == b"\x89PNG"
+
+
+def test_steps_that_vary_get_error_bars_from_their_spread():
+    spec = make_spec("ring", 1024, steps=10)
+    recs = fake_records(spec, step_s=0.5)
+    for i, r in enumerate(r for r in recs if r["kind"] == "step"):
+        r["step_time_s"] = 0.4 + 0.02 * i  # 0.40 .. 0.58 s
+    [t] = collect([spec], lambda _: recs)
+    assert t.step_spread == pytest.approx((0.42, 0.56))  # p10 and p90 of the ten
+    st = make_figures([t])["step_time_vs_context"].axes[0]
+    [bars] = [c for c in st.collections if c.get_segments()]
+    [(lo, hi)] = [(seg[0][1], seg[1][1]) for seg in bars.get_segments()]
+    assert (lo, hi) == pytest.approx((0.42, 0.56))  # the median 0.5 s, its bar from p10 to p90
+    [one] = collect([spec], lambda _: fake_records(spec, step_s=0.5)[:3] + fake_records(spec)[-1:])
+    assert one.step_spread is None  # two timed steps: no spread to draw
 
 
 def test_no_finished_trial_no_figures():
@@ -142,7 +161,9 @@ def test_strategies_on_several_meshes_get_separate_series():
     b2 = TrialSpec(**{**b.__dict__, "mesh": MeshSpec(context=4, data=2)})
     recs = {s.trial_id: fake_records(s) for s in (a, b, b2)}
     figs = make_figures(collect([a, b, b2], recs.__getitem__))
-    labels = sorted(ln.get_label() for ln in figs["mfu_vs_context"].axes[0].get_lines())
+    labels = sorted(
+        ln.get_label() for ln in figs["mfu_vs_context"].axes[0].get_lines() if ln.get_label()[0] != "_"
+    )
     assert labels == ["ring context8", "ring data2xcontext4"]
 
 
@@ -161,11 +182,10 @@ def test_loss_by_position_is_a_metric_and_a_parent_plot():
     ]
     fig = position_figure(trials)
     axes = fig.axes
-    assert len(axes) == 2 and all(
-        len(ax.lines) == 2 for ax in axes
-    )  # a panel per strategy, a line per length
-    xs = sorted(x for ax in axes[:1] for line in ax.lines for x in line.get_xdata())
-    assert xs == [256, 256, 1024, 1024, 4096]  # each bucket at its end; the 1K row has no 1K-4K bucket
+    assert [ax.get_title() for ax in axes] == ["L=1,024", "L=4,096"]  # a panel per length
+    assert all(len(ax.lines) == 2 for ax in axes)  # a line per strategy
+    xs = sorted(x for line in axes[0].lines for x in line.get_xdata())
+    assert xs == [256, 256, 1024, 1024]  # each bucket at its end; the 1K row has no 1K-4K bucket
     assert position_figure([TrialResult(specs[0], SummaryRecord())]) is None
 
 
@@ -236,9 +256,7 @@ def test_the_plans_terms_are_drawn_unless_the_trial_ran_at_another_peak(monkeypa
     from orchestrator.results.report import predicted_groups
 
     tpu = make_spec("ring", 1024)
-    tpu = TrialSpec(
-        **{**tpu.__dict__, "cluster": ClusterSpec(hbm_bytes_per_device=GIB, peak_tflops_per_device=459.0)}
-    )
+    tpu = TrialSpec(**{**tpu.__dict__, "cluster": ClusterSpec(peak_tflops_per_device=459.0)})
     cpu = make_spec("ring", 2048)
     terms = {s.trial_id: steptime.step_time(s) for s in (tpu, cpu)}
     prof = {"kind": "profile", "first_step": 2, "last_step": 2, "step_s": 0.4, "seconds": {"matmul": 0.1}}

@@ -112,3 +112,28 @@ def test_the_page_opens_in_a_browser_with_its_plots_tables_and_links(tmp_path):
         assert drv.get_screenshot_as_png()[:4] == b"\x89PNG"
     finally:
         drv.quit()
+
+
+def test_points_join_the_plan_rows_with_what_ran():
+    from types import SimpleNamespace as NS
+
+    def row(tid, verdict, low=None, high=None):
+        fields = dict(strategy="ring", mesh="context8", context_length=1024, policy="full", reason="fits")
+        band = dict(predicted_step_low_s=low, predicted_step_high_s=high)
+        return NS(trial_id=tid, verdict=verdict, predicted_step_s=0.5, predicted_mfu=0.1, **fields, **band,
+                  predicted_hbm_bytes_per_device=2**29)  # fmt: skip
+
+    summary = NS(step_time_median_s=0.5, mfu=0.2)
+    trial = NS(spec=NS(trial_id="a"), summary=summary, step_spread=(0.4, 0.6), measured_bytes=2**28)
+    rows = [row("a", "run", 0.45, 0.55), row("b", "run", 0.5, 0.5), row("c", "infeasible")]
+    a, b, c = html.points(rows, [trial], {"a": "finished", "b": "failed"}, lambda t: f"#/runs/{t}")
+    assert (a.verdict, a.measured_step_s, a.measured_mfu, a.measured_gib) == ("finished", 0.5, 0.2, 0.25)
+    assert a.measured_step_spread == pytest.approx(0.4) and a.predicted_gib == 0.5 and a.link == "#/runs/a"
+    assert html._within(a) == "inside" and html._band(a) == "0.5 (0.45–0.55)"
+    assert (
+        b.verdict == "failed" and b.measured_step_s is None and html._band(b) == "0.5"
+    )  # no band: low = high
+    assert (
+        c.verdict == "infeasible"
+        and html.counts([a, b, c]) == "3 grid points: 1 finished, 1 failed, 1 infeasible"
+    )

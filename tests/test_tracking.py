@@ -320,7 +320,12 @@ def test_smoke_sweep_on_server_with_gcs_artifacts_and_an_outage(gcs_server, tmp_
     assert outage and outage >= 8, "the sweep finished before the outage could start"
     assert pg_restarted_mid_sweep, "the sweep finished before PostgreSQL restarted"
     assert "tracking store unavailable" in res.stderr and "tracking store back" in res.stderr
-    assert f"open {server.url}" in res.stdout
+    # the dashboard's link opens a fresh browser on MLflow's training view; the sweep's page is the last line
+    assert f"dashboard: {server.url}/#/experiments/" in res.stdout and "workflowType=machine_learning" in res.stdout
+    last = res.stdout.strip().splitlines()[-1]
+    assert last == "report: reports/smoke-srv.html", last
+    page = (tmp_path / "reports" / "smoke-srv.html").read_text()
+    assert "4 grid points: 4 finished" in page and "ran on CPU" in page
 
     [parent], children = runs_of(c, exp)
     assert len(children) == 4 and parent.info.status == "FINISHED"
@@ -357,6 +362,8 @@ def test_smoke_sweep_on_server_with_gcs_artifacts_and_an_outage(gcs_server, tmp_
             "accuracy_by_distance",
         )
     }
+    assert c.download_artifacts(parent.info.run_id, "report.html", str(tmp_path)).endswith("report.html")
+    assert (tmp_path / "report.html").read_text() == page  # the same page on the parent run
     in_bucket = blobs(host)
     prefix = f"mlflow/{parent.info.experiment_id}/{parent.info.run_id}/artifacts"
     assert f"{prefix}/plots/mfu_vs_context.png" in in_bucket and f"{prefix}/grid.json" in in_bucket

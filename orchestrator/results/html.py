@@ -9,8 +9,19 @@ from __future__ import annotations
 
 import base64
 import html
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+GIB = 2**30
+CPU_NOTE = (
+    "This sweep ran on CPU, JAX simulating the mesh's devices in one process: its MFU is against this host's "
+    "own measured matmul rate, and its step times are a CPU's. Neither says what a TPU or GPU would reach. "
+    "What does carry over: which grid points are valid and fit, that every strategy's loss agrees at one "
+    "length (the same model on the same tokens), the compiled memory's growth with the context, and how "
+    "the planner's predictions track a real run. Plan a TPU's answer with plan=true cluster=<a TPU cluster>."
+)
 
 STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1200px; padding: 0 1em; color: #222 }
@@ -20,7 +31,9 @@ th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: left; vertical-al
 th { background: #f4f4f4 } td.num { text-align: right; font-variant-numeric: tabular-nums }
 .run { color: #1a7f37 } .infeasible { color: #9a6700 } .invalid, .failed { color: #cf222e }
 .reason { color: #555; max-width: 42em } .note { background: #fff8c5; padding: .6em 1em; border-radius: 4px }
-figure { margin: 1em 0 } figure img { max-width: 100%; border: 1px solid #eee } figcaption { color: #555 }
+.plots { display: grid; grid-template-columns: repeat(auto-fill, minmax(540px, 1fr)); gap: 1em }
+figure { margin: 0 } figure img { width: 100%; border: 1px solid #eee } figcaption { color: #555 }
+figure.wide { grid-column: 1 / -1 }
 """
 
 
@@ -53,14 +66,19 @@ def _num(v: float | None, fmt: str) -> str:
 def _band(p: Point) -> str:
     if p.predicted_step_s is None:
         return "–"
-    if p.step_low_s and p.step_high_s:
+    if _has_band(p):
         return f"{p.predicted_step_s:,.3g} ({p.step_low_s:,.3g}–{p.step_high_s:,.3g})"
     return f"{p.predicted_step_s:,.3g}"
 
 
+def _has_band(p: Point) -> bool:
+    """A band the cluster's fit gives (conf/cluster step_band_low/high); a cluster without one has low = high."""
+    return bool(p.step_low_s and p.step_high_s and p.step_low_s < p.step_high_s)
+
+
 def _within(p: Point) -> str:
     """Whether the measured step fell inside the band."""
-    if p.measured_step_s is None or not (p.step_low_s and p.step_high_s):
+    if p.measured_step_s is None or not _has_band(p):
         return ""
     return "inside" if p.step_low_s <= p.measured_step_s <= p.step_high_s else "outside"
 
@@ -128,8 +146,8 @@ def lengths_table(points: Sequence[Point]) -> str:
                 _within(p),
                 _num(p.predicted_mfu, ".3f"),
                 _num(p.measured_mfu, ".3f"),
-                _num(p.predicted_gib, ",.2f"),
-                _num(p.measured_gib, ",.2f"),
+                _num(p.predicted_gib, ",.3g"),
+                _num(p.measured_gib, ",.3g"),
             ]
             for p in (ran or runnable)
         ]
@@ -150,6 +168,56 @@ def lengths_table(points: Sequence[Point]) -> str:
     return "".join(out)
 
 
+def points(
+    rows: Sequence[Any],
+    trials: Sequence[Any],
+    outcomes: Mapping[str, str],
+    link_of: Callable[[str], str],
+) -> list[Point]:
+    """The page's points: each PlanRow (orchestrator/plan) with what ran of it. `trials`: the report's
+    TrialResults (results/report.py); `outcomes`: trial id -> how a runnable point ended; `link_of`: trial id ->
+    its child run's page ("" when it has none)."""
+    ran = {t.spec.trial_id: t for t in trials}
+    out = []
+    for r in rows:
+        t = ran.get(r.trial_id)
+        spread = None
+        if t is not None and t.step_spread and t.summary.step_time_median_s:
+            spread = (t.step_spread[1] - t.step_spread[0]) / t.summary.step_time_median_s
+        measured = t.measured_bytes if t is not None else None
+        out.append(
+            Point(
+                r.strategy,
+                r.mesh,
+                r.context_length,
+                r.policy,
+                outcomes.get(r.trial_id, r.verdict) if r.verdict == "run" else r.verdict,
+                r.reason,
+                r.predicted_step_s,
+                r.predicted_step_low_s,
+                r.predicted_step_high_s,
+                r.predicted_mfu,
+                r.predicted_hbm_bytes_per_device / GIB if r.predicted_hbm_bytes_per_device else None,
+                t.summary.step_time_median_s if t is not None else None,
+                spread,
+                t.summary.mfu if t is not None else None,
+                measured / GIB if measured else None,
+                link_of(r.trial_id),
+            )
+        )
+    return out
+
+
+def counts(points: Sequence[Point]) -> str:
+    """'12 grid points: 6 finished, 4 infeasible, 2 invalid' (verdicts in the order first met)."""
+    seen = Counter(p.verdict for p in points)
+    return f"{len(points)} grid points: " + ", ".join(f"{n} {v}" for v, n in seen.items())
+
+
+# the plots drawn as a grid of panels (one per context length), given the page's whole width
+WIDE = ("loss_curves", "loss_by_position", "accuracy_by_distance", "measured_vs_predicted")
+
+
 def page(
     title: str,
     summary: Sequence[str],
@@ -160,7 +228,7 @@ def page(
     """The whole page; `figures`: name -> PNG bytes, shown in order; `notes`: what a reader may and may not
     conclude (a CPU sweep's MFU is not a TPU's), above everything else."""
     figs = "".join(
-        f'<figure><img alt="{html.escape(name)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+        f'<figure class="{"wide" if name in WIDE else ""}"><img alt="{html.escape(name)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
         f"<figcaption>{html.escape(name)}</figcaption></figure>"
         for name, png in figures.items()
     )
@@ -170,6 +238,6 @@ def page(
         f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
         f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>{note}<ul>{lines}</ul>"
         f"<h2>Per context length: recommended, predicted and measured</h2>{lengths_table(points)}"
-        f"<h2>Plots</h2>{figs or '<p>no trial finished: nothing to plot</p>'}"
+        f"<h2>Plots</h2>{f'<div class=plots>{figs}</div>' if figs else '<p>no trial finished: nothing to plot</p>'}"
         f"<h2>The grid</h2>{grid_table(points)}</body></html>"
     )

@@ -8,6 +8,7 @@ step-time terms beside the trace's measured seconds per step, both folded into t
 
 from __future__ import annotations
 
+import io
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -45,6 +46,8 @@ class TrialResult:
     # the planner's step-time terms (a StepTime) as the trial ran: re-priced at peak_at_run where that is not
     # the plan's peak (CPU), else the plan's own
     terms: Any = None
+    # the 10th and 90th percentile of its timed steps' times (None: too few): the plots' error bars
+    step_spread: tuple[float, float] | None = None
 
     @property
     def measured_bytes(self) -> float | None:
@@ -83,9 +86,28 @@ def collect(
                 next((r for r in recs if isinstance(r, ProfileRecord) and r.seconds), None),
                 start.peak_tflops_per_device,
                 at_run or getattr(row, "step", None),
+                _spread(recs, summary),
             )
         )
     return out
+
+
+def _spread(recs: list[Record], summary: SummaryRecord) -> tuple[float, float] | None:
+    """(p10, p90) of the step times the summary's median is over (its timed steps, no traced one)."""
+    lo, hi = summary.timed_from_step, summary.timed_to_step
+    times = sorted(
+        r.step_time_s
+        for r in recs
+        if isinstance(r, StepRecord)
+        and not r.profiled
+        and r.step_time_s == r.step_time_s
+        and (lo is None or r.step >= lo)
+        and (hi is None or r.step <= hi)
+    )
+    if len(times) < 3:
+        return None
+    pick = lambda q: times[min(len(times) - 1, round(q * (len(times) - 1)))]  # noqa: E731
+    return pick(0.1), pick(0.9)
 
 
 def _last_steps(recs: list[Record], key: str = "loss_by_position", last: int = 3) -> dict[str, float]:
@@ -120,6 +142,37 @@ def _series(trials: list[TrialResult]) -> dict[str, list[TrialResult]]:
     return {k: sorted(v, key=lambda t: t.spec.context_length) for k, v in sorted(groups.items())}
 
 
+def _palette(trials: list[TrialResult]) -> dict[str, str]:
+    """One colour per series, the same in every figure of the sweep (tab10, in the series' sorted order)."""
+    return {name: f"C{i % 10}" for i, name in enumerate(_series(trials))}
+
+
+def _error(ts: list[TrialResult], scale) -> list[list[float]] | None:
+    """matplotlib's yerr ([below], [above]) from each trial's step spread mapped by `scale(trial, step_s)`;
+    None where no trial has a spread."""
+    if not any(t.step_spread for t in ts):
+        return None
+    below, above = [], []
+    for t in ts:
+        mid = scale(t, t.summary.step_time_median_s)
+        ends = sorted(scale(t, s) for s in t.step_spread) if t.step_spread else (mid, mid)
+        below.append(max(0.0, mid - ends[0]))
+        above.append(max(0.0, ends[1] - mid))
+    return [below, above]
+
+
+def _grid(n: int, title: str, width: float = 4.5, height: float = 3.6):
+    """A figure of n panels, at most three to a row, and its axes in reading order."""
+    cols = min(3, n)
+    rows = -(-n // cols)
+    fig = Figure(figsize=(width * cols, height * rows + 0.6))
+    axes = fig.subplots(rows, cols, squeeze=False, sharey=True).ravel()
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    fig.suptitle(title)
+    return fig, list(axes[:n])
+
+
 def _axes(title: str, ylabel: str, logy: bool = False):
     fig = Figure(figsize=(7, 4.5))
     ax = fig.add_subplot()
@@ -149,16 +202,23 @@ def mfu_figure(trials: list[TrialResult]) -> Figure:
     source = next((t.peak_source for t in trials if t.peak_source), "")
     label = "MFU" + (f" (peak: {source})" if source else "")
     fig, ax = _axes(f"MFU vs context length — {_where(trials)}", label)
+    colours = _palette(trials)
     for name, ts in _series(trials).items():
-        ax.plot([t.spec.context_length for t in ts], [t.summary.mfu for t in ts], marker="o", label=name)
+        xs, ys = [t.spec.context_length for t in ts], [t.summary.mfu for t in ts]
+        ax.plot(xs, ys, marker="o", color=colours[name], label=name)
+        # MFU is inverse in the step time: its spread is the steps' (p10..p90), bars where there is one
+        err = _error(ts, lambda t, s: t.summary.mfu * t.summary.step_time_median_s / s)
+        if err:
+            ax.errorbar(xs, ys, yerr=err, fmt="none", ecolor=colours[name], capsize=3, alpha=0.8)
     ax.set_ylim(bottom=0)
     return _finish(fig, ax)
 
 
 def memory_figure(trials: list[TrialResult]) -> Figure:
     fig, ax = _axes(f"Memory per device vs context length — {_where(trials)}", "GiB per device", logy=True)
-    for i, (name, ts) in enumerate(_series(trials).items()):
-        colour = f"C{i}"
+    colours = _palette(trials)
+    for name, ts in _series(trials).items():
+        colour = colours[name]
         xs = [t.spec.context_length for t in ts]
         # the compiler's figure always; the runtime's peak where the backend reports one (TPU, GPU)
         comp = [(t.summary.compiled_bytes_per_device or float("nan")) / GIB for t in ts]
@@ -177,37 +237,59 @@ def memory_figure(trials: list[TrialResult]) -> Figure:
 
 def step_time_figure(trials: list[TrialResult]) -> Figure:
     fig, ax = _axes(f"Step time vs context length — {_where(trials)}", "median step time (s)", logy=True)
-    for i, (name, ts) in enumerate(_series(trials).items()):
+    colours = _palette(trials)
+    for name, ts in _series(trials).items():
+        c = colours[name]
         xs = [t.spec.context_length for t in ts]
         ys = [t.summary.step_time_median_s for t in ts]
-        ax.plot(xs, ys, marker="o", color=f"C{i}", label=f"{name} measured")
+        ax.plot(xs, ys, marker="o", color=c, label=f"{name} measured")
+        if err := _error(ts, lambda t, s: s):  # the timed steps' p10..p90
+            ax.errorbar(xs, ys, yerr=err, fmt="none", ecolor=c, capsize=3, alpha=0.8)
         pred = [t.predicted_step_s if t.predicted_step_s is not None else float("nan") for t in ts]
         if any(p == p for p in pred):  # the planner's forecast, dashed in the same colour
-            ax.plot(xs, pred, ls="--", marker="x", color=f"C{i}", alpha=0.7, label=f"{name} predicted")
+            ax.plot(xs, pred, ls="--", marker="x", color=c, alpha=0.7, label=f"{name} predicted")
         at_run = [t.predicted_step_at_run_s or float("nan") for t in ts]
         if any(p == p for p in at_run):
-            ax.plot(xs, at_run, ls=":", color=f"C{i}", alpha=0.7, label=f"{name} predicted at run-time rate")
+            ax.plot(xs, at_run, ls=":", color=c, alpha=0.7, label=f"{name} predicted at run-time rate")
     return _finish(fig, ax)
 
 
-def loss_figure(trials: list[TrialResult]) -> Figure:
-    """One panel per strategy, one curve per context length."""
-    series = _series(trials)
-    fig = Figure(figsize=(4.5 * len(series), 4))
-    axes = fig.subplots(1, len(series), squeeze=False, sharey=True)[0]
-    for ax, (name, ts) in zip(axes, series.items(), strict=True):
+def _by_length(trials: list[TrialResult]) -> dict[int, list[tuple[str, TrialResult]]]:
+    """context length -> (series name, trial) of every series that ran it, lengths ascending."""
+    out: dict[int, list[tuple[str, TrialResult]]] = defaultdict(list)
+    for name, ts in _series(trials).items():
         for t in ts:
+            out[t.spec.context_length].append((name, t))
+    return dict(sorted(out.items()))
+
+
+def loss_figure(trials: list[TrialResult]) -> Figure:
+    """One panel per context length, one curve per strategy in its sweep-wide colour: at one length every
+    strategy trains the same model on the same tokens, so their curves should lie on one another."""
+    colours = _palette(trials)
+    lengths = _by_length(trials)
+    fig, axes = _grid(len(lengths), f"Loss curves — {_where(trials)}")
+    for ax, (length, here) in zip(axes, lengths.items(), strict=True):
+        for name, t in here:
             if t.losses:
-                ax.plot(*zip(*t.losses, strict=True), marker=".", label=f"L={t.spec.context_length:,}")
-        ax.set_title(name)
+                ax.plot(*zip(*t.losses, strict=True), marker=".", color=colours[name], label=name)
+        ax.set_title(f"L={length:,}")
         ax.set_xlabel("step")
         ax.grid(True, alpha=0.3)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
     axes[0].set_ylabel("loss")
-    fig.suptitle(f"Loss curves — {_where(trials)}")
-    fig.tight_layout()
+    _legend(fig, axes)
     return fig
+
+
+def _legend(fig: Figure, axes: list) -> None:
+    """One legend for the whole grid (every panel shares the series' colours), below the suptitle."""
+    seen: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            seen.setdefault(label, handle)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    if seen:
+        fig.legend(list(seen.values()), list(seen), loc="upper right", fontsize=8, ncols=min(len(seen), 5))
 
 
 XLABEL = {
@@ -217,31 +299,27 @@ XLABEL = {
 
 
 def position_figure(trials: list[TrialResult], attr: str = "by_position") -> Figure | None:
-    """One panel per strategy: loss by position bucket (or, attr="by_distance", the recall task's accuracy by
-    distance to the key), one line per context length (None: no buckets)."""
-    series = {n: [t for t in ts if getattr(t, attr)] for n, ts in _series(trials).items()}
-    series = {n: ts for n, ts in series.items() if ts}
-    if not series:
+    """One panel per context length: loss by position bucket (or, attr="by_distance", the recall task's
+    accuracy by distance to the key), one line per strategy in its sweep-wide colour (None: no buckets)."""
+    colours = _palette(trials)
+    lengths = {L: [(n, t) for n, t in here if getattr(t, attr)] for L, here in _by_length(trials).items()}
+    lengths = {L: here for L, here in lengths.items() if here}
+    if not lengths:
         return None
-    fig = Figure(figsize=(4.5 * len(series), 4))
-    axes = fig.subplots(1, len(series), squeeze=False, sharey=True)[0]
-    for ax, (name, ts) in zip(axes, series.items(), strict=True):
-        for t in ts:
-            L = t.spec.context_length
-            ends = [*position_buckets(L)[1:], L]  # each bucket at its far end: lengths share an axis
+    what = "Loss by position" if attr == "by_position" else "Recall accuracy by distance"
+    fig, axes = _grid(len(lengths), f"{what} — {_where(trials)}")
+    for ax, (L, here) in zip(axes, lengths.items(), strict=True):
+        ends = [*position_buckets(L)[1:], L]  # each bucket at its far end
+        for name, t in here:
             got = getattr(t, attr)
             xy = [(e, got[k]) for k, e in zip(bucket_labels(L), ends, strict=True) if k in got]
-            ax.plot(*zip(*xy, strict=True), marker="o", label=f"L={L:,}")
-        ax.set_title(name)
+            ax.plot(*zip(*xy, strict=True), marker="o", color=colours[name], label=name)
+        ax.set_title(f"L={L:,}")
         ax.set_xscale("log", base=2)
         ax.set_xlabel(XLABEL[attr])
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
     axes[0].set_ylabel("loss, last steps" if attr == "by_position" else "accuracy, last steps")
-    fig.suptitle(
-        f"{'Loss by position' if attr == 'by_position' else 'Recall accuracy by distance'} — {_where(trials)}"
-    )
-    fig.tight_layout()
+    _legend(fig, axes)
     return fig
 
 
@@ -274,24 +352,32 @@ def breakdown_figure(trials: list[TrialResult]) -> Figure | None:
     return figure(rows, _where(trials)) if rows else None
 
 
+def png(fig: Figure) -> bytes:
+    """The figure as the PNG the parent run and the HTML page both hold."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    return buf.getvalue()
+
+
 def publish(
     tracker: Tracker,
     specs: Iterable[TrialSpec],
     rows: Mapping[str, Any] | None = None,
     records_of: Callable[[str], list[Record]] | None = None,
-) -> list[TrialResult]:
+) -> tuple[list[TrialResult], dict[str, bytes]]:
     """Make the figures for the finished trials (records: `records_of`, else the tracker's own; `rows`: trial
-    id -> PlanRow) and queue them on the parent run as plots/NAME.png. Returns the trials the plots cover."""
+    id -> PlanRow) and queue them on the parent run as plots/NAME.png. Returns the trials the plots cover and
+    the plots (name -> PNG)."""
     trials = collect(specs, records_of or tracker.records, rows)
     for t in trials:  # next to predicted_step_time_s, which the driver logged at plan time
         if t.predicted_step_at_run_s is not None:
             tracker.log_metrics(
                 t.spec.trial_id, {"predicted_step_time_at_run_peak_s": t.predicted_step_at_run_s}
             )
-    figs = make_figures(trials)
-    for name, fig in figs.items():
-        tracker.log_figure("sweep", fig, f"plots/{name}.png")
-    return trials
+    pngs = {name: png(fig) for name, fig in make_figures(trials).items()}
+    for name, data in pngs.items():
+        tracker.log_bytes("sweep", data, f"plots/{name}.png")
+    return trials, pngs
 
 
 # group -> (the planner's StepTime fields, the trace's categories)

@@ -58,6 +58,8 @@ class Tracker(Protocol):
     def stored_records(self, run_id: str) -> list[Record]: ...
     def run_id(self, key: str) -> str | None: ...
     def dashboard_hint(self) -> str: ...
+    def run_url(self, run_id: str) -> str: ...
+    def report_dir(self) -> str: ...
 
 
 class NullTracker:
@@ -139,6 +141,12 @@ class NullTracker:
 
     def dashboard_hint(self) -> str:
         return "nothing was recorded (tracking=none)"
+
+    def run_url(self, run_id: str) -> str:
+        return ""
+
+    def report_dir(self) -> str:
+        return "reports"
 
 
 def recording(tracking: Any) -> bool:

@@ -59,6 +59,11 @@ HTTP_RETRIES = {
 STORE_WAIT_S = 60.0  # how long a synchronous call waits for a store that does not answer
 
 
+# MLflow 3's UI picks GenAI or training per browser: the URL's workflowType first, then what the browser's
+# sidebar switch stored, else GenAI. The experiment tag mlflow.experimentKind does not change it (3.17).
+TRAINING_VIEW = "workflowType=machine_learning"
+
+
 def _waiting(state) -> None:
     e = state.outcome.exception()
     log.warning("tracking store unavailable (%s: %s); waiting", type(e).__name__, str(e)[:200])
@@ -136,7 +141,9 @@ class MlflowTracker:
         exp = self.client.get_experiment_by_name(self.experiment)
         if exp is None:
             try:
-                self.client.create_experiment(self.experiment, self.artifact_location)
+                # the tag says what the experiment is, for MLflow versions whose UI reads it
+                kind = {"mlflow.experimentKind": "custom_model_development"}
+                self.client.create_experiment(self.experiment, self.artifact_location, tags=kind)
             except Exception:  # noqa: BLE001 - created meanwhile by another driver, or our lost answer
                 pass
             exp = self.client.get_experiment_by_name(self.experiment)
@@ -305,10 +312,31 @@ class MlflowTracker:
     def run_id(self, key: str) -> str | None:
         return self.run_ids.get(key)
 
+    def ui_base(self) -> str:
+        """Where the MLflow UI answers: the server itself, or `mlflow ui`'s default over a local store."""
+        return (
+            self.uri.rstrip("/") if self.uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
+        )
+
+    def run_url(self, run_id: str) -> str:
+        """A run's page in the UI, on its training view (MLflow 3's UI opens on GenAI unless told)."""
+        return f"{self.ui_base()}/#/experiments/{self.experiment_id()}/runs/{run_id}?{TRAINING_VIEW}"
+
+    def dashboard_url(self) -> str:
+        """The experiment's runs as charts, on the training view: the link a fresh browser opens right."""
+        return f"{self.ui_base()}/#/experiments/{self.experiment_id()}/runs?{TRAINING_VIEW}&compareRunsMode=CHART"
+
+    def report_dir(self) -> str:
+        """Where the sweep's HTML page is written: next to a local store (sqlite or file), else ./reports."""
+        for scheme in ("sqlite:///", "file://"):
+            if self.uri.startswith(scheme):
+                return os.path.join(os.path.dirname(self.uri[len(scheme) :]) or ".", "reports")
+        return "reports"
+
     def dashboard_hint(self) -> str:
         if self.uri.startswith(("http://", "https://")):
-            return f"open {self.uri} (experiment {self.experiment!r})"
-        return f"mlflow ui --backend-store-uri {self.uri}  # then open http://127.0.0.1:5000"
+            return self.dashboard_url()
+        return f"mlflow ui --backend-store-uri {self.uri}, then open {self.dashboard_url()}"
 
 
 Tracker = MlflowTracker  # for callers that build the MLflow tracker directly (benchmarks/tracking.py, tests)
