@@ -321,7 +321,10 @@ def test_smoke_sweep_on_server_with_gcs_artifacts_and_an_outage(gcs_server, tmp_
     assert pg_restarted_mid_sweep, "the sweep finished before PostgreSQL restarted"
     assert "tracking store unavailable" in res.stderr and "tracking store back" in res.stderr
     # the dashboard's link opens a fresh browser on MLflow's training view; the sweep's page is the last line
-    assert f"dashboard: {server.url}/#/experiments/" in res.stdout and "workflowType=machine_learning" in res.stdout
+    assert (
+        f"dashboard: {server.url}/#/experiments/" in res.stdout
+        and "workflowType=machine_learning" in res.stdout
+    )
     last = res.stdout.strip().splitlines()[-1]
     assert last == "report: reports/smoke-srv.html", last
     page = (tmp_path / "reports" / "smoke-srv.html").read_text()
