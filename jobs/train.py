@@ -25,7 +25,7 @@ from jobs.hardware import compiled_bytes, device_memory, peak_tflops
 from jobs.mesh import make_mesh
 from jobs.profile import steps_problem
 from jobs.profile.trace import Profiler
-from jobs.records import Record, StartRecord, StepRecord, SummaryRecord, parse
+from jobs.records import ProfileRecord, Record, StartRecord, StepRecord, SummaryRecord, parse
 from jobs.spec import TrialSpec
 from jobs.step import abstract_args, batch_shardings, make_train_step
 from jobs.strategies import rules as cp_rules
@@ -110,10 +110,18 @@ def check(spec: TrialSpec) -> None:
 def train(spec: TrialSpec) -> Iterator[Record]:
     """Run the trial; yield a `start` record, one `step` record per step (a `profile` after each traced window
     of run.profile_steps), then a `summary` (jobs/records.py); their dict form is what the Ray batch, the
-    standalone output and the checkpoint carry.
+    standalone output and the checkpoint carry. Process 0 yields them all; another process only its profiles
+    (run.profile_hosts=all).
     With run.checkpoint_dir set, resume from its latest checkpoint and save every run.checkpoint_every steps."""
     check(spec)
     lead = jax.process_index() == 0
+    for rec in _attempt(spec, lead):
+        if lead or isinstance(rec, ProfileRecord):
+            yield rec
+
+
+def _attempt(spec: TrialSpec, lead: bool) -> Iterator[Record]:
+    """One attempt: compile, restore what a checkpoint holds, step to the end, summarize (every process)."""
     devices = jax.devices()
     if spec.cluster.devices < len(devices):  # e.g. a 1-device reference run inside an 8-device process
         devices = devices[: spec.cluster.devices]
@@ -126,11 +134,37 @@ def train(spec: TrialSpec) -> Iterator[Record]:
     compiled = step_fn.lower(*abstract_args(spec, mesh)).compile()
     compile_s = time.perf_counter() - t0
     peak, peak_source = peak_tflops(spec)
-    tflops_step = flops.train_tflops_per_device(
-        spec.model, spec.context_length, spec.train.batch, spec.mesh.size
-    )
     mem = memory_record(compiled)
     sync_hosts("compiled")
+    ckpt, state, first, history, restore_s = _resume(spec, mesh, init_fn, batches)
+    steps = _Steps(spec, compiled, peak, lead, history)
+    yield StartRecord(
+        trial_id=spec.trial_id,
+        devices=spec.mesh.size,
+        processes=jax.process_count(),
+        platform=jax.devices()[0].platform,
+        compile_s=compile_s,
+        restore_s=restore_s,
+        peak_tflops_per_device=peak,
+        peak_source=peak_source,
+        tflops_per_device_per_step=steps.tflops,
+        resumed_from_step=first,
+        **mem,
+        **slice_record(mesh, spec.mesh.dcn, slices),
+        kernel_fallbacks=list(flash.FALLBACKS) or None,
+    )
+    # The checkpoint's records: the driver may never have received them (it drops steps it holds).
+    yield from list(history)
+    yield from _loop(spec, compiled, state, first, batches, batch_shardings(spec, mesh), steps, ckpt)
+    if ckpt:
+        ckpt.close()
+    if history:
+        yield _summary(spec, history, first, steps, mem, lead)
+
+
+def _resume(spec: TrialSpec, mesh: Mesh, init_fn, batches: Batches) -> tuple[Any, Any, int, list, float]:
+    """(checkpointer or None, state, first step, the records so far, restore seconds): a fresh start, or
+    where run.checkpoint_dir's latest checkpoint left the trial."""
     ckpt = None
     if spec.run.checkpoint_dir:
         from jobs.checkpoint import Checkpointer  # orbax costs ~1 s to import: only when checkpointing
@@ -138,140 +172,141 @@ def train(spec: TrialSpec) -> Iterator[Record]:
         ckpt = Checkpointer(spec.run.checkpoint_dir, spec.run.checkpoint_every)
     t0 = time.perf_counter()
     restored = ckpt.restore(abstract_args(spec, mesh)[0]) if ckpt else None
-    restore_s = time.perf_counter() - t0 if restored else 0.0
-    state, first, saved, data_state = (
-        restored if restored else (init_fn(jax.random.key(spec.train.seed)), 0, [], None)
-    )
+    if not restored:
+        return ckpt, init_fn(jax.random.key(spec.train.seed)), 0, [], 0.0
+    state, first, saved, data_state = restored
     if data_state:
         batches.restore(data_state)  # packed documents: the iterator resumes where the checkpoint left it
     history: list[StepRecord] = [parse(r) for r in saved]  # type: ignore[misc]
-    if lead:
-        yield StartRecord(
-            trial_id=spec.trial_id,
-            devices=spec.mesh.size,
-            processes=jax.process_count(),
-            platform=jax.devices()[0].platform,
-            compile_s=compile_s,
-            restore_s=restore_s,
-            peak_tflops_per_device=peak,
-            peak_source=peak_source,
-            tflops_per_device_per_step=tflops_step,
-            resumed_from_step=first,
-            **mem,
-            **slice_record(mesh, spec.mesh.dcn, slices),
-            kernel_fallbacks=list(flash.FALLBACKS) or None,
+    return ckpt, state, first, history, time.perf_counter() - t0
+
+
+class _Steps:
+    """Turns a finished step's metrics into its record, appended to `history` (what a checkpoint carries);
+    the time between two finishes is the step's."""
+
+    def __init__(self, spec: TrialSpec, compiled, peak: float, lead: bool, history: list[StepRecord]):
+        self.tokens = spec.tokens_per_step
+        self.tflops = flops.train_tflops_per_device(
+            spec.model, spec.context_length, spec.train.batch, spec.mesh.size
         )
-        # The checkpoint's records: the driver may never have received them (it drops steps it holds).
-        yield from history
+        self.peak, self.lead, self.history = peak, lead, history
+        self.labels = bucket_labels(spec.context_length)
+        self.prof = Profiler(spec, compiled, on=lead or spec.run.profile_hosts == "all")
+        self.last = time.perf_counter()
 
-    bsh = batch_shardings(spec, mesh)
-    tokens = spec.tokens_per_step
-    faults = Faults(jax.process_index())
-    prof = Profiler(spec, compiled, on=lead or spec.run.profile_hosts == "all")
-    last = time.perf_counter()
+    def restart_clock(self) -> None:
+        """What just happened (a trace's stop, a save) is not the next step's time."""
+        self.last = time.perf_counter()
 
-    def finish(step: int, m: dict) -> StepRecord:
-        """Step `step`'s record, appended to `history` (what the next checkpoint carries)."""
-        nonlocal last
+    def finish(self, step: int, m: dict) -> StepRecord:
         loss = float(m["loss"])  # blocks until `step` is done; the next step is already queued
         now = time.perf_counter()
-        dt, last = now - last, now
-        tf = tflops_step / dt
-        in_use, peak_bytes = device_memory() if lead else (None, None)  # only process 0's records are sent
-        history.append(
+        dt, self.last = now - self.last, now
+        tf = self.tflops / dt
+        in_use, peak_bytes = device_memory() if self.lead else (None, None)  # only process 0's are sent
+        self.history.append(
             StepRecord(
                 step=step,
                 t_ms=int(time.time() * 1000),  # the record's own time: a re-sent copy is the same point
                 loss=loss,
                 grad_norm=float(m["grad_norm"]),
                 step_time_s=dt,
-                tokens_per_s=tokens / dt,
+                tokens_per_s=self.tokens / dt,
                 tflops_per_s_per_device=tf,
-                mfu=tf / peak if peak == peak and peak > 0 else float("nan"),
+                mfu=_mfu(tf, self.peak),
                 peak_bytes_in_use=peak_bytes,
                 bytes_in_use=in_use,
-                loss_by_position=by_position(m),
-                accuracy_by_distance=by_distance(m),
-                profiled=prof.covers(step),
+                loss_by_position=self._buckets(m, "pos_loss", "pos_tokens"),
+                accuracy_by_distance=self._buckets(m, "dist_hits", "dist_queries"),
+                profiled=self.prof.covers(step),
             )
         )
-        return history[-1]
+        return self.history[-1]
 
-    labels = bucket_labels(spec.context_length)
-
-    def by_position(m: dict) -> dict[str, float]:
-        tot, n = np.asarray(m["pos_loss"]), np.asarray(m["pos_tokens"])
-        return {k: float(t / c) for k, t, c in zip(labels, tot, n, strict=True) if c > 0}
-
-    def by_distance(m: dict) -> dict[str, float] | None:  # the recall task only
-        if "dist_hits" not in m:
+    def _buckets(self, m: dict, total: str, count: str) -> dict[str, float] | None:
+        """Per position bucket: total / count where the bucket counted any (None: the metric is not there,
+        as the recall task's distance buckets outside that task)."""
+        if total not in m:
             return None
-        hits, n = np.asarray(m["dist_hits"]), np.asarray(m["dist_queries"])
-        return {k: float(h / c) for k, h, c in zip(labels, hits, n, strict=True) if c > 0}
+        tot, n = np.asarray(m[total]), np.asarray(m[count])
+        return {k: float(t / c) for k, t, c in zip(self.labels, tot, n, strict=True) if c > 0}
 
+
+def _mfu(tflops_per_s: float, peak: float) -> float:
+    return tflops_per_s / peak if peak == peak and peak > 0 else float("nan")
+
+
+def _loop(
+    spec: TrialSpec, compiled, state, first: int, batches, bsh, steps: _Steps, ckpt
+) -> Iterator[Record]:
+    """Steps first..train.steps-1: step n-1 is reported after step n is dispatched; a traced window and a
+    checkpoint report theirs before they close."""
+    faults = Faults(jax.process_index())
+    prof = steps.prof
     prev = None  # (step, metrics) dispatched but not yet reported
     for step in range(first, spec.train.steps):
         if prev is not None and prof.opens(step):  # a trace holds its own steps only: the one before is done
-            rec, prev = finish(*prev), None
-            if lead:
-                yield rec
+            yield steps.finish(*prev)
+            prev = None
         prof.start(step)
         state, metrics = compiled(state, _put(batches(step), bsh))
         faults.slow_step()
         if prev is not None:
-            rec = finish(*prev)
-            if lead:
-                yield rec
-            faults.at(rec.step, "after_report")
+            yield steps.finish(*prev)
+            faults.at(prev[0], "after_report")
         prev = (step, metrics)
         if prof.closes(step):  # the window's last step done before the trace stops
-            rec, prev = finish(*prev), None
-            if lead:
-                yield rec
+            yield steps.finish(*prev)
+            prev = None
             if (profile := prof.stop(step, state)) is not None:  # never in `history`: not checkpointed
                 yield profile
-            last = time.perf_counter()  # stopping and reading the trace is not the next step's time
+            steps.restart_clock()
         if ckpt and ckpt.due(step):
-            # Report this step before saving, so the checkpoint holds every record up to the step it
-            # covers: whatever the driver has not received yet, a resumed trial re-sends.
-            faults.at(step, "before_save")
-            rec = finish(*prev) if prev else None  # None: reported already, at a profile's end
+            yield from _save(step, state, prev, steps, ckpt, batches, faults)
             prev = None
-            ckpt.save(step, state, [r.to_dict() for r in history], batches.state(step + 1))
-            faults.at(step, "after_save")
-            if lead and rec:
-                yield rec
-            faults.at(step, "after_report")
-            last = time.perf_counter()  # the save is not part of the next step's time
     if prev is not None:
-        rec = finish(*prev)
-        if lead:
-            yield rec
-    if ckpt:
-        ckpt.close()
-    if lead and history:
-        # The first step of an attempt includes warm-up (allocation, first transfer): the median of the
-        # others is the step time, and the summary says which steps (of which attempt) it covers. An
-        # attempt that resumed after the last step times the steps its checkpoint carried instead.
-        ran = [r for r in history if r.step >= first]  # this attempt's steps
-        timed = ran or history
-        timed = timed[1:] if len(timed) > 1 else timed
-        timed = [r for r in timed if not r.profiled] or timed  # a traced step's time includes the tracing
-        med = float(np.median([r.step_time_s for r in timed]))
-        yield SummaryRecord(
-            steps=spec.train.steps,
-            final_loss=history[-1].loss,
-            steps_run=len(ran),
-            attempt_from_step=first,
-            timed_from_step=timed[0].step,
-            timed_to_step=timed[-1].step,
-            step_time_median_s=med,
-            tokens_per_s=tokens / med,
-            tflops_per_s_per_device=tflops_step / med,
-            mfu=tflops_step / med / peak if peak == peak and peak > 0 else float("nan"),
-            peak_bytes_in_use=device_memory()[1],
-            **mem,
-        )
+        yield steps.finish(*prev)
+
+
+def _save(step: int, state, prev, steps: _Steps, ckpt, batches, faults: Faults) -> Iterator[Record]:
+    """Report the step before saving, so the checkpoint holds every record up to the step it covers: whatever
+    the driver has not received yet, a resumed trial re-sends."""
+    faults.at(step, "before_save")
+    rec = steps.finish(*prev) if prev else None  # None: reported already, at a profile's end
+    ckpt.save(step, state, [r.to_dict() for r in steps.history], batches.state(step + 1))
+    faults.at(step, "after_save")
+    if rec:
+        yield rec
+    faults.at(step, "after_report")
+    steps.restart_clock()  # the save is not part of the next step's time
+
+
+def _summary(
+    spec: TrialSpec, history: list[StepRecord], first: int, steps: _Steps, mem: Fields, lead: bool
+) -> SummaryRecord:
+    """The first step of an attempt includes warm-up (allocation, first transfer): the median of the others is
+    the step time, and the summary says which steps (of which attempt) it covers. An attempt that resumed
+    after the last step times the steps its checkpoint carried instead."""
+    ran = [r for r in history if r.step >= first]  # this attempt's steps
+    timed = ran or history
+    timed = timed[1:] if len(timed) > 1 else timed
+    timed = [r for r in timed if not r.profiled] or timed  # a traced step's time includes the tracing
+    med = float(np.median([r.step_time_s for r in timed]))
+    return SummaryRecord(
+        steps=spec.train.steps,
+        final_loss=history[-1].loss,
+        steps_run=len(ran),
+        attempt_from_step=first,
+        timed_from_step=timed[0].step,
+        timed_to_step=timed[-1].step,
+        step_time_median_s=med,
+        tokens_per_s=steps.tokens / med,
+        tflops_per_s_per_device=steps.tflops / med,
+        mfu=_mfu(steps.tflops / med, steps.peak),
+        peak_bytes_in_use=device_memory()[1] if lead else None,
+        **mem,
+    )
 
 
 def main(argv: list[str]) -> int:

@@ -35,27 +35,8 @@ def run(options: Options, specs: list[TrialSpec], rows: list) -> int:
     tracker.resume(sweep_id)  # steps an earlier driver of this sweep already logged are not logged twice
     tracker.start_sweep(name, sweep_id, cluster.name)
 
-    runnable: list[tuple[TrialSpec, Any]] = []
-    seen: set[str] = set()
     with SweepProgress(options.progress) as progress:
-        for spec, row in zip(specs, rows, strict=True):
-            tid = spec.trial_id
-            if tid in seen:
-                continue
-            seen.add(tid)
-            label = layout.trial_label(spec.strategy.name, spec.context_length, spec.mesh.label(), "column")
-            if tid in done:
-                progress.add(tid, label, spec.train.steps, "skipped", "finished earlier in this sweep")
-            elif row.verdict != "run":
-                progress.add(tid, label, spec.train.steps, row.verdict, row.reason)
-                tracker.start_trial(
-                    spec, sweep_id, row.verdict, row.reason, row.predicted_hbm_bytes_per_device
-                )
-                tracker.end(tid, "FINISHED")
-            else:
-                progress.add(tid, label, spec.train.steps)
-                tracker.open_trial(spec, sweep_id)  # described once its lease is ours
-                runnable.append((spec, row))
+        runnable = _open_points(tracker, progress, specs, rows, done, sweep_id)
         _log_grid(tracker, specs, rows, done)
         outcomes, todo, by_other = _run_leased(options, cluster, tracker, progress, sweep_id, runnable)
     failed = [t for t, o in outcomes.items() if o not in ("finished", "infeasible")]
@@ -95,6 +76,32 @@ def run(options: Options, specs: list[TrialSpec], rows: list) -> int:
     if page:
         print(f"report: {page}", flush=True)
     return 1 if failed else code
+
+
+def _open_points(
+    tracker, progress: SweepProgress, specs: list[TrialSpec], rows: list, done: dict[str, str], sweep_id: str
+) -> list[tuple[TrialSpec, Any]]:
+    """Each distinct point on the progress display and in the store: one finished earlier is skipped, one
+    the planner rejected recorded with its reason and closed; returns the runnable (spec, plan row)s."""
+    runnable: list[tuple[TrialSpec, Any]] = []
+    seen: set[str] = set()
+    for spec, row in zip(specs, rows, strict=True):
+        tid = spec.trial_id
+        if tid in seen:
+            continue
+        seen.add(tid)
+        label = layout.trial_label(spec.strategy.name, spec.context_length, spec.mesh.label(), "column")
+        if tid in done:
+            progress.add(tid, label, spec.train.steps, "skipped", "finished earlier in this sweep")
+        elif row.verdict != "run":
+            progress.add(tid, label, spec.train.steps, row.verdict, row.reason)
+            tracker.start_trial(spec, sweep_id, row.verdict, row.reason, row.predicted_hbm_bytes_per_device)
+            tracker.end(tid, "FINISHED")
+        else:
+            progress.add(tid, label, spec.train.steps)
+            tracker.open_trial(spec, sweep_id)  # described once its lease is ours
+            runnable.append((spec, row))
+    return runnable
 
 
 def _log_grid(tracker, specs: list[TrialSpec], rows: list, done: dict[str, str]) -> None:
@@ -241,22 +248,16 @@ def _wait_for_others(
         """One look at the held trials' leases; how many are still held by another driver."""
         taken = []
         for tid, (spec, row) in list(held.items()):
-            try:
-                claim = leases.claim(tid, settled=("finished", "failed"))
-                if claim.ours:
-                    tracker.refresh(tid)  # the steps its last driver logged are not logged again
-            except Exception as e:  # noqa: BLE001 - the store is away: look again at the next poll
-                log.warning("trial %s: its lease could not be read (%s); waiting", tid, type(e).__name__)
-                continue
+            claim = _look_at(leases, tracker, tid)
+            if claim is None or not (claim.ours or claim.status in ("finished", "failed")):
+                continue  # still held, or unreadable: look again at the next poll
             if claim.ours:
                 _describe(tracker, spec, row, sweep_id)
                 taken.append(spec)
                 progress.event(tid, "its driver is gone: taken over")
-            elif claim.status in ("finished", "failed"):
+            else:
                 by_other[tid] = claim.status
                 progress.update(tid, state="skipped", note=f"{claim.status} by driver {claim.holder}")
-            else:
-                continue
             del held[tid]
         if taken:
             launch(taken)
@@ -271,6 +272,19 @@ def _wait_for_others(
     except KeyboardInterrupt:
         print(f"interrupted: {len(held)} trials held by another driver are left to it", flush=True)
     return by_other
+
+
+def _look_at(leases, tracker, tid: str):
+    """A held trial's lease, claimed if its driver is gone (then the steps that driver logged are read, so they
+    are not logged again); None when the store is away."""
+    try:
+        claim = leases.claim(tid, settled=("finished", "failed"))
+        if claim.ours:
+            tracker.refresh(tid)
+        return claim
+    except Exception as e:  # noqa: BLE001 - the store is away: look again at the next poll
+        log.warning("trial %s: its lease could not be read (%s); waiting", tid, type(e).__name__)
+        return None
 
 
 def _gate(options: Options, tracker, sweep_id: str, finished: list) -> tuple[Any, int]:

@@ -120,8 +120,8 @@ def test_points_join_the_plan_rows_with_what_ran():
     def row(tid, verdict, low=None, high=None):
         fields = dict(strategy="ring", mesh="context8", context_length=1024, policy="full", reason="fits")
         band = dict(predicted_step_low_s=low, predicted_step_high_s=high)
-        return NS(trial_id=tid, verdict=verdict, predicted_step_s=0.5, predicted_mfu=0.1, **fields, **band,
-                  predicted_hbm_bytes_per_device=2**29)  # fmt: skip
+        plan = dict(predicted_step_s=0.5, predicted_mfu=0.1, predicted_hbm_bytes_per_device=2**29)
+        return NS(trial_id=tid, verdict=verdict, **fields, **band, **plan)
 
     summary = NS(step_time_median_s=0.5, mfu=0.2)
     trial = NS(spec=NS(trial_id="a"), summary=summary, step_spread=(0.4, 0.6), measured_bytes=2**28)

@@ -106,7 +106,7 @@ def _spread(recs: list[Record], summary: SummaryRecord) -> tuple[float, float] |
     )
     if len(times) < 3:
         return None
-    pick = lambda q: times[min(len(times) - 1, round(q * (len(times) - 1)))]  # noqa: E731
+    pick = lambda q: times[min(len(times) - 1, round(q * (len(times) - 1)))]
     return pick(0.1), pick(0.9)
 
 
