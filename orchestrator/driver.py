@@ -163,7 +163,9 @@ def _describe(tracker, spec: TrialSpec, row, sweep_id: str) -> None:
     """A trial this driver holds: its params, spec, status and predictions on its child run."""
     tracker.start_trial(spec, sweep_id, predicted_bytes=row.predicted_hbm_bytes_per_device)
     if row.step is not None:  # the plan's terms: next to the measured final_step_time_median_s and a profile
-        tracker.log_metrics(spec.trial_id, {"predicted_step_time_s": row.step.step_s})
+        tracker.log_metrics(
+            spec.trial_id, {"predicted_step_time_s": row.step.step_s, **layout.band_metrics(row)}
+        )
         layout.log_predicted(tracker, spec.trial_id, row.step)
 
 

@@ -42,6 +42,9 @@ def test_planned_sweep_to_14m_on_tpu7x_without_a_tpu(tmp_path, store, cli):
     assert (
         ring14 and ring14[0].data.metrics["predicted_mfu"] > 0 and ring14[0].data.metrics["roofline_mfu"] > 0
     )
+    m = ring14[0].data.metrics  # the band from tpu7x's fit, around the point: low < step < high
+    assert m["predicted_step_time_low_s"] < m["predicted_step_time_s"] < m["predicted_step_time_high_s"]
+    assert m["predicted_mfu_low"] < m["predicted_mfu"] < m["predicted_mfu_high"]
     steps = {m.step for m in client.get_metric_history(parent.info.run_id, "predicted_mfu/ring")}
     assert 14680064 in steps and min(steps) <= 131072  # stepped by context length, up to 14M
     assert {a.path for a in client.list_artifacts(parent.info.run_id, "plots")} == {

@@ -15,7 +15,7 @@ from jobs.spec import TrialSpec
 from orchestrator.plan import aot
 from orchestrator.plan.hardware import model_of
 from orchestrator.results.report import _axes, _finish
-from orchestrator.tracking import Tracker
+from orchestrator.tracking import Tracker, layout
 from orchestrator.tracking.layout import GIB
 
 PLANNED_TAG = "planned"
@@ -39,7 +39,7 @@ def point_metrics(row: Any, compiled: aot.CompileResult | None) -> dict[str, flo
         out["compiled_bytes_per_device"] = compiled.compiled_bytes
     if compiled and (peak := compiled.device_peak):  # what the compiler checks against HBM (aot.verdict)
         out["compiler_peak_bytes_per_device"] = peak
-    return {k: float(v) for k, v in out.items() if v is not None}
+    return {k: float(v) for k, v in out.items() if v is not None} | layout.band_metrics(row)
 
 
 def figures(points: list[tuple[TrialSpec, dict[str, float]]]) -> dict[str, Any]:
