@@ -129,6 +129,8 @@ class Executor:
         att["hosts"] += ev.info
         if len(att["hosts"]) == spec.cluster.hosts_per_trial:  # every host of every slice
             self.progress.event(ev.trial_id, f"attempt {ev.attempt} on {placement_note(att['hosts'])}")
+            # the first record comes after XLA's compile of the step: say what the wait is
+            self.progress.update(ev.trial_id, note="compiling the train step")
 
     def _on_records(self, ev: sched.Event, spec: TrialSpec, att: dict) -> None:
         records = ev.records
