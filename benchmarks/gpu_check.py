@@ -196,9 +196,11 @@ def compare(path: Path, out_dir: Path | None) -> int:
             f"{gib(it.get('compiled_bytes_per_device')):>11}  {gib(it['planner_bytes']):>12}"
         )
     if spec is not None:
-        c = spec.cluster
+        from orchestrator.plan.hardware import model_of  # the planner's constants for the trials' cluster
+
+        c = model_of(spec.cluster)
         rows.append(
-            f"planner step model: the trials' cluster {c.name} (matmul_efficiency {c.matmul_efficiency}, "
+            f"planner step model: the trials' cluster {spec.cluster.name} (matmul_efficiency {c.matmul_efficiency}, "
             f"attention_efficiency {c.attention_efficiency}; 1.0 prices at peak, the roofline)"
         )
     print("\n".join(rows))

@@ -15,9 +15,9 @@ import os
 import ray
 
 from jobs.spec import ClusterSpec
-from orchestrator.config.load import group_option
 from orchestrator.launch import cluster as clusters
 from orchestrator.launch import placement
+from orchestrator.plan import hardware
 
 KINDS = ("local", "fake_tpu", "fake_gpu")  # the order conftest.py runs their tests in
 
@@ -37,8 +37,8 @@ def cluster(kind: str) -> ClusterSpec:
     """The cluster a kind's Ray is started for: conf/cluster's local (with CPUs for local_multislice's four
     processes: connect() counts hosts_per_trial x concurrency), local_fake_tpu, local_fake_gpu."""
     if kind == "local":
-        return dataclasses.replace(ClusterSpec(**group_option("cluster", "local")), concurrency=4)
-    return ClusterSpec(**group_option("cluster", f"local_{kind}"))
+        return dataclasses.replace(hardware.load("local")[0], concurrency=4)
+    return hardware.load(f"local_{kind}")[0]
 
 
 class PlacementGroups:

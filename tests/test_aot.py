@@ -69,7 +69,9 @@ def test_compiler_rejection_keeps_the_compilers_figures():
     assert tried.required_bytes == int(46.75 * 2**30) and tried.available_bytes == int(46.58 * 2**30)
     assert tried.live_bytes == int(30.75 * 2**30) and tried.fragmentation_bytes == int(15.11 * 2**30)
     spec = tiny_spec()
-    verdict, reason = aot.verdict(spec, replace(got, topology="tpu7x:2x2x1"))
+    verdict, reason = aot.verdict(
+        replace(got, topology="tpu7x:2x2x1"), hardware.model_of(spec.cluster).hbm_bytes_per_device
+    )
     assert verdict == "infeasible"
     assert "150.6 GiB" in reason and "94.8 GiB" in reason and "HLO temporaries" in reason
 
@@ -151,7 +153,7 @@ def test_compare_rows_from_cached_answers(monkeypatch):
             raise RuntimeError("INTERNAL: the compiler broke")
         return got
 
-    monkeypatch.setattr(aot.comparison, "compiled_memory", cached)
+    monkeypatch.setattr(aot, "compiled_memory", cached)  # what compare() compiles with
     spec = tiny_spec()
     rows = aot.compare([spec] * 4)
     analytic = memory.total(spec)

@@ -4,6 +4,7 @@ give, the configs holding the fit's constants, and the mechanisms the model pric
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
@@ -153,8 +154,13 @@ def test_step_time_plot_draws_predicted_next_to_measured():
         ]
         for s in specs
     }
-    predicted = {s.trial_id: s.context_length / 8e3 for s in specs}
-    trials = collect(specs, recs.__getitem__, None, predicted)
+    rows = {  # what the report reads of a PlanRow
+        s.trial_id: SimpleNamespace(
+            predicted_step_s=s.context_length / 8e3, predicted_hbm_bytes_per_device=None
+        )
+        for s in specs
+    }
+    trials = collect(specs, recs.__getitem__, rows)
     ax = make_figures(trials)["step_time_vs_context"].axes[0]
     lines = {ln.get_label(): list(ln.get_ydata()) for ln in ax.get_lines()}
     assert lines["ring measured"] == pytest.approx([0.1024, 0.2048])

@@ -57,15 +57,34 @@ def test_a_command_line_sweep_is_typed_too():
 
 
 def test_the_gate_is_on_as_the_schema_says(monkeypatch):
+    """The driver's gate gets the schema's defaults (max_drop 0.10, window 5, noise_k 1.5) and says 1 when the
+    store cannot answer; the store here is a stand-in that hands the gate's arguments back."""
     asked = []
-    monkeypatch.setattr(run.regress, "gate", lambda uri, exp, sid, **kw: asked.append((sid, kw)) or 3)
+
+    class Store:
+        client, started = "client", {}
+
+        def experiment_id(self):
+            return "1"
+
+        def call(self, fn, *args):
+            asked.append((fn, args))
+            if len(asked) > 1:
+                raise ConnectionError("the store is away")
+            return "verdict"
+
+        def set_tags(self, key, tags):
+            asked.append(("tags", key, tags))
+
+    monkeypatch.setattr(run.regress, "tags", lambda result: {"regression": "true"})
+    monkeypatch.setattr(run.regress, "exit_code", lambda result: 3)
     on = load_typed([]).options
-    assert run._gate(on, "s", failed=False) == 3
-    assert asked == [("s", {"max_drop": 0.10, "window": 5, "noise_k": 1.5})]
+    assert run._gate(on, Store(), "s", []) == ("verdict", 3)
+    assert asked[0] == (run.regress.compare, ("client", "1", "s", 0.10, 5, 1.5, []))
+    assert asked[1] == ("tags", "sweep", {"regression": "true"})
     assert load_typed(["gate.window=3", "gate.noise_k=2"]).options.gate == schema.Gate(window=3, noise_k=2.0)
-    assert run._gate(on, "s", failed=True) == 1
-    off = load_typed(["gate.enabled=false"]).options
-    assert run._gate(off, "t", failed=False) == 0 and len(asked) == 2
+    assert run._gate(on, Store(), "s", []) == (None, 1)  # the second store call fails: no verdict
+    assert not load_typed(["gate.enabled=false"]).options.gate.enabled  # the driver then never calls _gate
 
 
 def test_config_error_has_its_own_module_and_no_cycle():

@@ -11,7 +11,7 @@ from jobs import strategies
 from jobs.data import Batches
 from jobs.spec import RunSpec
 from jobs.train import train
-from orchestrator.config.grid import expand
+from orchestrator.config.grid import expand, expand_points
 from orchestrator.config.load import load
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,7 +91,7 @@ def test_resume_sees_the_batches_it_would_have_seen(stdlib_corpus, tmp_path):
 
 
 def test_quickstart_sweep_is_cp_scaling_on_the_corpus_with_steps_by_length(
-    stdlib_corpus, tmp_path, monkeypatch
+    stdlib_corpus, tmp_path, pinned_cpu_peak
 ):
     """conf/sweep/quickstart.yaml: cp_scaling's 75 points on documents, the same tokens per short trial; with
     its 1 s step budget the planner runs every strategy at 1K and 2K (at the pinned CPU rate) and calls the rest
@@ -109,5 +109,6 @@ def test_quickstart_sweep_is_cp_scaling_on_the_corpus_with_steps_by_length(
     assert {s.model.vocab for s in specs} == {4096}
     steps = {s.context_length: s.train.steps for s in specs}
     assert [steps[n] for n in (1024, 2048, 4096, 8192, 14680064)] == [32, 16, 8, 8, 8]
-    runs = [r for r in plan(specs) if r.verdict == "run"]
+    points = expand_points(load(["+sweep=quickstart", "~sweep.set", data]))  # the budget is the planner's
+    runs = [r for r in plan(specs, [p.cluster for p in points]) if r.verdict == "run"]
     assert sorted({r.context_length for r in runs}) == [1024, 2048] and len(runs) == 10

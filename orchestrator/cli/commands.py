@@ -195,13 +195,13 @@ def _command_lines(command: str, width: int, indent: str) -> list[str]:
 def _band(r: PlanRow) -> str:
     from orchestrator.plan import render
 
-    return f"{render.seconds(r.predicted_step_s)} ({render.band(r.predicted_step_low_s, r.predicted_step_high_s)})"
+    return render.step_band(r.predicted_step_s, r.predicted_step_low_s, r.predicted_step_high_s)
 
 
 def _mfu_band(r: PlanRow) -> str:
-    if r.predicted_mfu_low is None or r.predicted_mfu_high is None:
-        return f"{r.predicted_mfu:.3f}"
-    return f"{r.predicted_mfu:.3f} ({r.predicted_mfu_low:.2f}-{r.predicted_mfu_high:.2f})"
+    from orchestrator.plan import render
+
+    return render.mfu_band(r.predicted_mfu, r.predicted_mfu_low, r.predicted_mfu_high, digits=3)
 
 
 def _resources(r: PlanRow) -> str:

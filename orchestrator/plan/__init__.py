@@ -11,7 +11,7 @@ from jobs.spec import REMATS, TrialSpec
 from orchestrator.plan import cost, memory, packing, policies, resources, roofline, steptime, work
 from orchestrator.plan import rules as validate
 from orchestrator.plan.hardware import ClusterModel, model_of
-from orchestrator.plan.render import band, render_table, seconds, to_markdown
+from orchestrator.plan.render import render_table, seconds, step_band, to_markdown
 from orchestrator.plan.rules import Problem, point_label
 
 VERDICTS = ("run", "infeasible", "invalid")
@@ -119,8 +119,8 @@ def plan_one(
         cap = f" of {memory.gib(limit)}" if limit else ""
         low, high = st.mfu_band
         why.append(
-            f"fits: {memory.gib(hbm)}{cap}; predicted step {seconds(st.step_s)} s ({band(st.step_low_s, st.step_high_s)})"
-            f" at MFU {st.mfu:.2f} ({low:.2f}-{high:.2f}; roofline ≤ {roof.mfu:.2f}), "
+            f"fits: {memory.gib(hbm)}{cap}; predicted step {step_band(st.step_s, st.step_low_s, st.step_high_s)} s"
+            f" at MFU {st.mfu:.2f} ({f'{low:.2f}-{high:.2f}; ' if low != high else ''}roofline ≤ {roof.mfu:.2f}), "
             f"limited by {st.limiter}"
         )
     pk = packing.of(spec)

@@ -50,6 +50,23 @@ def band(low: float | None, high: float | None) -> str:
     return "-" if low is None or high is None else f"{seconds(low)}-{seconds(high)}"
 
 
+def step_band(step: float | None, low: float | None, high: float | None) -> str:
+    """'4,318 (3,670-4,966)': a step time and its band; the step alone where the cluster has no fitted band
+    (low = high, as on cluster=local)."""
+    if step is None:
+        return "-"
+    if low is None or high is None or low == high:
+        return seconds(step)
+    return f"{seconds(step)} ({band(low, high)})"
+
+
+def mfu_band(value: float, low: float | None, high: float | None, digits: int = 2) -> str:
+    """'0.27 (0.23-0.31)', or the MFU alone without a band."""
+    if low is None or high is None or low == high:
+        return f"{value:.{digits}f}"
+    return f"{value:.{digits}f} ({low:.2f}-{high:.2f})"
+
+
 def mfu(r: PlanRow) -> float | None:
     """The MFU a reader takes for one: with packed documents the useful one (their own attention), never the
     causal row's count, which a document mask lets exceed 1 (both are in the reason and the JSON)."""
@@ -157,9 +174,7 @@ def _compact(rows: list[PlanRow], console: Any, title: str) -> None:
             memory.gib(r.predicted_hbm_bytes_per_device)
             if r.predicted_hbm_bytes_per_device is not None
             else "-",
-            "-"
-            if r.predicted_step_s is None
-            else f"{seconds(r.predicted_step_s)} ({band(r.predicted_step_low_s, r.predicted_step_high_s)})",
+            step_band(r.predicted_step_s, r.predicted_step_low_s, r.predicted_step_high_s),
             _num(mfu(r), ".2f"),
         ]
         for r in rows
