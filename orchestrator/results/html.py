@@ -116,56 +116,56 @@ def grid_table(points: Sequence[Point]) -> str:
 
 def lengths_table(points: Sequence[Point]) -> str:
     """Per context length: the planner's pick among the sweep's runnable points, then every point that ran,
-    predicted against measured."""
-    out = []
+    predicted against measured. Lengths where nothing ran or could run share one line."""
+    out, idle = [], []
+    banded = any(_has_band(p) for p in points)
     for length in sorted({p.context_length for p in points}):
         here = [p for p in points if p.context_length == length]
         runnable = [
             p for p in here if p.predicted_step_s is not None and p.verdict not in ("invalid", "infeasible")
         ]
-        pick = min(runnable, key=lambda p: p.predicted_step_s, default=None)
         ran = [p for p in here if p.measured_step_s is not None]
-        fastest = min(ran, key=lambda p: p.measured_step_s, default=None)
-        said = (
-            f"recommended: <b>{html.escape(pick.strategy)}</b> on {html.escape(pick.mesh)} "
-            f"({html.escape(pick.policy)}), predicted {_band(pick)} s"
-            if pick
-            else "nothing the planner expects to run here"
-        )
-        if fastest is not None:
-            said += (
-                f"; fastest measured: <b>{html.escape(fastest.strategy)}</b> {fastest.measured_step_s:,.3g} s"
-            )
-        rows = [
-            [
-                _link(p, p.strategy),
-                html.escape(p.mesh),
-                _band(p),
-                _num(p.measured_step_s, ",.3g")
-                + (f" ±{p.measured_step_spread / 2:.0%}" if p.measured_step_spread else ""),
-                _within(p),
-                _num(p.predicted_mfu, ".3f"),
-                _num(p.measured_mfu, ".3f"),
-                _num(p.predicted_gib, ",.3g"),
-                _num(p.measured_gib, ",.3g"),
-            ]
-            for p in (ran or runnable)
-        ]
-        head = [
-            "strategy",
-            "mesh",
-            "predicted step s (band)",
-            "measured step s",
-            "in band",
-            "predicted MFU",
-            "measured MFU",
-            "predicted GiB/device",
-            "measured GiB/device",
-        ]
+        if not (ran or runnable):
+            idle.append(here)
+            continue
+        out.append(_length(length, runnable, ran, banded))
+    if idle:
+        first, last = idle[0][0].context_length, idle[-1][0].context_length
+        span = f"{first:,}" if first == last else f"{first:,} to {last:,}"
+        verdicts = Counter(p.verdict for here in idle for p in here)
+        said = ", ".join(f"{n} {v}" for v, n in verdicts.items())
         out.append(
-            f"<h3>{length:,} tokens</h3><p>{said}</p>" + _table(head, rows, numeric=(2, 3, 5, 6, 7, 8))
+            f"<h3>{span} tokens</h3><p>nothing the planner expects to run here ({said}; the reasons are in "
+            f"the grid below), e.g. {html.escape(idle[0][0].reason)}</p>"
         )
     return "".join(out)
+
+
+def _length(length: int, runnable: list[Point], ran: list[Point], banded: bool) -> str:
+    pick = min(runnable, key=lambda p: p.predicted_step_s, default=None)
+    fastest = min(ran, key=lambda p: p.measured_step_s, default=None)
+    said = (
+        f"recommended: <b>{html.escape(pick.strategy)}</b> on {html.escape(pick.mesh)} "
+        f"({html.escape(pick.policy)}), predicted {_band(pick)} s"
+        if pick
+        else "nothing the planner expects to run here"
+    )
+    if fastest is not None:
+        said += f"; fastest measured: <b>{html.escape(fastest.strategy)}</b> {fastest.measured_step_s:,.3g} s"
+    head = ["strategy", "mesh", "predicted step s" + (" (band)" if banded else ""), "measured step s"]
+    head += ["in band"] * banded
+    head += ["predicted MFU", "measured MFU", "predicted GiB/device", "measured GiB/device"]
+    rows = []
+    for p in ran or runnable:
+        measured = _num(p.measured_step_s, ",.3g")
+        if p.measured_step_spread:
+            measured += f" ±{p.measured_step_spread / 2:.0%}"
+        row = [_link(p, p.strategy), html.escape(p.mesh), _band(p), measured] + [_within(p)] * banded
+        row += [_num(p.predicted_mfu, ".3f"), _num(p.measured_mfu, ".3f")]
+        row += [_num(p.predicted_gib, ",.3g"), _num(p.measured_gib, ",.3g")]
+        rows.append(row)
+    numeric = [i for i, h in enumerate(head) if h not in ("strategy", "mesh", "in band")]
+    return f"<h3>{length:,} tokens</h3><p>{said}</p>" + _table(head, rows, numeric=numeric)
 
 
 def points(

@@ -147,6 +147,15 @@ def _palette(trials: list[TrialResult]) -> dict[str, str]:
     return {name: f"C{i % 10}" for i, name in enumerate(_series(trials))}
 
 
+# Per series in the panels where strategies should coincide (loss): a style and width each, so curves that lie
+# on one another all stay visible, the first drawn widest.
+DASHES = ("-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)))
+
+
+def _style(i: int) -> dict[str, Any]:
+    return {"ls": DASHES[i % len(DASHES)], "lw": max(0.8, 3.2 - 0.6 * i)}
+
+
 def _error(ts: list[TrialResult], scale) -> list[list[float]] | None:
     """matplotlib's yerr ([below], [above]) from each trial's step spread mapped by `scale(trial, step_s)`;
     None where no trial has a spread."""
@@ -187,7 +196,11 @@ def _axes(title: str, ylabel: str, logy: bool = False):
 
 
 def _finish(fig: Figure, ax) -> Figure:
-    if ax.get_legend_handles_labels()[0]:
+    labels = ax.get_legend_handles_labels()[1]
+    if len(labels) > 6:  # measured, predicted, ... per strategy: beside the axes, not over the lines
+        fig.set_size_inches(10, 4.5)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    elif labels:
         ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
@@ -269,10 +282,12 @@ def loss_figure(trials: list[TrialResult]) -> Figure:
     colours = _palette(trials)
     lengths = _by_length(trials)
     fig, axes = _grid(len(lengths), f"Loss curves — {_where(trials)}")
+    order = list(colours)
     for ax, (length, here) in zip(axes, lengths.items(), strict=True):
         for name, t in here:
             if t.losses:
-                ax.plot(*zip(*t.losses, strict=True), marker=".", color=colours[name], label=name)
+                style = _style(order.index(name))
+                ax.plot(*zip(*t.losses, strict=True), color=colours[name], label=name, **style)
         ax.set_title(f"L={length:,}")
         ax.set_xlabel("step")
         ax.grid(True, alpha=0.3)
@@ -287,9 +302,9 @@ def _legend(fig: Figure, axes: list) -> None:
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
             seen.setdefault(label, handle)
-    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     if seen:
-        fig.legend(list(seen.values()), list(seen), loc="upper right", fontsize=8, ncols=min(len(seen), 5))
+        fig.legend(list(seen.values()), list(seen), loc="lower center", fontsize=9, ncols=min(len(seen), 6))
 
 
 XLABEL = {
@@ -313,7 +328,8 @@ def position_figure(trials: list[TrialResult], attr: str = "by_position") -> Fig
         for name, t in here:
             got = getattr(t, attr)
             xy = [(e, got[k]) for k, e in zip(bucket_labels(L), ends, strict=True) if k in got]
-            ax.plot(*zip(*xy, strict=True), marker="o", color=colours[name], label=name)
+            style = _style(list(colours).index(name))
+            ax.plot(*zip(*xy, strict=True), marker="o", color=colours[name], label=name, **style)
         ax.set_title(f"L={L:,}")
         ax.set_xscale("log", base=2)
         ax.set_xlabel(XLABEL[attr])
