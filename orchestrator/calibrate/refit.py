@@ -294,7 +294,8 @@ def verdict(r: Refit) -> str:
     if not r.errors(held=True, after=False):
         return "nothing held out, so nothing shows the refit extrapolates: check it with --hold-out-from"
     before, after = (_mean(r.errors(held=True, after=a)) for a in (False, True))
-    said = f"({before:.0%} -> {after:.0%} mean |error|)"
+    fmt = ".0%" if f"{before:.0%}" != f"{after:.0%}" else ".1%"  # a change under a point still shows
+    said = f"({before:{fmt}} -> {after:{fmt}} mean |error|)"
     if after < before:
         return f"the refit predicts the held-out trials better {said}: plan with it"
     one = len({t.spec.context_length for t in r.trials if not r.held(t)}) == 1
