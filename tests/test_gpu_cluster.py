@@ -25,8 +25,10 @@ LATENCY_HIDING = "--xla_gpu_enable_latency_hiding_scheduler=true"
 # --- fast: the model of a GPU cluster, the placement group, cluster.env ------------------------------------
 
 
-def test_a_gpu_node_is_a_one_host_slice_and_a_trial_reserves_whole_nodes():
+def test_a_gpu_node_is_a_one_host_slice_and_a_trial_reserves_whole_nodes(monkeypatch):
     c = FAKE_GPU
+    # the configured arithmetic, before any Ray is up (the session's Ray may be another test's cluster)
+    monkeypatch.setattr(clusters.ray, "is_initialized", lambda: False)
     assert (c.kind, c.platform, c.hosts, c.devices_per_host, c.slices, c.slices_per_trial) == (
         "fake_gpu",
         "cpu",

@@ -319,13 +319,14 @@ def log_profile(tracker: Any, key: str, p: ProfileRecord) -> None:
 def band_metrics(row: Any) -> dict[str, float]:
     """A plan row's band (where the fit's held-out errors put the real step and MFU) as metrics; none where the
     planner gave none."""
-    names = {
-        "predicted_step_time_low_s": row.predicted_step_low_s,
-        "predicted_step_time_high_s": row.predicted_step_high_s,
-        "predicted_mfu": row.predicted_mfu,
-        "predicted_mfu_low": row.predicted_mfu_low,
-        "predicted_mfu_high": row.predicted_mfu_high,
+    fields = {
+        "predicted_step_time_low_s": "predicted_step_low_s",
+        "predicted_step_time_high_s": "predicted_step_high_s",
+        "predicted_mfu": "predicted_mfu",
+        "predicted_mfu_low": "predicted_mfu_low",
+        "predicted_mfu_high": "predicted_mfu_high",
     }
+    names = {metric: getattr(row, field, None) for metric, field in fields.items()}
     return {k: float(v) for k, v in names.items() if v is not None}
 
 
