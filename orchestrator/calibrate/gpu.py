@@ -13,10 +13,9 @@ from collections.abc import Sequence
 
 from orchestrator.calibrate.fit import Knob, Measured
 from orchestrator.calibrate.published_gpu import ROWS, GpuPublished
-from orchestrator.calibrate.tpu import choice
+from orchestrator.calibrate.tpu import as_measured
 from orchestrator.plan import hardware
 from orchestrator.plan.hardware import ClusterModel
-from orchestrator.plan.steptime import step_time
 
 CHIPS = ("dgx_h100", "dgx_b200")
 COPY = {"dgx_h200": "dgx_h100"}  # a GPU without rows: whose constants it takes
@@ -39,24 +38,9 @@ TPU = "v5p_128"
 
 def measured(rows: Sequence[GpuPublished] = ROWS) -> list[Measured]:
     """Each published GPU row as a measured step."""
-    out = []
-    for r in rows:
-        spec = r.spec
-        t = step_time(spec, offload=r.offload)
-        out.append(
-            Measured(
-                label=r.label,
-                table=r.table,
-                chip=r.cluster,
-                spec=spec,
-                step_s=r.published_step(t.tflops_per_device, t.peak_tflops),
-                offload=r.offload,
-                point=f"{r.model} {r.length // 1024:,}K on {r.chips_devices} {r.cluster} GPUs",
-                choice=choice(r),
-                excluded=r.excluded,
-            )
-        )
-    return out
+    return [
+        as_measured(r, f"{r.model} {r.length // 1024:,}K on {r.chips_devices} {r.cluster} GPUs") for r in rows
+    ]
 
 
 def base() -> dict[str, ClusterModel]:

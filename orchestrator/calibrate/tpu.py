@@ -37,26 +37,31 @@ def choice(r: Published) -> str:
     return r.strategy
 
 
+def as_measured(r, point: str) -> Measured:
+    """One published row (a TPU's, or published_gpu's) as a measured step: an MFU becomes model FLOPs over
+    MFU x peak. `point`: the row in words."""
+    t = step_time(r.spec, offload=r.offload)
+    return Measured(
+        label=r.label,
+        table=r.table,
+        chip=r.cluster,
+        spec=r.spec,
+        step_s=r.published_step(t.tflops_per_device, t.peak_tflops),
+        offload=r.offload,
+        point=point,
+        choice=choice(r),
+        excluded=r.excluded,
+    )
+
+
 def measured(rows: Sequence[Published] = ROWS) -> list[Measured]:
-    """Each published row as a measured step (an MFU becomes model FLOPs over MFU x peak)."""
-    out = []
-    for r in rows:
-        spec = r.spec
-        t = step_time(spec, offload=r.offload)
-        out.append(
-            Measured(
-                label=r.label,
-                table=r.table,
-                chip=r.cluster,
-                spec=spec,
-                step_s=r.published_step(t.tflops_per_device, t.peak_tflops),
-                offload=r.offload,
-                point=f"{r.model} {r.length // 1024:,}K on {r.chips_devices} {r.cluster} devices, batch {r.batch}",
-                choice=choice(r),
-                excluded=r.excluded,
-            )
+    """Each published row as a measured step."""
+    return [
+        as_measured(
+            r, f"{r.model} {r.length // 1024:,}K on {r.chips_devices} {r.cluster} devices, batch {r.batch}"
         )
-    return out
+        for r in rows
+    ]
 
 
 def base() -> dict[str, ClusterModel]:
