@@ -42,7 +42,8 @@ def init_distributed(coordinator: str, num_processes: int, process_id: int) -> N
 def sync_hosts(name: str, timeout_s: int = 3600) -> None:
     """Wait until every process of the trial gets here (coordination service, no collective). XLA's CPU
     (gloo) collectives give a late peer only 30 s to join a new communicator, less than the compile skew
-    between hosts on a busy machine; so hosts meet here after compiling, before their first collective."""
+    between hosts on a busy machine; so hosts meet here after compiling and initializing, before their first
+    collective."""
     if jax.process_count() > 1:
         from jax._src import distributed
 
@@ -135,8 +136,8 @@ def _attempt(spec: TrialSpec, lead: bool) -> Iterator[Record]:
     compile_s = time.perf_counter() - t0
     peak, peak_source = peak_tflops(spec)
     mem = memory_record(compiled)
-    sync_hosts("compiled")
     ckpt, state, first, history, restore_s = _resume(spec, mesh, init_fn, batches)
+    sync_hosts("ready")  # after the init's compile too: the first step's collectives are the next thing
     steps = _Steps(spec, compiled, peak, lead, history)
     yield StartRecord(
         trial_id=spec.trial_id,
