@@ -64,6 +64,18 @@ def _spawn(cmd: list[str], env: dict[str, str], log: Path | None) -> subprocess.
 
 # --- GCS emulator -------------------------------------------------------------------------------------
 
+# gcp-storage-emulator serves one request at a time on http.server's listen backlog of 5; gcsfs sends a
+# directory's files concurrently, and the connections past the fifth were dropped and retried by TCP after
+# 1, 3, 7... s (a checkpoint round trip took minutes). A deeper backlog queues them instead.
+EMULATOR = """
+import sys
+from http import server
+server.HTTPServer.request_queue_size = 1024
+from gcp_storage_emulator.__main__ import main
+sys.argv[0] = "gcp-storage-emulator"
+sys.exit(main())
+"""
+
 
 def start_gcs_emulator(bucket: str | None = None, log: Path | None = None) -> tuple[str, Callable[[], None]]:
     """Start `gcp-storage-emulator` in memory on a free port; returns (host_url, stop).
@@ -73,7 +85,9 @@ def start_gcs_emulator(bucket: str | None = None, log: Path | None = None) -> tu
     """
     port = free_port()
     cmd = [
-        str(BIN / "gcp-storage-emulator"),
+        sys.executable,
+        "-c",
+        EMULATOR,
         "start",
         "--host",
         "127.0.0.1",
