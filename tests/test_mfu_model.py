@@ -75,7 +75,11 @@ def test_configs_hold_the_fit_and_its_bands(result):
     for chip, values in result.constants.items():
         have = hardware.load(chip)[1]
         for k, v in values.items():
-            assert getattr(have, k) == pytest.approx(v, rel=2e-3, abs=1e-9), (chip, k)
+            # a band is a quantile over a dozen held-out fits, each least-squares path differing in its last
+            # digits from one CPU's BLAS to another's: it moves by up to ~0.5 % between machines (0.8499 here,
+            # 0.8535 on another Xeon), the fitted constants by far less
+            rel = 1e-2 if "_band_" in k else 2e-3
+            assert getattr(have, k) == pytest.approx(v, rel=rel, abs=1e-9), (chip, k)
     (lo, hi) = result.bands["step"]
     assert lo < 1 < hi and hi - lo < 0.4  # compute-bound steps: a band of about +-15 %
 
