@@ -35,6 +35,11 @@ if "CP_AOT_CACHE" not in os.environ:
     os.environ["CP_AOT_CACHE"] = _aot
     atexit.register(shutil.rmtree, _aot, ignore_errors=True)
 
+# Ray starts its workers at nice 15: a trial's host processes would then get the CPU only when the test process
+# (nice 0), or the other xdist worker's test, leaves it, and a starved host misses gloo's 30 s rendezvous with
+# its peers. Every process of the suite competes at the same priority instead.
+os.environ.setdefault("RAY_worker_niceness", "0")
+
 # The planner measures a CPU host's matmul rate per run, and on a shared 2-core machine one probe swings ~10x;
 # tests pin it (the nominal 2-core figure) so a point's verdict does not depend on the neighbours' load.
 # tests/test_mfu_model.py runs the probe itself.
