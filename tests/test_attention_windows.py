@@ -118,14 +118,14 @@ def cp_fn(strategy, mesh_shape, layout, kw: dict, perm: np.ndarray, seg: np.ndar
     return f
 
 
-def check(strategy, P, layout, name, K=2, hlo=None):
+def check(strategy, P, layout, name, K=2, hlo=None, kernel="xla"):
     """One compile of forward + backward; every output and gradient within TOL of the reference."""
     kw = case(name, P)
     mesh_shape = MESHES[strategy][P] if strategy in MESHES else {}
     perm = order(layout, P, cp_rules.ring_size(strategy, mesh_shape) if mesh_shape else 1)
     seg = segments()
     q, k, v, ct, sinks = inputs(K)
-    f = cp_fn(strategy, mesh_shape, layout, kw, perm, seg)
+    f = cp_fn(strategy, mesh_shape, layout, kw, perm, seg, kernel)
     compiled = jax.jit(lambda *a: grads(f, *a[:4], a[4])).lower(q, k, v, sinks, ct).compile()
     got = compiled(q, k, v, sinks, ct)
     flags = dict(use_sinks=bool(kw.get("sinks")), packed=bool(kw.get("packed")))
@@ -187,6 +187,11 @@ def test_matches_reference(strategy, P, layout, name):
 def test_no_cp_and_reference_strategy(name):
     check("none", 4, "contiguous", name)
     check("reference", 4, "contiguous", name)
+
+
+def test_auto_kernel_runs_windows_with_xla():
+    """kernel=auto traces its TPU branch too: with a window that branch must be xla, not a refusing splash."""
+    check("ring", 2, "contiguous", "window+sinks", kernel="auto")
 
 
 def test_all_gather_fetches_only_the_halo():
@@ -260,3 +265,27 @@ def test_bad_mask_inputs_raise_value_error(kw, match):
     q, k, v, _, _ = inputs(2)
     with pytest.raises(ValueError, match=match):
         attention(q, k, v, strategy="ring", mesh=small_mesh({"context": 2}), **kw)
+
+
+def _no_fallback(*args, **kwargs):
+    raise AssertionError("splash fell back to the xla kernel: the test shapes do not exercise splash")
+
+
+@pytest.mark.slow
+def test_splash_runs_sinks(monkeypatch):
+    """Sinks need nothing from the kernel: splash (Pallas interpret mode) under ring, corrected once."""
+    from jobs.attention.kernels import splash as splash_kernel
+
+    monkeypatch.setattr(splash_kernel, "xla_fwd", _no_fallback)
+    monkeypatch.setattr(splash_kernel, "xla_bwd", _no_fallback)
+    n = 256
+    keys = jax.random.split(jax.random.PRNGKey(1), 5)
+    shapes = ((1, n, 2, 16), (1, n, 1, 16), (1, n, 1, 16), (1, n, 2, 16), (2,))
+    q, k, v, ct, sinks = (jax.random.normal(key, s, jnp.float32) for key, s in zip(keys, shapes, strict=True))
+    kw = dict(strategy="ring", mesh=small_mesh({"context": 2}), kernel="splash", block_q=128, block_kv=128)
+    got = jax.jit(lambda *a: grads(lambda q, k, v, s: attention(q, k, v, sinks=s, **kw), *a))(
+        q, k, v, sinks, ct
+    )
+    want = grads(lambda q, k, v, s: reference_attention(q, k, v, sinks=s), q, k, v, sinks, ct)
+    for name, g, w in zip(("out", "dq", "dk", "dv", "dsinks"), got, want, strict=True):
+        assert float(jnp.max(jnp.abs(g - w))) < TOL, name
