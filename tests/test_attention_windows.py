@@ -157,14 +157,9 @@ FAST = {
         (4, "balanced", "packed+chunk+sinks"),
     )
 } | {
-    # sinks without a window: the ring strategies' unmasked hops, corrected in their saved core
-    ("ring", 4, "contiguous", "sinks"),
-    ("usp", 4, "contiguous", "sinks"),
-    ("double_ring", 4, "contiguous", "sinks"),
+    ("ring", 4, "contiguous", "sinks"),  # sinks without a window: unmasked hops, corrected in the saved core
     ("ring", 4, "zigzag", "window=shard"),
     ("ring", 8, "contiguous", "packed+window"),
-    ("double_ring", 8, "zigzag", "packed+window"),
-    ("usp", 8, "zigzag", "chunk"),
 }
 MATRIX = [
     pytest.param(
