@@ -56,3 +56,29 @@ def empty_like(o_BxLxHxD: jax.Array, lse_BxLxH: jax.Array) -> tuple[jax.Array, j
     o = match_varying(jnp.zeros(o_BxLxHxD.shape, jnp.float32), o_BxLxHxD, lse_BxLxH)
     lse = match_varying(jnp.full(lse_BxLxH.shape, NEG_INF, jnp.float32), o_BxLxHxD, lse_BxLxH)
     return o, lse
+
+
+def add_sinks(o_BxLxHxD: jax.Array, lse_BxLxH: jax.Array, sinks_H: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The attention-sink correction of a merged (out, lse): one logit s per query head joins every row's
+    softmax denominator and brings no value (gpt-oss). o' = o * exp(lse) / (exp(lse) + exp(s)) =
+    o * sigmoid(lse - s), lse' = logaddexp(lse, s); a row that saw no key (lse = -inf) gets o' = 0, lse' = s.
+
+    Applied once per query, after every hop is merged (never per hop: each hop would add the sink again).
+    (o', lse') is exactly what attention over the keys plus one value-less key of logit s returns, so a
+    kernel's backward given them (p = exp(score - lse'), delta = sum(o' * do)) yields the right dq, dk, dv
+    unchanged; the sink's own gradient is `sinks_grad`.
+    """
+    s = sinks_H.astype(jnp.float32)
+    lse = lse_BxLxH.astype(jnp.float32)
+    o = o_BxLxHxD.astype(jnp.float32) * jax.nn.sigmoid(lse - s)[..., None]
+    return o, jnp.logaddexp(lse, s)
+
+
+def sinks_grad(
+    o_BxLxHxD: jax.Array, lse_BxLxH: jax.Array, do_BxLxHxD: jax.Array, sinks_H: jax.Array
+) -> jax.Array:
+    """d sinks [H] (fp32) from the sink-corrected (o', lse') and dout: the sink's probability is
+    exp(s - lse') and its value 0, so d s = -sum over rows of exp(s - lse') * sum_d(o' * do)."""
+    delta_BxLxH = jnp.sum(o_BxLxHxD.astype(jnp.float32) * do_BxLxHxD.astype(jnp.float32), axis=-1)
+    p_sink = jnp.exp(sinks_H.astype(jnp.float32) - lse_BxLxH.astype(jnp.float32))
+    return -jnp.sum(p_sink * delta_BxLxH, axis=(0, 1))

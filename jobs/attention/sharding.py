@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from jax.sharding import Mesh, PartitionSpec
 
+from jobs.attention.span import GLOBAL, Span
 from jobs.strategies.base import BATCH_AXES
 from jobs.strategies.rules import sequence_axes
 
@@ -19,6 +20,11 @@ def mesh_shape(mesh: Mesh | None) -> dict[str, int]:
 
 def axis_size(mesh: Mesh, axis: str) -> int:
     return int(mesh.shape[axis]) if axis in mesh.axis_names else 1
+
+
+def sinks_spec(mesh: Mesh) -> PartitionSpec:
+    """PartitionSpec of sinks [Hq]: heads over tensor, like q's heads (replicated over everything else)."""
+    return PartitionSpec(HEAD_AXIS if HEAD_AXIS in mesh.axis_names else None)
 
 
 def qkv_spec(mesh: Mesh, strategy: str) -> PartitionSpec:
@@ -39,3 +45,4 @@ class Options:
     kernel: str
     block_q: int
     block_kv: int
+    span: Span = GLOBAL  # sliding window or chunk (causal only)

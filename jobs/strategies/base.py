@@ -291,8 +291,9 @@ class Strategy:
     # -- data plane -----------------------------------------------------------------------------------
     def local_fn(self) -> Callable:
         """The JAX body: jobs/attention/<name>.py's <name>_local(mesh, L, Options) -> fn(q, k, v, pos=None,
-        seg=None), the per-device function run under one shard_map (pos, seg: packed documents' true positions and
-        segment ids [B, L_local]); imported only when asked for (this module never imports jax)."""
+        seg=None, sinks=None), the per-device function run under one shard_map (pos, seg: packed documents' true
+        positions and segment ids [B, L_local]; sinks: the local query heads' sink logits [H], applied once per
+        query); imported only when asked for (this module never imports jax)."""
         return getattr(importlib.import_module(f"jobs.attention.cp.{self.name}"), f"{self.name}_local")
 
 

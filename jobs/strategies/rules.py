@@ -157,6 +157,50 @@ def validate_tokens(
             raise ValueError(f"positions and segment_ids must be [B, L] = [{batch}, {length}], got {list(s)}")
 
 
+SPLASH_SPAN = (
+    "kernel=splash does not run a sliding window or chunk yet (a ring hop's mask depends on its traced offset; "
+    "splash's static LocalMask / ChunkedCausalMask would need one prebuilt kernel per offset); use kernel=xla "
+    "or kernel=auto (xla for windows and chunks)"
+)
+
+
+def _positive(name: str, value) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive int (tokens) or None, got {value!r}")
+
+
+def validate_masks(
+    *,
+    causal: bool,
+    kernel: str,
+    q_heads: int,
+    window: int | None = None,
+    chunk: int | None = None,
+    sinks_shape: tuple[int, ...] | None = None,
+) -> None:
+    """Raise ValueError (one line) if a sliding window, chunked attention or attention sinks cannot run as
+    given: window and chunk are positive ints, never both (no model we know stacks them on one layer; pass the
+    one the layer has), and only causal; sinks are one logit per query head [q_heads]; splash has no window."""
+    _positive("window", window)
+    _positive("chunk", chunk)
+    if window is not None and chunk is not None:
+        raise ValueError(
+            f"window={window} and chunk={chunk} are two different masks; pass one of them (a sliding-window "
+            "layer or a chunked one)"
+        )
+    if (window is not None or chunk is not None) and not causal:
+        what = f"window={window}" if window is not None else f"chunk={chunk}"
+        raise ValueError(f"{what} limits how far back a causal query sees; pass causal=True or drop it")
+    if sinks_shape is not None and tuple(sinks_shape) != (q_heads,):
+        raise ValueError(
+            f"sinks are one logit per query head: shape [q_heads] = [{q_heads}], got {list(sinks_shape)}"
+        )
+    if kernel == "splash" and (window is not None or chunk is not None):
+        raise ValueError(SPLASH_SPAN)
+
+
 def validate_dcn(strategy: str, *, mesh: Mapping[str, int], dcn: str, slices: int) -> None:
     """Raise ValueError (one line: the reason and the fix) if the mesh cannot span `slices` slices with the axis
     `dcn` laid across them (its outer factor indexes the slice). One slice: nothing crosses, nothing to check."""

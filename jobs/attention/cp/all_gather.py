@@ -1,59 +1,93 @@
-"""All-gather CP: gather K and V over the context axis, attend the local queries (full K/V per device)."""
+"""All-gather CP: gather K and V over the context axis, attend the local queries (full K/V per device).
+
+A sliding window or chunk with the contiguous layout gathers only the halo instead: the `lookback` keys just
+before the local shard (the tail of the preceding shard(s), ppermuted from up to ceil(lookback / L_local)
+neighbours), which is all a local query can see; K/V memory is then L/P + lookback, not L. Zigzag and balanced
+keep the full gather and mask: a zigzag shard is two chunks whose halos sit on two other devices (themselves
+split in chunks), and balanced positions are data, so the halo is not one static slice; the mask is still
+exact, only the memory and bytes are a full gather's.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from jobs import strategies
+from jobs.attention.core import match_varying
 from jobs.attention.kernels import attend
-from jobs.attention.kernels.hop import Order
+from jobs.attention.kernels.hop import MONOTONIC, Order
+from jobs.attention.kernels.xla import fit_block
 from jobs.attention.layout import global_positions
 from jobs.attention.sharding import Options, axis_size
+
+FAR = jnp.iinfo(jnp.int32).max // 2  # the position of a halo slot before token 0: in every query's future
+
+
+def halo_length(o: Options, P: int, Ll: int) -> int:
+    """Keys to fetch before the local shard (0: gather everything instead). Rounded up to the shard's kernel
+    block so the keys' length keeps a large block dividing it; a halo reaching P-1 shards is a full gather."""
+    back = o.span.lookback
+    if back is None or o.layout != "contiguous" or P == 1:
+        return 0
+    block = fit_block(Ll, o.block_kv)
+    h = -(-back // block) * block
+    return h if -(-h // Ll) < P - 1 else 0
+
+
+def fetch_halo(xs: tuple, axis: str, P: int, Ll: int, h: int) -> list:
+    """Each of xs [B, Ll, ...] with the h tokens before the shard prepended ([B, h + Ll, ...]); a device
+    with fewer than h tokens before it gets zeros there (mask them: halo_positions)."""
+    n = -(-h // Ll)
+    parts = []
+    for i in range(n, 0, -1):  # the farthest shard first; it sends only its tail
+        take = Ll if i < n else h - (n - 1) * Ll
+        perm = [(x, x + i) for x in range(P - i)]
+        parts.append([jax.lax.ppermute(x[:, Ll - take :], axis, perm) for x in xs])
+    return [jnp.concatenate([p[j] for p in parts] + [x], axis=1) for j, x in enumerate(xs)]
+
+
+def halo_positions(kpos: jax.Array, axis: str, Ll: int, h: int) -> jax.Array:
+    """kpos [..., h + Ll] with the slots before token 0 moved to FAR, where causal masking hides them."""
+    start = jax.lax.axis_index(axis) * Ll - h  # true position of the first halo slot (contiguous layout)
+    return jnp.where(start + jnp.arange(h + Ll, dtype=jnp.int32) >= 0, kpos, FAR)
 
 
 def all_gather_local(mesh: Mesh, L: int, o: Options) -> Callable:
     """Per-device body over A[B, L_context, H, D] (natural or zigzag order); mask from true positions."""
     (axis,) = strategies.get("all_gather").axes
     P = axis_size(mesh, axis)
+    Ll = L // P
+    h = halo_length(o, P, Ll)
+    run = lambda q, k, v, qpos, kpos, order, segs, sinks: attend(
+        q, k, v, qpos, kpos, o.causal, o.kernel, o.block_q, o.block_kv, order, segs, o.span, sinks
+    )
 
-    def packed(q_BxLlxHxD, k_BxLlxKxD, v_BxLlxKxD, pos_BxLl, seg_BxLl):
-        """Packed documents: gather the keys' positions and segment ids with them."""
-        gather = lambda x: jax.lax.all_gather(x, axis, axis=1, tiled=True) if P > 1 else x
-        k_BxLxKxD, v_BxLxKxD, kpos_BxL, kseg_BxL = (
-            gather(x) for x in (k_BxLlxKxD, v_BxLlxKxD, pos_BxLl, seg_BxLl)
-        )
-        return attend(
-            q_BxLlxHxD,
-            k_BxLxKxD,
-            v_BxLxKxD,
-            pos_BxLl,
-            kpos_BxL,
-            o.causal,
-            o.kernel,
-            o.block_q,
-            o.block_kv,
-            Order(o.layout, P),
-            (seg_BxLl, kseg_BxL),
-        )
-
-    def local(q_BxLlxHxD, k_BxLlxKxD, v_BxLlxKxD, pos_BxLl=None, seg_BxLl=None):
-        if seg_BxLl is not None:
-            return packed(q_BxLlxHxD, k_BxLlxKxD, v_BxLlxKxD, pos_BxLl, seg_BxLl)
+    def local(q_BxLlxHxD, k_BxLlxKxD, v_BxLlxKxD, pos_BxLl=None, seg_BxLl=None, sinks=None):
+        sinks = None if sinks is None else match_varying(sinks, q_BxLlxHxD)
+        packed = seg_BxLl is not None
         pos_L = global_positions(L, o.layout, P)
-        order = Order(o.layout, P)  # keys: the whole sequence in layout order (static-mask kernels need it)
-        run = lambda q, k, v, qpos: attend(
-            q, k, v, qpos, pos_L, o.causal, o.kernel, o.block_q, o.block_kv, order
-        )
         if P == 1:
-            return run(q_BxLlxHxD, k_BxLlxKxD, v_BxLlxKxD, pos_L)
-        Ll = L // P
-        qpos_Ll = jax.lax.dynamic_slice_in_dim(pos_L, jax.lax.axis_index(axis) * Ll, Ll)
-        # Autodiff turns these gathers into reduce-scatters of dK/dV in the backward pass.
-        k_BxLxKxD = jax.lax.all_gather(k_BxLlxKxD, axis, axis=1, tiled=True)
-        v_BxLxKxD = jax.lax.all_gather(v_BxLlxKxD, axis, axis=1, tiled=True)
-        return run(q_BxLlxHxD, k_BxLxKxD, v_BxLxKxD, qpos_Ll)
+            segs = (seg_BxLl, seg_BxLl) if packed else None
+            pos = pos_BxLl if packed else pos_L
+            return run(q_BxLlxHxD, k_BxLlxKxD, v_BxLlxKxD, pos, pos, Order(o.layout, P), segs, sinks)
+        qpos = pos_BxLl if packed else jax.lax.dynamic_slice_in_dim(pos_L, jax.lax.axis_index(axis) * Ll, Ll)
+        xs = (k_BxLlxKxD, v_BxLlxKxD, *((pos_BxLl, seg_BxLl) if packed else ()))
+        if h:
+            k, v, *toks = fetch_halo(xs, axis, P, Ll, h)
+            kpos = halo_positions(toks[0] if packed else (qpos[0] - h + jnp.arange(h + Ll)), axis, Ll, h)
+            order = MONOTONIC  # keys: one run of positions, not the whole sequence
+        else:
+            # Autodiff turns these gathers into reduce-scatters of dK/dV in the backward pass.
+            k, v, *toks = (jax.lax.all_gather(x, axis, axis=1, tiled=True) for x in xs)
+            kpos = toks[0] if packed else pos_L
+            order = Order(
+                o.layout, P
+            )  # keys: the whole sequence in layout order (static-mask kernels need it)
+        segs = (seg_BxLl, toks[1]) if packed else None
+        return run(q_BxLlxHxD, k, v, qpos, kpos, order, segs, sinks)
 
     return local

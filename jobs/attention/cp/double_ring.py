@@ -12,7 +12,8 @@ unchanged with flat source positions; only s = t = 0 (our own block) needs the c
 discipline as ring: hop loops are ring.loop while loops, the custom VJP saves only (q, k, v, out, lse), and
 dK/dV travel with their block (N inner shifts per round bring it back to the round's start, then one outer
 shift), so after G rounds every block's gradient is home. Packed documents: the block's Tokens travel with
-it (every shift moves (K, V, Tokens)), and hops no local query can see skip their kernel, as in ring.
+it (every shift moves (K, V, Tokens)), and hops no local query can see skip their kernel, as in ring; so do
+the chunk pairs a sliding window or chunk cannot reach, and sinks correct the merged result once, as in ring.
 """
 
 from __future__ import annotations
@@ -145,5 +146,5 @@ def double_ring_local(mesh: Mesh, L: int, o: Options) -> Callable:
     """Per-device body over A[B, L_(context,context_ulysses), H, D] in `layout` order over P = G*N positions."""
     del L  # each hop's positions come from the local block and the flat ring position
     G, N = axis_size(mesh, OUTER_AXIS), axis_size(mesh, INNER_AXIS)
-    ring = RingConfig(INNER_AXIS, G * N, o.causal, o.layout, o.kernel, o.block_q, o.block_kv)
+    ring = RingConfig(INNER_AXIS, G * N, o.causal, o.layout, o.kernel, o.block_q, o.block_kv, o.span)
     return with_tokens(double_ring_core, DoubleRingConfig(ring, G, N))

@@ -4,6 +4,8 @@ query sees any of its keys, otherwise the kernel masks by segment ids and true p
 Shared by ring, usp and double_ring (through ring.hop_fwd / hop_bwd). Layout structure still saves work
 when a hop runs: contiguous, a visible block from another device is entirely in the past (unmasked but for
 segments); zigzag keeps ring's early / late halves; balanced (arbitrary positions) masks by positions.
+A sliding window or chunk adds its test to the skip (by the hulls of the two blocks' positions) and its mask
+to every hop that runs, which then runs whole (causal and span masked; the kernel skips inner blocks).
 """
 
 from __future__ import annotations
@@ -26,17 +28,22 @@ def _order(cfg) -> Order:
 
 def _causal(cfg, own: bool) -> bool:
     """Whether this hop's kernel needs the causal mask (see the module docstring)."""
-    return cfg.causal and (own or cfg.layout == "balanced")
+    return cfg.causal and (own or cfg.layout == "balanced" or cfg.span.limited)
 
 
 def _halves(cfg, own: bool) -> bool:
-    return cfg.causal and not own and cfg.layout == "zigzag"
+    return cfg.causal and not own and cfg.layout == "zigzag" and not cfg.span.limited
+
+
+def _sees(cfg, qt: Tokens, kt: Tokens) -> jax.Array:
+    see = block_sees(qt, kt, cfg.causal)
+    return see & cfg.span.hull_sees(qt.pos, kt.pos) if cfg.span.limited else see
 
 
 def hop_fwd(cfg, j, r, q, k, v, qt: Tokens, kt: Tokens, *, own: bool):
     """(out fp32, lse fp32) of the local queries (Tokens qt) against the K/V block of ring position j (kt)."""
     kern = get_kernel(cfg.kernel)
-    kw = dict(block_q=cfg.block_q, block_kv=cfg.block_kv, order=_order(cfg))
+    kw = dict(block_q=cfg.block_q, block_kv=cfg.block_kv, order=_order(cfg), span=cfg.span)
     refs = (q, k, v, qt.pos, kt.pos)
 
     def fwd(qs, ks, causal):
@@ -65,13 +72,13 @@ def hop_fwd(cfg, j, r, q, k, v, qt: Tokens, kt: Tokens, *, own: bool):
 
     if own:  # a token always sees itself
         return run()
-    return jax.lax.cond(block_sees(qt, kt, cfg.causal), run, lambda: empty(q.shape[1]))
+    return jax.lax.cond(_sees(cfg, qt, kt), run, lambda: empty(q.shape[1]))
 
 
 def hop_bwd(cfg, j, r, q, k, v, o, lse, do, qt: Tokens, kt: Tokens, *, own: bool):
     """(dq, dk, dv) fp32 of one hop (as hop_fwd), recomputed from the saved global out and lse."""
     kern = get_kernel(cfg.kernel)
-    kw = dict(block_q=cfg.block_q, block_kv=cfg.block_kv, order=_order(cfg))
+    kw = dict(block_q=cfg.block_q, block_kv=cfg.block_kv, order=_order(cfg), span=cfg.span)
     refs = (q, k, v, o, lse, do, qt.pos, kt.pos)
 
     def bwd(qs, ks, causal):
@@ -100,4 +107,4 @@ def hop_bwd(cfg, j, r, q, k, v, o, lse, do, qt: Tokens, kt: Tokens, *, own: bool
 
     if own:
         return run()
-    return jax.lax.cond(block_sees(qt, kt, cfg.causal), run, lambda: (zeros(q), zeros(k), zeros(v)))
+    return jax.lax.cond(_sees(cfg, qt, kt), run, lambda: (zeros(q), zeros(k), zeros(v)))

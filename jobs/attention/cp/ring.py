@@ -5,7 +5,11 @@ uses all queries against the first KV chunk, a hop from j>r only the second quer
 masks are needed and every device does the same work. The backward is a custom VJP that saves only
 (q, k, v, out, lse) and rotates K/V again with dK/dV travelling along, then one last hop home: O(L/P) memory.
 Packed documents: each K/V block travels with its Tokens (segment ids, true positions and their summary), and
-a hop whose block no local query can see skips its kernel (jobs.attention.cp.packed_hop).
+a hop whose block no local query can see skips its kernel (jobs.attention.cp.packed_hop). A sliding window or
+chunk: each (query chunk, key chunk) pair of a hop that the span cannot reach skips its kernel
+(jobs.attention.cp.span_hop). Attention sinks: one correction of the merged (out, lse) inside the saved core,
+after the last hop and before the VJP saves them (jobs.attention.core.add_sinks): the saved pair is then the
+sink-corrected one, which makes every hop's recomputed backward right as it is; d sinks comes from it too.
 """
 
 from __future__ import annotations
@@ -19,11 +23,12 @@ import jax.numpy as jnp
 from jax.sharding import Mesh
 
 from jobs import strategies
-from jobs.attention.core import empty_like, match_varying, merge
-from jobs.attention.cp import packed_hop
+from jobs.attention.core import add_sinks, empty_like, match_varying, merge, sinks_grad
+from jobs.attention.cp import packed_hop, span_hop
 from jobs.attention.kernels import get_kernel
 from jobs.attention.layout import block_positions
 from jobs.attention.sharding import Options, axis_size
+from jobs.attention.span import GLOBAL, Span
 from jobs.attention.tokens import Tokens, tokens
 
 
@@ -36,6 +41,7 @@ class RingConfig:
     kernel: str
     block_q: int
     block_kv: int
+    span: Span = GLOBAL
 
 
 def _shift(cfg: RingConfig, tree):
@@ -65,6 +71,8 @@ def hop_fwd(cfg: RingConfig, j, r, q, blk, pos, *, own: bool = False, qt: Tokens
         k, v, kt = blk
         return packed_hop.hop_fwd(cfg, j, r, q, k, v, qt, kt, own=own)
     k, v = blk
+    if cfg.span.limited:
+        return span_hop.hop_fwd(cfg, j, q, k, v, pos)
     kern = get_kernel(cfg.kernel)
     fwd = partial(kern.fwd, block_q=cfg.block_q, block_kv=cfg.block_kv)
     if own:
@@ -108,6 +116,8 @@ def hop_bwd(cfg: RingConfig, j, r, q, blk, o, lse, do, pos, *, own: bool = False
         k, v, kt = blk
         return packed_hop.hop_bwd(cfg, j, r, q, k, v, o, lse, do, qt, kt, own=own)
     k, v = blk
+    if cfg.span.limited:
+        return span_hop.hop_bwd(cfg, j, q, k, v, o, lse, do, pos)
     kern = get_kernel(cfg.kernel)
     bwd = partial(kern.bwd, block_q=cfg.block_q, block_kv=cfg.block_kv)
     if own:
@@ -183,20 +193,33 @@ def _ring_fwd(cfg: RingConfig, q, k, v, tok: Tokens | None):
 
 
 def saved_core(fwd: Callable, bwd: Callable, doc: str) -> Callable:
-    """core(cfg, q, k, v, tok) -> out with a custom VJP that saves only (q, k, v, out, lse, tok): O(L/P) whatever
-    the hop order. tok: the local block's Tokens (packed documents) or None. fwd(cfg, q, k, v, tok) -> (out fp32,
-    lse); bwd(cfg, (q, k, v, out, lse, tok), dout) -> (dq, dk, dv, None)."""
+    """core(cfg, q, k, v, tok, sinks) -> out with a custom VJP that saves only (q, k, v, out, lse, tok, sinks):
+    O(L/P) whatever the hop order. tok: the local block's Tokens (packed documents) or None. sinks: [H] fp32
+    (the local query heads') or None, applied once to the merged (out, lse) before they are saved.
+    fwd(cfg, q, k, v, tok) -> (out fp32, lse); bwd(cfg, (q, k, v, out, lse, tok), dout) -> (dq, dk, dv, None)."""
 
     @partial(jax.custom_vjp, nondiff_argnums=(0,))
-    def core(cfg, q_BxLlxHxD: jax.Array, k_BxLlxKxD: jax.Array, v_BxLlxKxD: jax.Array, tok) -> jax.Array:
-        return fwd(cfg, q_BxLlxHxD, k_BxLlxKxD, v_BxLlxKxD, tok)[0].astype(q_BxLlxHxD.dtype)
+    def core(
+        cfg, q_BxLlxHxD: jax.Array, k_BxLlxKxD: jax.Array, v_BxLlxKxD: jax.Array, tok, sinks
+    ) -> jax.Array:
+        return core_fwd(cfg, q_BxLlxHxD, k_BxLlxKxD, v_BxLlxKxD, tok, sinks)[0]
 
-    def core_fwd(cfg, q, k, v, tok):
+    def core_fwd(cfg, q, k, v, tok, sinks):
         o, lse = fwd(cfg, q, k, v, tok)
+        if sinks is not None:
+            o, lse = add_sinks(o, lse, sinks)
         o = o.astype(q.dtype)
-        return o, (q, k, v, o, lse, tok)
+        return o, (q, k, v, o, lse, tok, sinks)
 
-    core.defvjp(core_fwd, bwd)
+    def core_bwd(cfg, res, do):
+        *res, sinks = res
+        grads = bwd(cfg, tuple(res), do)
+        if sinks is None:
+            return (*grads, None)
+        dsinks = match_varying(sinks_grad(res[3], res[4], do, sinks), sinks).astype(sinks.dtype)
+        return (*grads, dsinks)
+
+    core.defvjp(core_fwd, core_bwd)
     core.__doc__ = doc
     return core
 
@@ -235,8 +258,14 @@ ring_core = saved_core(
 
 
 def with_tokens(core: Callable, cfg) -> Callable:
-    """fn(q, k, v, pos=None, seg=None): core with the local block's Tokens when segment ids are given."""
-    return lambda q, k, v, pos=None, seg=None: core(cfg, q, k, v, None if seg is None else tokens(pos, seg))
+    """fn(q, k, v, pos=None, seg=None, sinks=None): core with the local block's Tokens when segment ids are
+    given (sinks: the local query heads' [H], made to vary like q so that d sinks may)."""
+
+    def fn(q, k, v, pos=None, seg=None, sinks=None):
+        tok = None if seg is None else tokens(pos, seg)
+        return core(cfg, q, k, v, tok, None if sinks is None else match_varying(sinks, q))
+
+    return fn
 
 
 def ring_local(mesh: Mesh, L: int, o: Options) -> Callable:
@@ -244,5 +273,5 @@ def ring_local(mesh: Mesh, L: int, o: Options) -> Callable:
     documents add pos, seg [B, L_context] (true positions and segment ids in the same order)."""
     del L  # each hop's positions come from the local block and the ring index
     (axis,) = strategies.get("ring").axes
-    cfg = RingConfig(axis, axis_size(mesh, axis), o.causal, o.layout, o.kernel, o.block_q, o.block_kv)
+    cfg = RingConfig(axis, axis_size(mesh, axis), o.causal, o.layout, o.kernel, o.block_q, o.block_kv, o.span)
     return with_tokens(ring_core, cfg)

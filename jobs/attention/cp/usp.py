@@ -19,8 +19,9 @@ def usp_local(mesh: Mesh, L: int, o: Options) -> Callable:
     a2a = s.ulysses_axis
     ring_axis = next(a for a in s.axes if a != a2a)
     R, U = axis_size(mesh, ring_axis), axis_size(mesh, a2a)
-    cfg = RingConfig(ring_axis, R, o.causal, o.layout, o.kernel, o.block_q, o.block_kv)
+    cfg = RingConfig(ring_axis, R, o.causal, o.layout, o.kernel, o.block_q, o.block_kv, o.span)
     inner = with_tokens(ring_core, cfg)  # packed documents: the ring block's pos, seg gathered over a2a
-    return lambda q, k, v, pos=None, seg=None: ulysses_exchange(
-        q, k, v, axis=a2a, size=U, inner=inner, pos_BxLl=pos, seg_BxLl=seg
+    # sinks: the all-to-all slices them to the heads each device holds; the ring corrects its merged result
+    return lambda q, k, v, pos=None, seg=None, sinks=None: ulysses_exchange(
+        q, k, v, axis=a2a, size=U, inner=inner, pos_BxLl=pos, seg_BxLl=seg, sinks_H=sinks
     )

@@ -6,7 +6,11 @@ gets `q_seg`/`kv_seg` [B, L] segment ids, and then per-row positions [B, L], onl
 segment ids (without them the positions are one [L] vector, today's path). "xla" runs everywhere;
 hardware kernels (TPU splash, GPU flash) plug in here without touching the strategies. Kernels with static
 masks also get `order` (jobs.attention.kernels.hop.Order), which says how the key positions are laid out.
-"auto" (the default) is splash on TPU, flash on GPU, xla elsewhere.
+"auto" (the default) is splash on TPU, flash on GPU, xla elsewhere. A sliding window or chunk (`span`) is
+a position mask: xla runs it; splash refuses it (cp_rules.validate_masks, before any trace), flash falls back
+to xla, and auto picks xla for it. Attention sinks need nothing from a kernel: `attend` (and the ring's
+saved core) correct the final (out, lse) once (jobs.attention.core.add_sinks), and any kernel's backward
+given the corrected pair is right.
 """
 
 from __future__ import annotations
@@ -17,10 +21,12 @@ from typing import Protocol
 
 import jax
 
+from jobs.attention.core import add_sinks, match_varying, sinks_grad
 from jobs.attention.kernels.flash import flash_bwd, flash_fwd
 from jobs.attention.kernels.hop import MONOTONIC, Order
 from jobs.attention.kernels.splash import splash_bwd, splash_fwd
 from jobs.attention.kernels.xla import xla_bwd, xla_fwd
+from jobs.attention.span import GLOBAL, Span
 from jobs.spec import KERNEL_PLATFORM
 from jobs.spec import KERNELS as NAMES
 
@@ -43,6 +49,7 @@ class FwdFn(Protocol):
         order: Order = MONOTONIC,
         q_seg=None,
         kv_seg=None,
+        span: Span = GLOBAL,
     ): ...
 
 
@@ -64,6 +71,7 @@ class BwdFn(Protocol):
         order: Order = MONOTONIC,
         q_seg=None,
         kv_seg=None,
+        span: Span = GLOBAL,
     ): ...
 
 
@@ -91,7 +99,8 @@ def _auto(phase: str):
     def call(*args, q_seg=None, kv_seg=None, **kw):
         other = AUTO["gpu"] if jax.default_backend() == "gpu" else "xla"
         tpu, rest = getattr(KERNELS[AUTO["tpu"]], phase), getattr(KERNELS[other], phase)
-        if kw.get("order", MONOTONIC).layout == "balanced":  # splash masks are static: xla everywhere
+        # splash masks are static (balanced positions are data) and splash here has no window: xla everywhere
+        if kw.get("order", MONOTONIC).layout == "balanced" or kw.get("span", GLOBAL).limited:
             tpu = rest = getattr(KERNELS["xla"], phase)
         segs = (q_seg, kv_seg)
         n = len(args)
@@ -128,7 +137,7 @@ def _segs(segs: tuple | None) -> dict:
     return {} if segs is None else {"q_seg": segs[0], "kv_seg": segs[1]}
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8, 9))
+@partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8, 9, 11))
 def attend(
     q: Arr,
     k: Arr,
@@ -141,29 +150,50 @@ def attend(
     block_kv: int,
     order: Order = MONOTONIC,
     segs: tuple[Arr, Arr] | None = None,
+    span: Span = GLOBAL,
+    sinks: Arr | None = None,
 ) -> Arr:
     """Attention of local queries q [B, Lq, H, D] over keys k, v [B, Lk, K, D] at positions q_pos [Lq], kv_pos [Lk];
     out like q. Backward recomputes (saves q, k, v, out, lse). Packed documents: segs = (q_seg [B, Lq],
-    kv_seg [B, Lk]) and then q_pos [B, Lq], kv_pos [B, Lk]."""
-    kw = dict(causal=causal, block_q=block_q, block_kv=block_kv, order=order, **_segs(segs))
-    o, _ = get_kernel(kernel).fwd(q, k, v, q_pos, kv_pos, **kw)
-    return o.astype(q.dtype)
+    kv_seg [B, Lk]) and then q_pos [B, Lq], kv_pos [B, Lk]. span: sliding window or chunk (causal only).
+    sinks [H] fp32: one sink logit per query head, applied once to this call's (out, lse), which must then
+    hold every key the queries see (all_gather, ulysses and none call attend once per query)."""
+    return _attend_fwd(q, k, v, q_pos, kv_pos, causal, kernel, block_q, block_kv, order, segs, span, sinks)[0]
 
 
-def _attend_fwd(q, k, v, q_pos, kv_pos, causal, kernel, block_q, block_kv, order=MONOTONIC, segs=None):
+def _attend_fwd(
+    q,
+    k,
+    v,
+    q_pos,
+    kv_pos,
+    causal,
+    kernel,
+    block_q,
+    block_kv,
+    order=MONOTONIC,
+    segs=None,
+    span=GLOBAL,
+    sinks=None,
+):
     kern = get_kernel(kernel)
-    kw = dict(causal=causal, block_q=block_q, block_kv=block_kv, order=order, **_segs(segs))
+    kw = dict(causal=causal, block_q=block_q, block_kv=block_kv, order=order, span=span, **_segs(segs))
     o, lse = kern.fwd(q, k, v, q_pos, kv_pos, **kw)
+    if sinks is not None:
+        o, lse = add_sinks(o, lse, sinks)
     o = o.astype(q.dtype)
-    return o, (q, k, v, o, lse, q_pos, kv_pos, segs)
+    return o, (q, k, v, o, lse, q_pos, kv_pos, segs, sinks)
 
 
-def _attend_bwd(causal, kernel, block_q, block_kv, order, res, do):
-    q, k, v, o, lse, q_pos, kv_pos, segs = res
-    kw = dict(causal=causal, block_q=block_q, block_kv=block_kv, order=order, **_segs(segs))
+def _attend_bwd(causal, kernel, block_q, block_kv, order, span, res, do):
+    q, k, v, o, lse, q_pos, kv_pos, segs, sinks = res
+    kw = dict(causal=causal, block_q=block_q, block_kv=block_kv, order=order, span=span, **_segs(segs))
     dq, dk, dv = get_kernel(kernel).bwd(q, k, v, o, lse, do, q_pos, kv_pos, **kw)
     nothing = None if segs is None else (None, None)
-    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, nothing
+    dsinks = (
+        None if sinks is None else match_varying(sinks_grad(o, lse, do, sinks), sinks).astype(sinks.dtype)
+    )
+    return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None, None, nothing, dsinks
 
 
 attend.defvjp(_attend_fwd, _attend_bwd)

@@ -12,7 +12,8 @@ kv_offsets, page_table_k, page_table_v, stats, out, dout), so a hop's backward g
 cuDNN has no fp32 flash path and no offset-causal mask: fp32 inputs and a device's query block against the
 whole sequence (all_gather) run the xla kernel, which is exact for any positions. So do packed documents
 (segment ids): cuDNN's ragged q_seqlen/offsets path is not wired here yet. So does any shape cuDNN's own check
-refuses (head_dim over 256 on Hopper, 128 before it; no cuDNN found). Every such fallback is decided while
+refuses (head_dim over 256 on Hopper, 128 before it; no cuDNN found), and so do sliding windows and chunks
+(cuDNN's sliding_window_length is by index, not by the true positions a ring hop or a zigzag block has). Every such fallback is decided while
 tracing, logged once per reason, and kept in FALLBACKS, which the trial's start record reports.
 """
 
@@ -25,6 +26,7 @@ import jax.numpy as jnp
 
 from jobs.attention.kernels.hop import MONOTONIC, Order
 from jobs.attention.kernels.xla import xla_bwd, xla_fwd
+from jobs.attention.span import GLOBAL, Span
 from jobs.strategies import rules as cp_rules
 
 try:  # a private module: absent or moved means "no flash kernel", never an import error for the project
@@ -39,10 +41,14 @@ log = logging.getLogger(__name__)
 FALLBACKS: dict[str, None] = {}
 
 
-def refusal(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool, segmented: bool = False) -> str:
+def refusal(
+    q: jax.Array, k: jax.Array, v: jax.Array, causal: bool, segmented: bool = False, limited: bool = False
+) -> str:
     """Why cuDNN flash cannot run this call ("" when it can); fwd and bwd ask alike, so they always agree."""
     if _fa is None:
         return "jax's cuDNN attention module is missing"
+    if limited:
+        return "a sliding window or chunk (masked by true positions, which cuDNN's index masks are not)"
     if q.dtype not in (jnp.bfloat16, jnp.float16):
         return f"{q.dtype} inputs (cuDNN flash is bf16/fp16 only)"
     if causal and q.shape[1] != k.shape[1]:
@@ -57,8 +63,8 @@ def refusal(q: jax.Array, k: jax.Array, v: jax.Array, causal: bool, segmented: b
     return ""
 
 
-def _falls_back(q, k, v, causal: bool, q_seg) -> bool:
-    why = refusal(q, k, v, causal, q_seg is not None)
+def _falls_back(q, k, v, causal: bool, q_seg, span: Span) -> bool:
+    why = refusal(q, k, v, causal, q_seg is not None, span.limited)
     if why and why not in FALLBACKS:
         FALLBACKS[why] = None
         log.warning("flash attention kernel: %s; running the xla kernel", why)
@@ -94,11 +100,13 @@ def flash_fwd(
     order: Order = MONOTONIC,
     q_seg=None,
     kv_seg=None,
+    span: Span = GLOBAL,
 ):
     """(out fp32 [B, Lq, H, D], lse fp32 [B, Lq, H])."""
-    if _falls_back(q, k, v, causal, q_seg):
+    if _falls_back(q, k, v, causal, q_seg, span):
         segs = {} if q_seg is None else {"q_seg": q_seg, "kv_seg": kv_seg}
-        return xla_fwd(q, k, v, q_pos, kv_pos, causal=causal, block_q=block_q, block_kv=block_kv, **segs)
+        kw = dict(causal=causal, block_q=block_q, block_kv=block_kv, span=span, **segs)
+        return xla_fwd(q, k, v, q_pos, kv_pos, **kw)
     perm, inv = _perm(k, causal, order)
     q, k, v = (_take(x, inv) for x in (q, k, v))
     out, stats_BxHxL = _fa.dot_product_attention(
@@ -124,11 +132,12 @@ def flash_bwd(
     order: Order = MONOTONIC,
     q_seg=None,
     kv_seg=None,
+    span: Span = GLOBAL,
 ):
     """dq, dk, dv (fp32) from the given (global) out and lse."""
-    if _falls_back(q, k, v, causal, q_seg):
+    if _falls_back(q, k, v, causal, q_seg, span):
         segs = {} if q_seg is None else {"q_seg": q_seg, "kv_seg": kv_seg}
-        kw = dict(causal=causal, block_q=block_q, block_kv=block_kv, **segs)
+        kw = dict(causal=causal, block_q=block_q, block_kv=block_kv, span=span, **segs)
         return xla_bwd(q, k, v, o, lse, do, q_pos, kv_pos, **kw)
     perm, inv = _perm(k, causal, order)
     q, k, v, do = (_take(x, inv) for x in (q, k, v, do.astype(q.dtype)))

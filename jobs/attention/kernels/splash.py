@@ -12,6 +12,10 @@ calls whose block map stays over MAX_MASK_BLOCKS even with 2048-key blocks (spla
 building it cheap: ~4 s for 802,816 blocks). Packed documents go through splash's own SegmentIds (reordered
 and split with the tokens); the "balanced" layout has data-dependent positions no static mask can express,
 so kernel=splash refuses it with a ValueError (kernel=auto runs xla there, see jobs.attention.kernels).
+Sliding windows and chunks are refused the same way (cp_rules.validate_masks says so before any trace):
+splash has the masks (LocalMask, ChunkedCausalMask), but a ring hop's or a device block's mask depends on
+the traced hop offset, so each needs a lax.switch over prebuilt kernels per offset the span reaches; not
+wired yet. Sinks need nothing here (the caller corrects the merged (out, lse), jobs.attention.core).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import numpy as np
 from jobs.attention.kernels import splash_private
 from jobs.attention.kernels.hop import MONOTONIC, Order
 from jobs.attention.kernels.xla import xla_bwd, xla_fwd
+from jobs.attention.span import GLOBAL, Span
 from jobs.strategies import rules as cp_rules
 
 log = logging.getLogger(__name__)
@@ -128,12 +133,14 @@ def _bwd_body(kern, q, k, v, o, lse, do, segs):
     return tuple(_heads(g).astype(jnp.float32) for g in (dq, dk, dv))
 
 
-def _refuse_balanced(order: Order) -> None:
+def _refuse(order: Order, span: Span) -> None:
     if order.layout == "balanced":
         raise ValueError(
             "kernel=splash cannot run layout=balanced (its masks are static, balanced positions are data); "
             "use kernel=xla or kernel=auto (xla for balanced)"
         )
+    if span.limited:
+        raise ValueError(cp_rules.SPLASH_SPAN)
 
 
 def _piece_segs(plan: _Plan, i: int, q_seg, kv_seg):
@@ -178,9 +185,10 @@ def splash_fwd(
     order: Order = MONOTONIC,
     q_seg=None,
     kv_seg=None,
+    span: Span = GLOBAL,
 ):
     """(out fp32 [B, Lq, H, D], lse fp32 [B, Lq, H]); positions only pick the mask (see module doc)."""
-    _refuse_balanced(order)
+    _refuse(order, span)
     plan = _plan(q.shape[1], k.shape[1], causal, order, block_q, block_kv)
     if plan is None:
         segs = {} if q_seg is None else {"q_seg": q_seg, "kv_seg": kv_seg}
@@ -218,9 +226,10 @@ def splash_bwd(
     order: Order = MONOTONIC,
     q_seg=None,
     kv_seg=None,
+    span: Span = GLOBAL,
 ):
     """dq, dk, dv (fp32) from the given (global) out and lse, piece by piece like the forward."""
-    _refuse_balanced(order)
+    _refuse(order, span)
     plan = _plan(q.shape[1], k.shape[1], causal, order, block_q, block_kv)
     if plan is None:
         segs = {} if q_seg is None else {"q_seg": q_seg, "kv_seg": kv_seg}

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 
 from jobs.attention.core import NEG_INF, match_varying, safe_max
 from jobs.attention.kernels.xla_mask import PositionMask, segment_mask
+from jobs.attention.span import GLOBAL, Span
 
 
 def fit_block(length: int, block: int) -> int:
@@ -58,7 +59,7 @@ def _kv_unblocks(x_NxBxKxbxD: jax.Array) -> jax.Array:
     return jnp.transpose(x_NxBxKxbxD, (1, 0, 3, 2, 4)).reshape(B, n * b, K, D)
 
 
-def _setup(q, k, qpos, kpos, block_q, block_kv, causal, q_seg=None, kv_seg=None):
+def _setup(q, k, qpos, kpos, block_q, block_kv, causal, q_seg=None, kv_seg=None, span: Span = GLOBAL):
     B, Lq, H, D = q.shape
     Lk, K = k.shape[1], k.shape[2]
     bq, bk = fit_block(Lq, block_q), fit_block(Lk, block_kv)
@@ -71,10 +72,10 @@ def _setup(q, k, qpos, kpos, block_q, block_kv, causal, q_seg=None, kv_seg=None)
     # per block, inside the loops.
     if q_seg is not None:  # packed documents: positions and segment ids per batch row
         qpos, kpos, q_seg, kv_seg, _ = jax.lax.optimization_barrier((qpos, kpos, q_seg, kv_seg, q))
-        return B, H, K, D, nq, nk, bk, segment_mask(causal, qpos, q_seg, kpos, kv_seg, nq, nk, H // K)
+        return B, H, K, D, nq, nk, bk, segment_mask(causal, qpos, q_seg, kpos, kv_seg, nq, nk, H // K, span)
     qpos, kpos, _ = jax.lax.optimization_barrier((qpos, kpos, q))
     qpos_NxR = jnp.repeat(qpos.reshape(nq, bq), H // K, axis=1)  # row r = (query i, head g) -> pos i
-    return B, H, K, D, nq, nk, bk, PositionMask(causal, qpos_NxR, kpos.reshape(nk, bk))
+    return B, H, K, D, nq, nk, bk, PositionMask(causal, qpos_NxR, kpos.reshape(nk, bk), span)
 
 
 def xla_fwd(
@@ -89,13 +90,15 @@ def xla_fwd(
     block_kv: int,
     q_seg: jax.Array | None = None,
     kv_seg: jax.Array | None = None,
+    span: Span = GLOBAL,
 ) -> tuple[jax.Array, jax.Array]:
     """Returns out [B, Lq, H, D] fp32 (normalised) and lse [B, Lq, H] fp32 (-inf where no key is visible).
 
     With segment ids q_seg [B, Lq], kv_seg [B, Lk] the positions are per row too ([B, Lq], [B, Lk]).
+    span (causal only): a sliding window or chunk limits how far back a query sees, by true positions.
     """
     B, H, K, D, nq, nk, _, mask = _setup(
-        q_BxLqxHxD, k_BxLkxKxD, qpos_Lq, kpos_Lk, block_q, block_kv, causal, q_seg, kv_seg
+        q_BxLqxHxD, k_BxLkxKxD, qpos_Lq, kpos_Lk, block_q, block_kv, causal, q_seg, kv_seg, span
     )
     scale = D**-0.5
     prec = _precision(q_BxLqxHxD.dtype)
@@ -158,10 +161,11 @@ def xla_bwd(
     block_kv: int,
     q_seg: jax.Array | None = None,
     kv_seg: jax.Array | None = None,
+    span: Span = GLOBAL,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """dq, dk, dv (fp32) given the final (global) out and lse; recomputes probabilities block by block."""
     B, H, K, D, nq, nk, _, mask = _setup(
-        q_BxLqxHxD, k_BxLkxKxD, qpos_Lq, kpos_Lk, block_q, block_kv, causal, q_seg, kv_seg
+        q_BxLqxHxD, k_BxLkxKxD, qpos_Lq, kpos_Lk, block_q, block_kv, causal, q_seg, kv_seg, span
     )
     scale = D**-0.5
     dtype = q_BxLqxHxD.dtype

@@ -1,6 +1,7 @@
 """The xla kernel's mask per (query block, key block): by positions alone (one position vector for the whole
-batch, today's path), or by per-row positions and segment ids (packed documents). Each says which entries
-are visible and whether a block pair has any (so the kernel can skip it)."""
+batch, today's path), or by per-row positions and segment ids (packed documents); either limited by a Span
+(sliding window or chunk). Each says which entries are visible and whether a block pair has any (so the
+kernel can skip it: a key block older than every query's window is skipped like a future one)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from jobs.attention.core import NEG_INF
+from jobs.attention.span import GLOBAL, Span
 from jobs.attention.tokens import extrema, sees
 
 
@@ -20,16 +22,17 @@ class PositionMask:
     causal: bool
     q: jax.Array
     k: jax.Array
+    span: Span = GLOBAL  # only with causal (cp_rules.validate_masks)
 
     @property
     def active(self) -> bool:
         return self.causal
 
     def where(self, qb, kb, s_BxKxRxb: jax.Array) -> jax.Array:
-        return jnp.where(qb[:, None] >= kb[None, :], s_BxKxRxb, NEG_INF)
+        return jnp.where(self.span.sees(qb[:, None], kb[None, :]), s_BxKxRxb, NEG_INF)
 
     def visible(self, qb, kb) -> jax.Array:
-        return jnp.max(qb) >= jnp.min(kb)
+        return self.span.hull_sees(qb, kb)
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,7 @@ class SegmentMask:
     causal: bool
     q: tuple
     k: tuple
+    span: Span = GLOBAL
 
     active = True  # segments always mask
 
@@ -49,11 +53,12 @@ class SegmentMask:
         (qpos, qseg, _), (kpos, kseg, _) = qb, kb
         see_BxRxb = qseg[:, :, None] == kseg[:, None, :]
         if self.causal:
-            see_BxRxb = see_BxRxb & (qpos[:, :, None] >= kpos[:, None, :])
+            see_BxRxb = see_BxRxb & self.span.sees(qpos[:, :, None], kpos[:, None, :])
         return jnp.where(see_BxRxb[:, None], s_BxKxRxb, NEG_INF)
 
     def visible(self, qb, kb) -> jax.Array:
-        return sees(qb[2], kb[2], self.causal)
+        see = sees(qb[2], kb[2], self.causal)
+        return see & self.span.hull_sees(qb[0], kb[0]) if self.span.limited else see
 
 
 def _q_rows(x_BxL: jax.Array, n: int, group: int) -> jax.Array:
@@ -63,7 +68,15 @@ def _q_rows(x_BxL: jax.Array, n: int, group: int) -> jax.Array:
 
 
 def segment_mask(
-    causal: bool, qpos_BxLq, qseg_BxLq, kpos_BxLk, kseg_BxLk, nq: int, nk: int, group: int
+    causal: bool,
+    qpos_BxLq,
+    qseg_BxLq,
+    kpos_BxLk,
+    kseg_BxLk,
+    nq: int,
+    nk: int,
+    group: int,
+    span: Span = GLOBAL,
 ) -> SegmentMask:
     """The SegmentMask of nq query blocks (G query heads per KV head as rows) and nk key blocks."""
     B, Lq = qpos_BxLq.shape
@@ -72,4 +85,4 @@ def segment_mask(
     k_first, _ = extrema(kpos_BxLk.reshape(B, nk, Lk // nk), kseg_BxLk.reshape(B, nk, Lk // nk))
     q = (_q_rows(qpos_BxLq, nq, group), _q_rows(qseg_BxLq, nq, group), q_last)
     kb = lambda x: jnp.swapaxes(x.reshape(B, nk, Lk // nk), 0, 1)
-    return SegmentMask(causal, q, (kb(kpos_BxLk), kb(kseg_BxLk), k_first))
+    return SegmentMask(causal, q, (kb(kpos_BxLk), kb(kseg_BxLk), k_first), span)

@@ -1,0 +1,91 @@
+"""One ring hop under a sliding window or chunk (no segment ids): the hop is cut into (query chunk, key
+chunk) pairs, one pair contiguous and four zigzag (a zigzag block is chunks r and 2R-1-r, each a run of
+positions), and a pair runs its kernel only when some query of its chunk can see some key of the other
+(Span.ranges_see, exact for runs of positions); the others skip it with lax.cond. So a window shorter than
+a shard runs the own hop and the previous shard's, and every farther hop costs only its transfer.
+
+Shared by ring, usp and double_ring (through ring.hop_fwd / hop_bwd). A pair that runs gets the causal and
+span masks by true positions (the xla kernel also skips its inner blocks that the span cannot reach).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jobs.attention import hopcount
+from jobs.attention.core import empty_like, match_varying, merge
+from jobs.attention.kernels import get_kernel
+from jobs.attention.layout import block_positions
+
+
+def _pairs(cfg, q_len: int) -> list[tuple[slice, slice]]:
+    """(query chunk, key chunk) slices of a hop's block: the layout's runs of consecutive positions."""
+    n = 2 if cfg.layout == "zigzag" else 1
+    c = q_len // n
+    cuts = [slice(i * c, (i + 1) * c) for i in range(n)]
+    return [(a, b) for a in cuts for b in cuts]
+
+
+def _sees(cfg, q_pos, k_pos, qs: slice, ks: slice) -> jax.Array:
+    qc, kc = q_pos[qs], k_pos[ks]
+    return cfg.span.ranges_see(qc[0], qc[-1], kc[0], kc[-1])
+
+
+def _key_positions(cfg, j, n: int) -> jax.Array:
+    return block_positions(n * cfg.size, cfg.layout, cfg.size, j)
+
+
+def hop_fwd(cfg, j, q, k, v, q_pos):
+    """(out fp32, lse fp32) of the local queries (true positions q_pos) against the K/V block of ring
+    position j, pair by pair, merged per query chunk."""
+    kern = get_kernel(cfg.kernel)
+    k_pos = _key_positions(cfg, j, q.shape[1])
+    kw = dict(causal=True, block_q=cfg.block_q, block_kv=cfg.block_kv, span=cfg.span)
+    refs = (q, k, v, q_pos, k_pos)
+    per_chunk: dict[int, tuple] = {}
+    for qs, ks in _pairs(cfg, q.shape[1]):
+
+        def run(qs=qs, ks=ks):
+            hopcount.note("fwd")
+            return kern.fwd(q[:, qs], k[:, ks], v[:, ks], q_pos[qs], k_pos[ks], **kw)
+
+        def skip(qs=qs):
+            hopcount.note("fwd" + hopcount.SKIPPED)
+            B, n, H, D = q.shape[0], qs.stop - qs.start, q.shape[2], q.shape[3]
+            o = match_varying(jnp.zeros((B, n, H, D), jnp.float32), *refs)
+            return empty_like(o, match_varying(jnp.zeros((B, n, H), jnp.float32), *refs))
+
+        part = jax.lax.cond(_sees(cfg, q_pos, k_pos, qs, ks), run, skip)
+        prev = per_chunk.get(qs.start)
+        per_chunk[qs.start] = part if prev is None else merge(*prev, *part)
+    chunks = [per_chunk[s] for s in sorted(per_chunk)]
+    return jnp.concatenate([o for o, _ in chunks], 1), jnp.concatenate([lse for _, lse in chunks], 1)
+
+
+def hop_bwd(cfg, j, q, k, v, o, lse, do, q_pos):
+    """(dq, dk, dv) fp32 of one hop (as hop_fwd), recomputed from the saved global out and lse."""
+    kern = get_kernel(cfg.kernel)
+    k_pos = _key_positions(cfg, j, q.shape[1])
+    kw = dict(causal=True, block_q=cfg.block_q, block_kv=cfg.block_kv, span=cfg.span)
+    refs = (q, k, v, o, lse, do, q_pos, k_pos)
+    dq = match_varying(jnp.zeros(q.shape, jnp.float32), *refs)
+    dk = match_varying(jnp.zeros(k.shape, jnp.float32), *refs)
+    dv = match_varying(jnp.zeros(v.shape, jnp.float32), *refs)
+    for qs, ks in _pairs(cfg, q.shape[1]):
+
+        def run(qs=qs, ks=ks):
+            hopcount.note("bwd")
+            args = (q[:, qs], k[:, ks], v[:, ks], o[:, qs], lse[:, qs], do[:, qs], q_pos[qs], k_pos[ks])
+            return kern.bwd(*args, **kw)
+
+        def skip(qs=qs, ks=ks):
+            hopcount.note("bwd" + hopcount.SKIPPED)
+            return tuple(
+                match_varying(jnp.zeros(x.shape, jnp.float32), *refs) for x in (q[:, qs], k[:, ks], v[:, ks])
+            )
+
+        g_q, g_k, g_v = jax.lax.cond(_sees(cfg, q_pos, k_pos, qs, ks), run, skip)
+        dq = dq.at[:, qs].add(g_q)
+        dk, dv = dk.at[:, ks].add(g_k), dv.at[:, ks].add(g_v)
+    return dq, dk, dv
