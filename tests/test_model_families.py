@@ -17,7 +17,7 @@ import pytest
 from jobs import flops
 from jobs.mesh import make_mesh
 from jobs.model import forward, init_params, layers_in_pattern
-from jobs.spec import MeshSpec, ModelSpec, StrategySpec
+from jobs.spec import MemorySpec, MeshSpec, ModelSpec, StrategySpec
 from jobs.train import train
 from orchestrator.config.grid import expand
 from orchestrator.config.load import ConfigError, load
@@ -46,7 +46,9 @@ IDS = {
 def test_existing_trial_ids_are_unchanged(overrides):
     spec = spec_of(*overrides)
     assert spec.trial_id == IDS[overrides]
-    assert spec_of(*overrides, "model.sinks=true").trial_id != spec.trial_id  # a new key off its default enters
+    assert (
+        spec_of(*overrides, "model.sinks=true").trial_id != spec.trial_id
+    )  # a new key off its default enters
 
 
 @pytest.mark.parametrize(
@@ -78,7 +80,9 @@ def test_a_partial_pattern_cuts_the_last_repeat_as_hugging_face_does():
         dataclasses.replace(m, partial_pattern=False)  # a ModelSpec built in code refuses it too
 
 
-@pytest.mark.parametrize("name", ["gemma3_1b", "gemma3_4b", "gemma3_27b", "qwen3_0_6b", "qwen3_8b", "qwen3_32b"])
+@pytest.mark.parametrize(
+    "name", ["gemma3_1b", "gemma3_4b", "gemma3_27b", "qwen3_0_6b", "qwen3_8b", "qwen3_32b"]
+)
 def test_sourced_configs_load_with_their_published_sizes(name):
     # parameter counts of the text models as their model cards give them (our count leaves out the post-norms)
     billions = {
@@ -148,6 +152,25 @@ def _seen(model: ModelSpec, p: int) -> np.ndarray:
 )
 def test_each_layer_applies_its_own_mask(pattern, layers, kw, seen):
     assert list(_seen(_model(pattern, layers, **kw), 20)) == list(seen)
+
+
+def test_remat_policies_keep_the_pattern_models_gradients():
+    """Checkpoint names inside the scanned pattern and the cut repeat: no remat and remat with an offload give
+    the same loss and gradients, the sinks and QK-norm scales among them."""
+    model = _model(("local", "global"), 3, window=4, partial_pattern=True, sinks=True, qk_norm=True)
+    mesh = make_mesh(MeshSpec(), jax.devices()[:1])
+    params = init_params(model, jax.random.key(0))
+    tokens = jnp.arange(L, dtype=jnp.int32)[None]
+
+    def grads(remat: str, memory: MemorySpec):
+        kw = dict(model=model, strategy=StrategySpec("none"), mesh=mesh, dtype=jnp.float32, remat=remat)
+        return jax.jit(jax.value_and_grad(lambda p: forward(p, tokens, tokens, memory=memory, **kw).sum()))(
+            params
+        )
+
+    plain, offload = grads("none", MemorySpec()), grads("full", MemorySpec(offload=("layer_input",)))
+    assert float(jnp.abs(plain[1]["layers"]["sinks"]).sum()) > 0
+    jax.tree.map(functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-6), plain, offload)
 
 
 def test_a_partial_repeat_runs_the_same_layers_as_a_loop():
