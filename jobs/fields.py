@@ -27,6 +27,8 @@ class Rule:
     choices: tuple[str, ...] = ()
     auto: bool = False  # "auto" is accepted too: a value filled in later (the mesh, the planner's policy)
     nonempty: bool = False
+    # a list of names that is a sequence (model.attention_pattern), not a set: a name may come again
+    repeats: bool = False
 
 
 def key(
@@ -40,10 +42,11 @@ def key(
     choices: tuple[str, ...] = (),
     auto: bool = False,
     nonempty: bool = False,
+    repeats: bool = False,
 ) -> Any:
     """A dataclass field declaring a config key: `default` (or `factory`, for a section; neither: required),
     what it accepts and `doc`, its meaning (Markdown; the first sentence is its `--help` line)."""
-    rule = Rule(ge=ge, gt=gt, le=le, choices=tuple(choices), auto=auto, nonempty=nonempty)
+    rule = Rule(ge=ge, gt=gt, le=le, choices=tuple(choices), auto=auto, nonempty=nonempty, repeats=repeats)
     return dataclasses.field(default=default, default_factory=factory, metadata={"doc": doc, "rule": rule})
 
 

@@ -119,22 +119,25 @@ def param_specs(model: ModelSpec, mesh: Mesh) -> dict:
     E, M, V = model.embed, model.mlp, model.vocab
     fsdp_E = _fit(mesh, E, FSDP_AXES)
     tq, tkv, tm, tv = (_fit(mesh, dim, ("tensor",)) for dim in (model.q_heads, model.kv_heads, M, V))
-    return {
-        "embed": P(_fit(mesh, V, FSDP_AXES), None),
-        "layers": {
-            "attn_norm": P(None, None),
-            "wq": P(None, fsdp_E, tq, None),
-            "wk": P(None, fsdp_E, tkv, None),
-            "wv": P(None, fsdp_E, tkv, None),
-            "wo": P(None, tq, None, fsdp_E),
-            "mlp_norm": P(None, None),
-            "w_gate": P(None, fsdp_E, tm),
-            "w_up": P(None, fsdp_E, tm),
-            "w_down": P(None, tm, fsdp_E),
-        },
-        "final_norm": P(None),
-        "unembed": P(fsdp_E, tv),
+    layers = {
+        "attn_norm": P(None, None),
+        "wq": P(None, fsdp_E, tq, None),
+        "wk": P(None, fsdp_E, tkv, None),
+        "wv": P(None, fsdp_E, tkv, None),
+        "wo": P(None, tq, None, fsdp_E),
+        "mlp_norm": P(None, None),
+        "w_gate": P(None, fsdp_E, tm),
+        "w_up": P(None, fsdp_E, tm),
+        "w_down": P(None, tm, fsdp_E),
     }
+    if model.qk_norm:  # [N, D] each: tiny, replicated
+        layers |= {"q_norm": P(None, None), "k_norm": P(None, None)}
+    if model.sinks:  # [N, Hq]: heads over tensor like wq's (the attention takes them sharded so)
+        layers["sinks"] = P(None, tq)
+    specs = {"embed": P(_fit(mesh, V, FSDP_AXES), None), "layers": layers, "final_norm": P(None)}
+    if not model.tie_embeddings:
+        specs["unembed"] = P(fsdp_E, tv)
+    return specs
 
 
 def activation_spec(strategy: str) -> P:

@@ -1,7 +1,8 @@
-"""A Llama-family dense decoder (RMSNorm, RoPE, GQA, SwiGLU) as pure functions over a parameter tree.
+"""A dense decoder (RMSNorm, RoPE, GQA, gated MLP; Llama, Gemma 3, Qwen3): pure functions over a param tree.
 
-Layers are stacked and scanned so compile time does not grow with depth; attention goes through the
-context-parallel library, so the same model runs with every strategy.
+Layers are stacked and scanned so compile time does not grow with depth (a repeating pattern of layer types:
+the scan runs over the pattern's repeats, its layers unrolled inside); attention goes through the
+context-parallel library, so the same model runs with every strategy and every layer type's mask.
 """
 
 from __future__ import annotations
@@ -86,22 +87,32 @@ def init_params(model: ModelSpec, key: jax.Array) -> dict:
     def normal(k, shape, fan_in):
         return jax.random.normal(k, shape, jnp.float32) * fan_in**-0.5
 
-    return {
-        "embed": normal(ks[0], (V, E), 1.0),
-        "layers": {
-            "attn_norm": jnp.ones((N, E), jnp.float32),
-            "wq": normal(ks[1], (N, E, Hq, D), E),
-            "wk": normal(ks[2], (N, E, Hkv, D), E),
-            "wv": normal(ks[3], (N, E, Hkv, D), E),
-            "wo": normal(ks[4], (N, Hq, D, E), Hq * D),
-            "mlp_norm": jnp.ones((N, E), jnp.float32),
-            "w_gate": normal(ks[5], (N, E, M), E),
-            "w_up": normal(ks[6], (N, E, M), E),
-            "w_down": normal(ks[7], (N, M, E), M),
-        },
-        "final_norm": jnp.ones((E,), jnp.float32),
-        "unembed": normal(ks[8], (E, V), E),
+    layers = {
+        "attn_norm": jnp.ones((N, E), jnp.float32),
+        "wq": normal(ks[1], (N, E, Hq, D), E),
+        "wk": normal(ks[2], (N, E, Hkv, D), E),
+        "wv": normal(ks[3], (N, E, Hkv, D), E),
+        "wo": normal(ks[4], (N, Hq, D, E), Hq * D),
+        "mlp_norm": jnp.ones((N, E), jnp.float32),
+        "w_gate": normal(ks[5], (N, E, M), E),
+        "w_up": normal(ks[6], (N, E, M), E),
+        "w_down": normal(ks[7], (N, M, E), M),
     }
+    if model.qk_norm:
+        layers |= {"q_norm": jnp.ones((N, D), jnp.float32), "k_norm": jnp.ones((N, D), jnp.float32)}
+    if model.sinks:  # logit 0: at init a sink weighs like one key of score 0
+        layers["sinks"] = jnp.zeros((N, Hq), jnp.float32)
+    # tied: the unembedding's scale (E^-1/2, unit logits from a normed x); embed_scale restores unit inputs
+    table = normal(ks[0], (V, E), E if model.tie_embeddings else 1.0)
+    params = {"embed": table, "layers": layers, "final_norm": jnp.ones((E,), jnp.float32)}
+    if not model.tie_embeddings:
+        params["unembed"] = normal(ks[8], (E, V), E)
+    return params
+
+
+def unembedding(params: dict) -> jax.Array:
+    """The E x V unembedding: its own table, or the input embedding's transposed (model.tie_embeddings)."""
+    return params["unembed"] if "unembed" in params else params["embed"].T
 
 
 def rms_norm(x: jax.Array, w: jax.Array, eps: float) -> jax.Array:
@@ -166,14 +177,19 @@ def forward(
     constrain = jax.lax.with_sharding_constraint
 
     x = embed(params["embed"].astype(dtype), tokens_BxL, model=model, strategy=strategy.name, mesh=mesh)
+    if model.embed_scale:  # Gemma: sqrt(E) in the compute dtype, as its reference rounds it
+        x = x * jnp.asarray(model.embed**0.5, dtype)
 
-    def layer(x_BxLxE, p):
+    def layer(x_BxLxE, p, kind: str):
         x_BxLxE = checkpoint_name(x_BxLxE, "layer_input")
         h = rms_norm(x_BxLxE, p["attn_norm"], model.norm_eps)
         q = constrain(jnp.einsum("ble,ehd->blhd", h, p["wq"].astype(dtype)), heads)
         k = constrain(jnp.einsum("ble,ehd->blhd", h, p["wk"].astype(dtype)), heads)
         v = constrain(jnp.einsum("ble,ehd->blhd", h, p["wv"].astype(dtype)), heads)
-        q, k = rope(q, pos_BxL, model.rope_theta), rope(k, pos_BxL, model.rope_theta)
+        if model.qk_norm:
+            q, k = rms_norm(q, p["q_norm"], model.norm_eps), rms_norm(k, p["k_norm"], model.norm_eps)
+        if (theta := rope_theta(model, kind)) is not None:
+            q, k = rope(q, pos_BxL, theta), rope(k, pos_BxL, theta)
         o = attention(
             q,
             k,
@@ -187,21 +203,66 @@ def forward(
             block_kv=strategy.block_kv,
             segment_ids=segment_ids_BxL,
             positions=row_pos_BxL,
+            window=model.window if kind == "local" else None,
+            chunk=model.chunk if kind == "chunked" else None,
+            sinks=p["sinks"] if model.sinks else None,
         )
         o = checkpoint_name(o, "attn_out")
         x_BxLxE = constrain(x_BxLxE + jnp.einsum("blhd,hde->ble", o, p["wo"].astype(dtype)), act)
         h = rms_norm(x_BxLxE, p["mlp_norm"], model.norm_eps)
         g = jnp.einsum("ble,em->blm", h, p["w_gate"].astype(dtype))
         u = jnp.einsum("ble,em->blm", h, p["w_up"].astype(dtype))
-        a_BxLxM = checkpoint_name(jax.nn.silu(g) * u, "mlp_act")  # the down projection's input
+        a_BxLxM = checkpoint_name(MLP_ACTIVATIONS[model.mlp_activation](g) * u, "mlp_act")  # w_down's input
         y = jnp.einsum("blm,me->ble", a_BxLxM, p["w_down"].astype(dtype))
         return constrain(x_BxLxE + y, act), None
 
     policy = remat_policy(remat, memory)
+    pattern = model.attention_pattern
+    steps = [functools.partial(layer, kind=kind) for kind in pattern]
     if remat != "none":
-        layer = jax.checkpoint(layer, policy=policy, prevent_cse=False)
-    x, _ = jax.lax.scan(layer, x, params["layers"])
+        steps = [jax.checkpoint(f, policy=policy, prevent_cse=False) for f in steps]
+    x = layers_in_pattern(steps, x, params["layers"], model.layers)
     return rms_norm(x, params["final_norm"], model.norm_eps)
+
+
+# model.mlp_activation -> the gate's activation (GeGLU: Gemma's gelu_pytorch_tanh, the tanh approximation)
+MLP_ACTIVATIONS: dict[str, Callable] = {
+    "silu": jax.nn.silu,
+    "gelu": functools.partial(jax.nn.gelu, approximate=True),
+}
+
+
+def rope_theta(model: ModelSpec, kind: str) -> float | None:
+    """The RoPE base of a layer of type `kind`; None: no positional encoding (NoPE)."""
+    if kind == "global":
+        return model.rope_theta if model.global_rope else None
+    return model.local_rope_theta or model.rope_theta
+
+
+def layers_in_pattern(steps: list[Callable], x: jax.Array, stacked: dict, n: int) -> jax.Array:
+    """Run n layers whose parameters are stacked [n, ...], layer i by steps[i % K] (K = the pattern's length),
+    under one scan over the pattern's whole repeats with its K layers unrolled in the body, then the last
+    partial repeat's n % K layers unrolled: compile time grows with K, never with depth.
+
+    One layer type: the scan over [n, ...] as it always was (the same program for the models before the
+    pattern); otherwise the first n // K * K layers are viewed as [n // K, K, ...] (a reshape of the leading
+    dim, no copy when K divides n)."""
+    k = len(steps)
+    if k == 1:
+        return jax.lax.scan(steps[0], x, stacked)[0]
+    repeats = n // k
+
+    def body(x_BxLxE, p_group):
+        for j, step in enumerate(steps):
+            x_BxLxE, _ = step(x_BxLxE, jax.tree.map(lambda a, j=j: a[j], p_group))
+        return x_BxLxE, None
+
+    if repeats:
+        grouped = jax.tree.map(lambda a: a[: repeats * k].reshape(repeats, k, *a.shape[1:]), stacked)
+        x, _ = jax.lax.scan(body, x, grouped)
+    for i in range(repeats * k, n):
+        x, _ = steps[i % k](x, jax.tree.map(lambda a, i=i: a[i], stacked))
+    return x
 
 
 def loss_fn(params: dict, batch: dict, **kw) -> tuple[jax.Array, tuple[jax.Array, ...]]:
@@ -232,7 +293,7 @@ def loss_fn(params: dict, batch: dict, **kw) -> tuple[jax.Array, tuple[jax.Array
         a = a.reshape(B, P, k, c, *a.shape[2:])
         return jnp.moveaxis(a, 2, 0)
 
-    w = params["unembed"].astype(kw["dtype"])
+    w = unembedding(params).astype(kw["dtype"])
     upper = jnp.asarray(position_buckets(L)[1:], jnp.int32)
     K = upper.shape[0] + 1
     keys = ("targets", "mask", "positions", *(("distance",) if "distance" in batch else ()))

@@ -39,9 +39,29 @@ KERNELS = tuple(KERNEL_PLATFORM)
 LOSS_CHUNK = 8192
 
 
+# model.attention_pattern's layer types and the mask each gives its layers' attention (jobs/model.py)
+LAYER_TYPES = ("global", "local", "chunked")
+# ModelSpec's keys before the layer pattern came: every later key enters the trial id only when it is not at
+# its default (TrialSpec.identity), so the models that ran before keep their ids
+_MODEL_KEYS_BEFORE_PATTERN = (
+    "name",
+    "vocab",
+    "embed",
+    "layers",
+    "q_heads",
+    "kv_heads",
+    "head_dim",
+    "mlp",
+    "rope_theta",
+    "norm_eps",
+    "tie_embeddings",
+)
+
+
 @dataclass(frozen=True)
 class ModelSpec:
-    """A Llama-family dense decoder (RMSNorm, RoPE, GQA, SwiGLU)."""
+    """A dense decoder (RMSNorm, RoPE, GQA, gated MLP): Llama's, and with the keys after `tie_embeddings`
+    Gemma 3's and Qwen3's (per-layer attention pattern, sinks, QK-norm, GeGLU, embedding scale)."""
 
     name: str = key(doc="Model name, shown in params, plan rows and plot titles.", nonempty=True)
     vocab: int = key(doc="Vocabulary size V (tokens); the unembedding is E x V.", ge=1)
@@ -53,7 +73,7 @@ class ModelSpec:
         ge=1,
     )
     head_dim: int = key(doc="Head dimension D.", ge=1)
-    mlp: int = key(doc="SwiGLU hidden width M.", ge=1)
+    mlp: int = key(doc="Gated MLP (SwiGLU or GeGLU) hidden width M.", ge=1)
     rope_theta: float = key(
         500_000.0,
         doc="RoPE base frequency theta (positions are the tokens' true positions, also under zigzag).",
@@ -63,13 +83,110 @@ class ModelSpec:
     tie_embeddings: bool = key(
         False, doc="Share one V x E table between the input embedding and the unembedding."
     )
+    attention_pattern: tuple[str, ...] = key(
+        ("global",),
+        doc="Each layer's attention, as a pattern repeated over the layers: `global` (causal over the whole "
+        "row), `local` (a sliding window of `window` tokens) or `chunked` (causal inside fixed chunks of `chunk` "
+        "tokens); e.g. Gemma 3's `[local, local, local, local, local, global]`, Llama 4's `[chunked, chunked, "
+        "chunked, global]`. Its length must divide `layers` unless `partial_pattern`.",
+        choices=LAYER_TYPES,
+        repeats=True,
+    )
+    partial_pattern: bool = key(
+        False,
+        doc="Let the last repeat of `attention_pattern` stop short, as Hugging Face's `layer_types` and "
+        "MaxText's remaining layers do (Gemma 3 1B, 4B and 27B: 26, 34 and 62 layers over a 6-layer pattern); "
+        "false: a pattern that does not divide `layers` is a config error.",
+    )
+    window: int = key(
+        0,
+        doc="Sliding window W of the `local` layers, in tokens, counting the query itself (a query at p sees "
+        "p-W+1 .. p; Hugging Face's and MaxText's `sliding_window`); 0: no `local` layers.",
+        ge=0,
+    )
+    chunk: int = key(
+        0,
+        doc="Chunk C of the `chunked` layers, in tokens: a query at p sees the keys of its own chunk p // C up to "
+        "p (Llama 4's attention_chunk_size); 0: no `chunked` layers.",
+        ge=0,
+    )
+    local_rope_theta: float = key(
+        0.0,
+        doc="RoPE theta of the `local` and `chunked` layers (Gemma 3: 10,000 there, `rope_theta` 1,000,000 on "
+        "its global layers); 0: `rope_theta`.",
+        ge=0,
+    )
+    global_rope: bool = key(
+        True,
+        doc="RoPE on the `global` layers; false: no positional encoding there (NoPE, Llama 4's global layers).",
+    )
+    sinks: bool = key(
+        False,
+        doc="Attention sinks (gpt-oss): a learnable fp32 logit per query head and layer that joins every "
+        "softmax denominator and brings no value.",
+    )
+    qk_norm: bool = key(
+        False,
+        doc="RMS-normalise each head's queries and keys (learned scale per head dim) before RoPE: Qwen3, Gemma 3.",
+    )
+    mlp_activation: str = key(
+        "silu",
+        doc="Activation of the gated MLP: `silu` (SwiGLU: Llama, Qwen) or `gelu` (GeGLU, tanh approximation: "
+        "Gemma); the same FLOPs.",
+        choices=("silu", "gelu"),
+    )
+    embed_scale: bool = key(
+        False, doc="Multiply the input embeddings by sqrt(E) (Gemma); the unembedding is not scaled."
+    )
+
+    def __post_init__(self) -> None:
+        # a JSON spec (TrialSpec.from_dict) carries the pattern as a list: a tuple keeps the spec hashable
+        object.__setattr__(self, "attention_pattern", tuple(self.attention_pattern))
+        if problem := pattern_problem(
+            self.layers, self.attention_pattern, self.partial_pattern, self.window, self.chunk
+        ):
+            key, value, wrong, allowed, fix = problem
+            raise ValueError(f"model.{key}={value!r} {wrong}; allowed: {allowed} — {fix}")
+
+    def layer_types(self) -> tuple[str, ...]:
+        """Each layer's type, first to last: the pattern repeated, the last repeat cut at `layers`."""
+        k = len(self.attention_pattern)
+        return tuple(self.attention_pattern[i % k] for i in range(self.layers))
 
     def n_params(self) -> int:
         attn = self.embed * self.head_dim * (2 * self.q_heads + 2 * self.kv_heads)
         ffn = 3 * self.embed * self.mlp
-        per_layer = attn + ffn + 2 * self.embed
+        extra = (2 * self.head_dim if self.qk_norm else 0) + (self.q_heads if self.sinks else 0)
+        per_layer = attn + ffn + 2 * self.embed + extra
         emb = self.vocab * self.embed * (1 if self.tie_embeddings else 2)
         return self.layers * per_layer + emb + self.embed
+
+
+def pattern_problem(
+    layers: int, pattern: tuple[str, ...], partial: bool, window: int, chunk: int
+) -> tuple[str, Any, str, str, str] | None:
+    """What is wrong with a model's layer pattern as (key, value, what, allowed, fix); None: nothing. The
+    driver's config check (orchestrator/config/keys.py) reports it before anything launches; a ModelSpec
+    built in code raises it."""
+    k = len(pattern)
+    if k and layers % k and not partial:
+        return (
+            "attention_pattern",
+            list(pattern),
+            f"has {k} layer types, which do not divide model.layers={layers}",
+            f"a pattern whose length divides {layers}",
+            f"make model.layers a multiple of {k}, or set model.partial_pattern=true to cut the last repeat short",
+        )
+    for kind, name, size in (("local", "window", window), ("chunked", "chunk", chunk)):
+        if kind in pattern and size < 1:
+            return (
+                name,
+                size,
+                f"is not set but model.attention_pattern has {kind} layers",
+                "an integer >= 1",
+                f"set model.{name}, e.g. model.{name}=1024",
+            )
+    return None
 
 
 @dataclass(frozen=True)
@@ -413,6 +530,10 @@ class TrialSpec:
             del d["train"]["memory"]
         if not self.mesh.dcn:
             del d["mesh"]["dcn"]  # likewise: a one-slice mesh keeps its id
+        for f in dataclasses.fields(ModelSpec):
+            # likewise the keys of the layer pattern, sinks and the rest, which came after tie_embeddings
+            if f.name not in _MODEL_KEYS_BEFORE_PATTERN and getattr(self.model, f.name) == f.default:
+                del d["model"][f.name]
         for f in dataclasses.fields(DataSpec):
             # likewise the documents fields, which came after kind, path and dtype
             if f.name not in ("kind", "path", "dtype") and getattr(self.train.data, f.name) == f.default:

@@ -268,6 +268,7 @@ def test_info_shows_search_path_groups_and_defaults(capsys):
     assert "  sweep: cp_scaling, multislice, quickstart, [smoke]" in out
     tree = out.split("Defaults tree\n")[1].split("\n\n")[0].splitlines()
     leaves = [
+        "model_keys",
         "model: tiny",
         "strategy: usp",
         "mesh: auto",
@@ -282,6 +283,7 @@ def test_info_shows_search_path_groups_and_defaults(capsys):
         ln.split("|")[1].strip() for ln in out.split("Defaults list")[1].splitlines() if ln.startswith("| ")
     ]
     assert listed[1:] == [
+        "model_keys",
         "model/tiny",
         "strategy/usp",
         "mesh/auto",

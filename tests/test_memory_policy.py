@@ -56,7 +56,13 @@ def test_ids_match_the_committed_code(monkeypatch):
     mod = types.ModuleType("head_spec")
     monkeypatch.setitem(sys.modules, "head_spec", mod)  # dataclasses look their module up
     exec(compile(text, f"{BEFORE}:jobs/spec.py", "exec"), mod.__dict__)
-    old = {"train": mod.TrainSpec, "mesh": mod.MeshSpec, "cluster": mod.ClusterSpec, "run": mod.RunSpec}
+    old = {
+        "model": mod.ModelSpec,
+        "train": mod.TrainSpec,
+        "mesh": mod.MeshSpec,
+        "cluster": mod.ClusterSpec,
+        "run": mod.RunSpec,
+    }
     for overrides in ([], ["train.remat=save_attn"], ["strategy=usp", "train.dtype=float32"]):
         spec = spec_of(*overrides)
         d = dataclasses.asdict(spec)

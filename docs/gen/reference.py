@@ -90,6 +90,20 @@ def undeclared(conf_keys: Iterable[str], roots: Iterable[type] = ROOTS) -> list[
 def identity_keys() -> set[str]:
     """Dotted keys that enter the trial id, asked of TrialSpec.identity() (with every key at a value it keeps)."""
     model = ModelSpec(**{f.name: 1 for f in dataclasses.fields(ModelSpec) if f.default is MISSING})
+    # the keys after tie_embeddings enter the id only off their defaults: every one of them off it
+    model = dataclasses.replace(
+        model,
+        attention_pattern=("local", "chunked"),
+        partial_pattern=True,
+        window=2,
+        chunk=2,
+        local_rope_theta=2.0,
+        global_rope=False,
+        sinks=True,
+        qk_norm=True,
+        mlp_activation="gelu",
+        embed_scale=True,
+    )
     spec = TrialSpec(model, MeshSpec(dcn="data"), StrategySpec(), 1)
     data = DataSpec(kind="documents", sources=("x",), weights=(1.0,), pack="concat", long_docs="truncate")
     train = dataclasses.replace(spec.train, memory=MemorySpec(save=("x",)), data=data)
@@ -134,7 +148,7 @@ def allowed(k: Key) -> str:
     if origin is tuple and not rule.choices:
         return keys.list_allowed(typing.get_args(hint)[0], rule)
     if origin is tuple:
-        return "a list of " + ", ".join(map(code, rule.choices)) + " (each at most once)"
+        return keys.names_allowed(dataclasses.replace(rule, choices=tuple(map(code, rule.choices))))
     if origin in (dict, list):
         return "a mapping" if origin is dict else "a list"
     if rule.choices:

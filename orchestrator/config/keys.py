@@ -3,8 +3,9 @@
 
 Each key on its own (type, then the range or names its `key()` declares), unknown and missing keys, and two
 rules across trial keys that are bad input rather than an invalid point (train.memory with train.remat=auto,
-run.profile_steps within train.steps); the other rules across keys and against the cluster or model are
-orchestrator/plan/rules.py's, whether the data can be read is orchestrator/config/data.py's.
+run.profile_steps within train.steps) and one of the model's own (its layer pattern against its layers); the
+other rules across keys and against the cluster or model are orchestrator/plan/rules.py's, whether the data can
+be read is orchestrator/config/data.py's.
 Driver options are checked once at compose time (`check_options`, from config.load); trial keys per grid point
 (`check_point`, from grid.expand), since a sweep may set any of them. Nothing here imports Ray, JAX or MLflow.
 """
@@ -22,6 +23,7 @@ from typing import Any
 from jobs import fields
 from jobs.fields import MISSING, Rule
 from jobs.profile import steps_problem
+from jobs.spec import ModelSpec, pattern_problem
 from orchestrator.config import data
 from orchestrator.config.schema import TRIAL_KEYS, ConfigError, Options, PointConfig, Problem
 
@@ -95,18 +97,28 @@ def allowed(hint: Any, rule: Rule) -> str:
     return " ".join([word, " and ".join(bounds)]).strip() + (' or "auto"' if rule.auto else "")
 
 
+def names_allowed(rule: Rule) -> str:
+    """What a list of names accepts: distinct names (train.memory.*), or a sequence (rule.repeats)."""
+    if rule.repeats:
+        return f"a non-empty list of {', '.join(rule.choices)} (in order, each as often as needed)"
+    return f"a list of {', '.join(rule.choices)} (each at most once)"
+
+
 def _names(key: str, v: Any, rule: Rule) -> Problem | None:
-    """A list of distinct names from rule.choices (train.memory.*)."""
-    allowed = f"a list of {', '.join(rule.choices)} (each at most once)"
+    """A list of names from rule.choices: distinct (train.memory.*) or, with rule.repeats, a non-empty
+    sequence (model.attention_pattern)."""
+    allowed = names_allowed(rule)
     if not isinstance(v, list | tuple) or not all(isinstance(n, str) for n in v):
         return Problem(
             key, v, "is not a list of names", allowed, f"e.g. {key}=[{v if v in rule.choices else ''}]"
         )
-    good = [n for n in dict.fromkeys(v) if n in rule.choices]
+    good = [n for n in (v if rule.repeats else dict.fromkeys(v)) if n in rule.choices]
     fix = f"e.g. {key}=[{','.join(good)}]" if good else f"fix the spelling, or drop {key}"
     if bad := [n for n in v if n not in rule.choices]:
         return Problem(key, v, f"names {', '.join(map(repr, bad))}, not an allowed value", allowed, fix)
-    if len(set(v)) < len(v):
+    if rule.repeats and not v:
+        return Problem(key, v, "is empty", allowed, f"e.g. {key}=[{rule.choices[0]}]")
+    if not rule.repeats and len(set(v)) < len(v):
         return Problem(key, v, "names a value twice", allowed, fix)
     return None
 
@@ -229,7 +241,18 @@ def check_point(d: dict) -> list[Problem]:
     if not out:
         _auto_memory(d, out)
         _profile_steps(d, out)
+        _layer_pattern(d, out)
     return out or data.problems(d)
+
+
+def _layer_pattern(d: dict, out: list[Problem]) -> None:
+    """model.attention_pattern against model.layers, window and chunk (the model's own rule,
+    jobs.spec.pattern_problem), before a ModelSpec is built or anything launches."""
+    m = {f.name: fields.default(f) for f in dataclasses.fields(ModelSpec)} | d["model"]
+    pattern = tuple(m["attention_pattern"])
+    if p := pattern_problem(m["layers"], pattern, m["partial_pattern"], m["window"], m["chunk"]):
+        key, value, wrong, allowed, fix = p
+        out.append(Problem(f"model.{key}", value, wrong, allowed, fix))
 
 
 def _profile_steps(d: dict, out: list[Problem]) -> None:

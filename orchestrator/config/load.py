@@ -16,6 +16,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from jobs import fields, strategies
+from jobs.spec import ModelSpec
 from orchestrator import REPO
 from orchestrator.config import keys
 from orchestrator.config.schema import ConfigError, Options
@@ -36,6 +37,7 @@ __all__ = [
 CONF_DIR = REPO / "conf"
 GROUPS = ("model", "strategy", "mesh", "cluster", "tracking", "sweep")
 SWITCHES = "switches"  # the config node of the switches' defaults, in conf/config.yaml's defaults list
+MODEL_KEYS = "model_keys"  # likewise the model keys' defaults, merged under the chosen model file
 
 
 # `${cp_strategies:}` in a sweep: every CP strategy of the registry, so a new one joins the sweeps by itself.
@@ -58,6 +60,19 @@ def switch_defaults() -> dict[str, Any]:
 # The switches' defaults are their declarations' (orchestrator/config/schema.py): Hydra reads them as a config
 # of its own (the schema provider, structured://), so an override sets a switch as it sets any YAML key.
 ConfigStore.instance().store(name=SWITCHES, node=switch_defaults())
+
+
+def model_defaults() -> dict[str, Any]:
+    """The model keys that have a declared default (jobs/spec.py ModelSpec), at it: what the `model_keys` node
+    of conf/config.yaml's defaults list composes in under `model`, before the chosen conf/model/ file."""
+    return {
+        f.name: _plain(f.default) for f in dataclasses.fields(ModelSpec) if f.default is not fields.MISSING
+    }
+
+
+# So a model file need not list every key (the Llama files predate the layer pattern): `model.sinks=true` then
+# sets a key the file left at its default, as it sets any key the file names.
+ConfigStore.instance().store(name=MODEL_KEYS, node=model_defaults(), package="model")
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,8 @@ class PointConfig:
     """One grid point before it becomes a TrialSpec: the only keys a sweep may set."""
 
     model: ModelSpec = key(
-        doc="The model: a Llama-family dense decoder (RMSNorm, RoPE, GQA, SwiGLU), layers stacked and scanned."
+        doc="The model: a dense decoder (RMSNorm, RoPE, GQA, gated MLP; Llama 3.1, Gemma 3, Qwen3), layers "
+        "stacked and scanned, each layer's attention global, sliding-window or chunked by `attention_pattern`."
     )
     strategy: StrategySpec = key(
         doc="Which context-parallel (CP) attention, its token layout and its local kernel."
