@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 BF16, FP32 = 2, 4
@@ -64,19 +64,65 @@ def kernel_bytes(x: Local, tq: int, tk: int, hq: int, hkv: int, block_q: int, bl
     return acc + tile
 
 
-@lru_cache(maxsize=4096)
-def causal_scores(q0: int, nq: int, k0: int, nk: int, bq: int, bk: int) -> int:
+@dataclass(frozen=True)
+class Reach:
+    """How far back a causal query sees, for the planner: jobs/attention/span.Span's rule on plain ints (no jax
+    here). A query at q sees a key at k iff lo(q) <= k <= q: lo is unlimited (global), q - window + 1, or the
+    start of q's own chunk. `of` drops a window or chunk that covers the whole row, as Span.of does."""
+
+    window: int = 0  # 0: none
+    chunk: int = 0
+
+    @staticmethod
+    def of(window: int, chunk: int, length: int) -> Reach:
+        return Reach(window if 0 < window < length else 0, chunk if 0 < chunk < length else 0)
+
+    @property
+    def limited(self) -> bool:
+        return bool(self.window or self.chunk)
+
+    @property
+    def lookback(self) -> int | None:
+        """Most keys before a query's own position it can see (None: unlimited)."""
+        if self.window:
+            return self.window - 1
+        return self.chunk - 1 if self.chunk else None
+
+    def lo(self, q: int) -> int:
+        """The oldest key position a query at q sees (global: below every position)."""
+        if self.window:
+            return q - self.window + 1
+        if self.chunk:
+            return q // self.chunk * self.chunk
+        return -(2**62)
+
+    def ranges_see(self, q0: int, q1: int, k0: int, k1: int) -> bool:
+        """May a query in [q0, q1] see a key in [k0, k1]? Exact for ranges (lo never decreases with q)."""
+        return k0 <= q1 and self.lo(max(q0, k0)) <= k1
+
+
+GLOBAL_REACH = Reach()
+
+
+@lru_cache(maxsize=65536)
+def causal_scores(q0: int, nq: int, k0: int, nk: int, bq: int, bk: int, reach: Reach = GLOBAL_REACH) -> int:
     """Score entries a block-skipping causal kernel computes on queries at true positions [q0, q0+nq) and keys
     at [k0, k0+nk): every (block_q x block_kv) tile with at least one visible score (query position >= key
-    position) is computed whole, the others skipped. Blocks are aligned to each range's start (a call's own
-    blocks); the last one in each direction may be short."""
+    position, and within the query's `reach`) is computed whole, the others skipped. Blocks are aligned to each
+    range's start (a call's own blocks); the last one in each direction may be short. A block of queries
+    from qs to qe sees exactly the keys [lo(qs), qe] (lo never decreases), so a key block is live iff it meets
+    that interval."""
+    if nq <= 0 or nk <= 0 or not reach.ranges_see(q0, q0 + nq - 1, k0, k0 + nk - 1):
+        return 0
     bq, bk = max(min(bq, nq), 1), max(min(bk, nk), 1)
     total = 0
     for start in range(0, nq, bq):
         rows = min(bq, nq - start)
         last_q = q0 + start + rows - 1  # the block's last query sees keys up to its own position
         visible = min(max(last_q - k0 + 1, 0), nk)
-        total += rows * min(-(-visible // bk) * bk, nk)
+        first = max(reach.lo(q0 + start) - k0, 0) if reach.limited else 0  # its first query's oldest key
+        if visible > first:
+            total += rows * (min(-(-visible // bk) * bk, nk) - first // bk * bk)
     return total
 
 
@@ -119,12 +165,16 @@ class Schedule:
         return sum((h.scores if busiest else h.mean_scores) * h.count for h in self.hops)
 
 
-def ring_hops(x: Local, P: int, Ll: int, layout: str, bq: int, bk: int, send: int) -> tuple[Hop, ...]:
+def ring_hops(
+    x: Local, P: int, Ll: int, layout: str, bq: int, bk: int, send: int, reach: Reach = GLOBAL_REACH
+) -> tuple[Hop, ...]:
     """The P steps of a causal ring over shards of Ll tokens, the busiest device's at every step (steps are in
     lockstep: each waits for the neighbour's block). Contiguous: at step s only the devices r >= s see their
     source's keys, so every step after the first is a whole block somewhere. Zigzag (device r holds chunks r and
     2P-1-r of Ll/2): the first step is two diagonals and a whole chunk pair, every later one two whole chunk
-    pairs on every device."""
+    pairs on every device. A window or chunk (`reach`): see reach_hops."""
+    if reach.limited:
+        return reach_hops(P, Ll, layout, bq, bk, send, reach)
     if P <= 1:
         return (Hop(causal_scores(0, Ll, 0, Ll, bq, bk), causal_scores(0, Ll, 0, Ll, bq, bk), 1, 0),)
     if layout == "zigzag" and Ll % 2 == 0:
@@ -148,21 +198,67 @@ def ring_hops(x: Local, P: int, Ll: int, layout: str, bq: int, bk: int, send: in
     )
 
 
-def gathered_scores(P: int, Ll: int, L: int, layout: str, bq: int, bk: int) -> tuple[int, float, int]:
-    """(busiest, mean score entries, calls) of local queries against the whole gathered sequence's keys."""
+def shard_runs(r: int, P: int, Ll: int, layout: str) -> tuple[tuple[int, int], ...]:
+    """(first position, length) of the runs of consecutive positions device r holds: one contiguous, two zigzag."""
+    if layout == "zigzag" and Ll % 2 == 0 and P > 1:
+        C = Ll // 2
+        return ((r * C, C), ((2 * P - 1 - r) * C, C))
+    return ((r * Ll, Ll),)
+
+
+@lru_cache(maxsize=1024)
+def reach_hops(P: int, Ll: int, layout: str, bq: int, bk: int, send: int, reach: Reach) -> tuple[Hop, ...]:
+    """A ring under a window or chunk, as jobs/attention/cp/span_hop.py runs it: each hop is cut into (query
+    run, key run) pairs (1 contiguous, 4 zigzag) and a pair no query can reach skips its kernel; every hop
+    still passes its K,V block on (the ring rotates through all P steps). Device by device and step by step:
+    the busiest device's tiles and calls, and the mean; runs of identical steps are folded into counts. Double
+    ring visits the same sources in another order; its steps are priced in this one."""
+    steps: list[Hop] = []
+    for s in range(P):
+        per: list[tuple[int, int]] = []
+        for r in range(P):
+            j = (r - s) % P
+            scores = calls = 0
+            for q0, nq in shard_runs(r, P, Ll, layout):
+                for k0, nk in shard_runs(j, P, Ll, layout):
+                    t = causal_scores(q0, nq, k0, nk, bq, bk, reach)
+                    scores, calls = scores + t, calls + (t > 0)
+            per.append((scores, calls))
+        busiest = max(per)
+        mean = sum(p[0] for p in per) / P
+        merged = Ll if busiest[0] else 0
+        steps.append(Hop(busiest[0], mean, max(p[1] for p in per), send if s < P - 1 else 0, merged=merged))
+    hops: list[Hop] = []
+    for h in steps:  # fold consecutive identical steps
+        if hops and replace(hops[-1], count=1) == h:
+            hops[-1] = replace(hops[-1], count=hops[-1].count + 1)
+        else:
+            hops.append(h)
+    return tuple(hops)
+
+
+def gathered_scores(
+    P: int, Ll: int, L: int, layout: str, bq: int, bk: int, reach: Reach = GLOBAL_REACH, halo: int = 0
+) -> tuple[int, float, int]:
+    """(busiest, mean score entries, calls) of local queries against the whole gathered sequence's keys, or,
+    with a `halo` (a window or chunk, contiguous layout), against the halo's keys before the shard and its own."""
     if P <= 1:
-        t = causal_scores(0, L, 0, L, bq, bk)
+        t = causal_scores(0, L, 0, L, bq, bk, reach)
         return t, float(t), 1
     if layout == "zigzag" and Ll % 2 == 0:
         C = Ll // 2
         per = [
-            causal_scores(r * C, C, 0, L, bq, bk) + causal_scores((2 * P - 1 - r) * C, C, 0, L, bq, bk)
+            causal_scores(r * C, C, 0, L, bq, bk, reach)
+            + causal_scores((2 * P - 1 - r) * C, C, 0, L, bq, bk, reach)
             for r in (0, P // 2, P - 1)
         ]
         return max(per), sum(per) / len(per), 2
-    busiest = causal_scores((P - 1) * Ll, Ll, 0, L, bq, bk)
-    mean = sum(causal_scores(r * Ll, Ll, 0, L, bq, bk) for r in (0, P // 2, P - 1)) / 3
-    return busiest, mean, 1
+
+    def keys(r: int) -> tuple[int, int]:
+        return (max(r * Ll - halo, 0), min(halo, r * Ll) + Ll) if halo else (0, L)
+
+    per = [causal_scores(r * Ll, Ll, *keys(r), bq, bk, reach) for r in (0, P // 2, P - 1)]
+    return per[-1] if not reach.limited else max(per), sum(per) / 3, 1
 
 
 def divisors(n: int) -> list[int]:
@@ -222,21 +318,30 @@ class Strategy:
         """(U, R) of Local: Ulysses and ring degrees."""
         return 1, int(mesh.get("context", 1))
 
-    def attention_bytes(self, x: Local, block_q: int, block_kv: int) -> int:
-        """Transient bytes of one layer's attention on a device (the larger of forward and backward)."""
+    def attention_bytes(
+        self, x: Local, block_q: int, block_kv: int, reach: Reach = GLOBAL_REACH, layout: str = "contiguous"
+    ) -> int:
+        """Transient bytes of one layer's attention on a device (the larger of forward and backward); a
+        window or chunk (`reach`) changes them only where the strategy fetches less for it (all_gather)."""
         return kernel_bytes(x, x.Ll, x.Ll, x.hq, x.hkv, block_q, block_kv)
 
-    def comm_bytes(self, x: Local) -> tuple[int, int]:
-        """Forward bytes one device sends per layer: (not overlappable, overlappable with attention)."""
+    def comm_bytes(
+        self, x: Local, reach: Reach = GLOBAL_REACH, layout: str = "contiguous", block_kv: int = 0
+    ) -> tuple[int, int]:
+        """Forward bytes one device sends per layer: (not overlappable, overlappable with attention); a window
+        or chunk (`reach`) changes them only where the strategy sends less for it (all_gather's halo)."""
         return 0, 0
 
     def hop_tokens(self, x: Local) -> int:
         """Keys one kernel call sees (a ring hop's block, or the whole gathered sequence)."""
         return x.L
 
-    def schedule(self, x: Local, layout: str, block_q: int, block_kv: int) -> Schedule:
-        """A layer's attention forward on the busiest device (the default: the whole sequence in one call)."""
-        t = causal_scores(0, x.L, 0, x.L, block_q, block_kv)
+    def schedule(
+        self, x: Local, layout: str, block_q: int, block_kv: int, reach: Reach = GLOBAL_REACH
+    ) -> Schedule:
+        """A layer's attention forward on the busiest device (the default: the whole sequence in one call);
+        `reach`: the layer's window or chunk (its tiles beyond it are skipped)."""
+        t = causal_scores(0, x.L, 0, x.L, block_q, block_kv, reach)
         return Schedule((Hop(t, float(t), 1, 0),), x.hq, block_q, block_kv)
 
     def imbalance(self, x: Local, layout: str) -> float:

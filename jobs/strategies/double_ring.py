@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from jobs.strategies.base import AUTO, BF16, Local, divisors, usp_like_splits
+from jobs.strategies.base import AUTO, BF16, GLOBAL_REACH, Local, divisors, usp_like_splits
 from jobs.strategies.ring import Ring
 
 
@@ -54,7 +54,7 @@ class DoubleRing(Ring):
             return f"one outer hop per inner round crosses DCN, hidden behind {inner} hops of attention"
         return super().dcn_words(mesh, axis)
 
-    def attention_bytes(self, x: Local, block_q: int, block_kv: int) -> int:
+    def attention_bytes(self, x: Local, block_q: int, block_kv: int, reach=GLOBAL_REACH, layout="") -> int:
         # ring's two blocks in flight, plus the round's base block and the next group's (K and V, bf16)
         return super().attention_bytes(x, block_q, block_kv) + 2 * x.Ll * x.kv_token * 2 * BF16
 

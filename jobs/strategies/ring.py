@@ -5,7 +5,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from jobs.strategies.base import BF16, FP32, Local, Schedule, Strategy, kernel_bytes, ring_hops
+from jobs.strategies.base import (
+    BF16,
+    FP32,
+    GLOBAL_REACH,
+    Local,
+    Reach,
+    Schedule,
+    Strategy,
+    kernel_bytes,
+    ring_hops,
+)
 
 
 def travelling_kv_bytes(x: Local, tokens: int, hkv: int) -> int:
@@ -21,20 +31,23 @@ class Ring(Strategy):
     # The ring may span slices: each hop's transfer hides behind that hop's attention.
     dcn_axes = ("context", "data", "fsdp")
 
-    def attention_bytes(self, x: Local, block_q: int, block_kv: int) -> int:
+    def attention_bytes(self, x: Local, block_q: int, block_kv: int, reach=GLOBAL_REACH, layout="") -> int:
         return travelling_kv_bytes(x, x.Ll, x.hkv) + kernel_bytes(
             x, x.Ll, x.Ll, x.hq, x.hkv, block_q, block_kv
         )
 
-    def comm_bytes(self, x: Local) -> tuple[int, int]:
+    def comm_bytes(self, x: Local, reach=GLOBAL_REACH, layout="", block_kv=0) -> tuple[int, int]:
+        # a window skips kernels, not transfers: every hop still passes its block on (reach_hops)
         return 0, int(2 * (x.P - 1) / x.P * x.L * x.kv_token * BF16)
 
     def hop_tokens(self, x: Local) -> int:
         return x.Ll
 
-    def schedule(self, x: Local, layout: str, block_q: int, block_kv: int) -> Schedule:
+    def schedule(
+        self, x: Local, layout: str, block_q: int, block_kv: int, reach: Reach = GLOBAL_REACH
+    ) -> Schedule:
         block = 2 * x.Ll * x.kv_token * BF16  # the K,V shard each hop passes on
-        hops = ring_hops(x, x.P, x.Ll, layout, block_q, block_kv, block)
+        hops = ring_hops(x, x.P, x.Ll, layout, block_q, block_kv, block, reach)
         return Schedule(hops, x.hq, block_q, block_kv, ring_group=x.P)
 
     def dcn_bytes(self, x: Local, mesh: Mapping[str, int], axis: str, slices: int) -> tuple[int, int]:

@@ -5,7 +5,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from jobs.strategies.base import BF16, FP32, Local, Schedule, Strategy, kernel_bytes, ring_hops
+from jobs.strategies.base import (
+    BF16,
+    FP32,
+    GLOBAL_REACH,
+    Local,
+    Reach,
+    Schedule,
+    Strategy,
+    kernel_bytes,
+    ring_hops,
+)
 
 
 class Ulysses(Strategy):
@@ -17,7 +27,7 @@ class Ulysses(Strategy):
     def degrees(self, mesh: Mapping[str, int]) -> tuple[int, int]:
         return int(mesh.get("context", 1)), 1
 
-    def attention_bytes(self, x: Local, block_q: int, block_kv: int) -> int:
+    def attention_bytes(self, x: Local, block_q: int, block_kv: int, reach=GLOBAL_REACH, layout="") -> int:
         hq_u = max(x.hq // x.U, 1)
         hkv_u = max(x.hkv // x.U, 1)  # fewer kv heads than U: each device gets one replicated head
         tr = x.L // x.R  # tokens per device after the all-to-all (the whole sequence without a ring)
@@ -27,19 +37,21 @@ class Ulysses(Strategy):
         ring = 2 * x.B * tr * hkv_u * x.D * (2 * BF16 + 2 * FP32) if x.R > 1 else 0
         return a2a + ring + kernel_bytes(x, tr, tr, hq_u, hkv_u, block_q, block_kv)
 
-    def comm_bytes(self, x: Local) -> tuple[int, int]:
+    def comm_bytes(self, x: Local, reach=GLOBAL_REACH, layout="", block_kv=0) -> tuple[int, int]:
         U, R = x.U, x.R
         hkv = max(x.hkv, U)  # kv heads replicated up to U before the all-to-all when Hkv < U
         a2a = int((U - 1) / U**2 * (x.L / R) * x.D * (2 * x.hq + 2 * hkv) * x.B * BF16)
         ring = int(2 * (R - 1) / R * x.L * max(x.hkv // U, 1) * x.D * x.B * BF16) if R > 1 else 0
         return a2a, ring
 
-    def schedule(self, x: Local, layout: str, block_q: int, block_kv: int) -> Schedule:
+    def schedule(
+        self, x: Local, layout: str, block_q: int, block_kv: int, reach: Reach = GLOBAL_REACH
+    ) -> Schedule:
         """The all-to-alls, then H/U heads over the whole sequence, or (usp) over a ring of R shards of L/R."""
         U, R = x.U, x.R
         shard = x.L // R
         block = 2 * x.B * shard * max(x.hkv // U, 1) * x.D * BF16
-        hops = ring_hops(x, R, shard, layout, block_q, block_kv, block)
+        hops = ring_hops(x, R, shard, layout, block_q, block_kv, block, reach)
         a2a = self.comm_bytes(x)[0]
         return Schedule(hops, max(x.hq // U, 1), block_q, block_kv, a2a_bytes=a2a, a2a_group=U, ring_group=R)
 

@@ -124,8 +124,7 @@ def plan_one(
             f"limited by {st.limiter}"
         )
     pk = packing.of(spec)
-    if note := packing.words(pk, spec, st.mfu):
-        why.append(note)
+    why += [n for n in (steptime.layer_words(spec, w, model), packing.words(pk, spec, st.mfu)) if n]
     hours = cost.chip_hours(spec, model, st.step_s)
     return PlanRow(
         **base,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from jobs import strategies
 from jobs.spec import LOSS_CHUNK as LOSS_CHUNK_TOKENS  # jobs/model.loss_fn's unembedding chunk, per device
 from jobs.spec import ModelSpec, TrialSpec, residuals
-from jobs.strategies.base import BF16, FP32, Local
+from jobs.strategies.base import BF16, FP32, Local, Reach
 
 
 def local_sizes(spec: TrialSpec) -> Local:
@@ -36,10 +36,24 @@ def layer_params(m: ModelSpec) -> int:
     return m.embed * m.head_dim * (2 * m.q_heads + 2 * m.kv_heads) + 3 * m.embed * m.mlp + 2 * m.embed
 
 
+def layer_reaches(spec: TrialSpec) -> tuple[tuple[str, int, Reach], ...]:
+    """(layer type, layers of it, how far back its queries see) per type of model.attention_pattern, in
+    first-seen order: a window or chunk that covers the whole row is global (Reach.of), as the job runs it."""
+    m, L = spec.model, spec.context_length
+    kinds = m.layer_types()
+    sizes = {"local": (m.window, 0), "chunked": (0, m.chunk)}
+    return tuple((k, kinds.count(k), Reach.of(*sizes.get(k, (0, 0)), L)) for k in dict.fromkeys(kinds))
+
+
 def attention_bytes(spec: TrialSpec, x: Local | None = None) -> int:
-    """Transient bytes of the strategy's attention for one layer (its registry entry's term)."""
-    s = spec.strategy
-    return strategies.get(s.name).attention_bytes(x or local_sizes(spec), s.block_q, s.block_kv)
+    """Transient bytes of the strategy's attention for one layer (its registry entry's term): the largest
+    over the model's layer types (a window's halo holds less than a whole gather)."""
+    s, x = spec.strategy, x or local_sizes(spec)
+    strategy = strategies.get(s.name)
+    return max(
+        strategy.attention_bytes(x, s.block_q, s.block_kv, reach, s.layout)
+        for _, _, reach in layer_reaches(spec)
+    )
 
 
 def breakdown(spec: TrialSpec, *, loss_chunk_tokens: int | None = None) -> dict[str, int]:

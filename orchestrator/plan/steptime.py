@@ -25,9 +25,10 @@ from dataclasses import dataclass
 
 from jobs.spec import TrialSpec
 from orchestrator.plan.hardware import ClusterModel, model_of, peak_tflops
-from orchestrator.plan.work import ATTN_BWD, Dcn, Rates, Work, price, step_work
+from orchestrator.plan.memory import layer_reaches
+from orchestrator.plan.work import ATTN_BWD, Dcn, Rates, Work, price, schedule_seconds, step_work
 
-__all__ = ["SETTLED", "StepTime", "band_of", "kernel_efficiency", "rates", "step_time"]
+__all__ = ["SETTLED", "StepTime", "band_of", "kernel_efficiency", "layer_words", "rates", "step_time"]
 
 # A step whose kernels and matmuls are at least this share of it is priced mostly by the rates every table pins
 # (long steps): its band is step_band_*; below, fixed_band_* (held-out errors grow there: the calibration page).
@@ -180,3 +181,36 @@ def _dcn_note(d: Dcn) -> str:
         f"; DCN over {d.axis} across {d.slices} slices: {d.exposed_s:.3g} s exposed of "
         f"{d.attention_s + d.fsdp_s:.3g} s of transfers"
     )
+
+
+def layer_words(spec: TrialSpec, w: Work, model: ClusterModel | None = None) -> str:
+    """The attention of each layer type in words, where the model has more than one or a window or chunk:
+    its layers, how far back they see, its seconds per step (tiles, calls, exposed transfers and blocking
+    collectives, as the step-time model prices them) and the ring steps whose kernels run. A window or chunk at
+    least the context length is said to be global: the job runs those layers as global ones."""
+    m, L = spec.model, spec.context_length
+    reaches = layer_reaches(spec)
+    wide = [
+        f"model.{key}={size:,} >= context length {L:,}: its {kind} layers attend globally"
+        for kind, key, size in (("local", "window", m.window), ("chunked", "chunk", m.chunk))
+        if kind in m.attention_pattern and size >= L
+    ]
+    if len(reaches) == 1 and not reaches[0][2].limited:
+        return "; ".join(wide)
+    c = model or model_of(spec.cluster)
+    r = rates(c, m.head_dim, peak_tflops(spec))
+    notes = []
+    for (kind, layers, reach), (_, sched, passes) in zip(reaches, w.attention_layers(), strict=True):
+        kernel, calls, exposed, _, blocking = schedule_seconds(sched, w, r, spec.cluster, c)
+        secs = passes * (kernel + calls + exposed + blocking)
+        span = (
+            f" (window {reach.window:,})"
+            if reach.window
+            else f" (chunk {reach.chunk:,})"
+            if reach.chunk
+            else ""
+        )
+        run = sum(h.count for h in sched.hops if h.scores)
+        steps = f", kernels on {run} of {sched.steps} ring steps" if sched.steps > 1 else ""
+        notes.append(f"{layers} {kind} layers{span}: attention {secs:.3g} s{steps}")
+    return "; ".join(wide + ["layer types: " + ", ".join(notes)])

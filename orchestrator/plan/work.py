@@ -17,7 +17,7 @@ from jobs.spec import ClusterSpec, TrialSpec, residuals
 from jobs.strategies.base import Schedule
 from orchestrator.plan import hardware, packing
 from orchestrator.plan.hardware import ClusterModel
-from orchestrator.plan.memory import BF16, FP32, layer_params, local_sizes
+from orchestrator.plan.memory import BF16, FP32, layer_params, layer_reaches, local_sizes
 
 # The attention backward in forwards of work: model FLOPs count 2 (dQ, and dK with dV); a flash kernel forms
 # the scores again, 5 matmuls of the forward's size (QK^T, dP, dS K, dS^T Q, P^T dO) against its 2, so 2.5.
@@ -59,6 +59,15 @@ class Work:
     dcn_blocking_bytes: int = 0  # the strategy's slice-crossing attention traffic (jobs/strategies)
     dcn_ring_bytes: int = 0
     dcn_fsdp_bytes: float = 0.0  # the FSDP gathers' and gradient reduce-scatters' DCN phase
+    # Per layer type of model.attention_pattern: (type, its schedule, its layer passes). A window or chunk
+    # skips the tiles and hops its queries cannot reach; `schedule` is the global layers' (or the first type's).
+    layer_schedules: tuple[tuple[str, Schedule, int], ...] = ()
+
+    def attention_layers(self) -> tuple[tuple[str, Schedule, int], ...]:
+        """Each layer type's schedule and layer passes (one global type when built without them)."""
+        if self.layer_schedules:
+            return self.layer_schedules
+        return (("global", self.schedule, self.layer_passes),) if self.schedule is not None else ()
 
     def attention_tflop(self, backward: float, replay: float) -> float:
         """Attention's model TFLOP on the busiest device when its backward costs `backward` forwards and a
@@ -83,13 +92,20 @@ def step_work(spec: TrialSpec, offload: tuple[str, ...] | None = None) -> Work:
     # whole forward and backward per microbatch, so FSDP gathers and reduce-scatters once per microbatch too)
     A = max(t.grad_accum, 1)
     N, passes, gathers = m.layers * A, 3 + redo_attn, 3 + redo_layers
-    blocking, ring = s.comm_bytes(x)
+    layout, bq, bk = spec.strategy.layout, spec.strategy.block_q, spec.strategy.block_kv
+    kinds = [
+        (k, n * A, s.schedule(x, layout, bq, bk, r), s.comm_bytes(x, r, layout, bk))
+        for k, n, r in layer_reaches(spec)
+    ]
+    # the global layers' schedule speaks for the step (imbalance, the limiter's words); a model with none, its first type's
+    _, _, sched, _ = next((k for k in kinds if k[0] == "global"), kinds[0])
+    blocking = sum(n * b for _, n, _, (b, _) in kinds)  # forward, per device, all layers
+    ring = sum(n * r for _, n, _, (_, r) in kinds)
     f = devices // x.T
     fsdp = N * layer_params(m) / x.T * (f - 1) / f * (gathers * BF16 + FP32) if f > 1 else 0.0
     tensor = N * passes * 4 * (x.T - 1) / x.T * x.tokens * m.embed * BF16 if x.T > 1 else 0.0
     per_token = {"layer_input": m.embed * BF16, "attn_out": x.hq * m.head_dim * BF16, "mlp_act": x.M * BF16}
     # Simulated CPU devices share the host's cores: what a light device leaves idle the busiest one gets.
-    sched = s.schedule(x, spec.strategy.layout, spec.strategy.block_q, spec.strategy.block_kv)
     cpu = spec.cluster.platform == "cpu"
     imbalance = 1.0 if cpu else sched.scores() / max(sched.scores(busiest=False), 1e-9)
     tile_scale = 1.0
@@ -118,9 +134,9 @@ def step_work(spec: TrialSpec, offload: tuple[str, ...] | None = None) -> Work:
         replays_layers=redo_layers,
         replays_attention=redo_attn,
         passes=passes,
-        attention_comm_bytes_per_layer=blocking + ring,
-        attention_blocking_bytes=N * passes * blocking,
-        attention_ring_bytes=N * passes * ring,
+        attention_comm_bytes_per_layer=(blocking + ring) // N,
+        attention_blocking_bytes=passes * blocking,
+        attention_ring_bytes=passes * ring,
         fsdp_bytes=fsdp,
         tensor_bytes=tensor,
         host_bytes=2 * N * x.tokens * sum(per_token[n] for n in names),
@@ -131,6 +147,7 @@ def step_work(spec: TrialSpec, offload: tuple[str, ...] | None = None) -> Work:
         head_dim=m.head_dim,
         layer_matmul_tflop=(weights - unembed) / m.layers * per_dev / A,
         fsdp_group=f,
+        layer_schedules=tuple((k, sc, n) for k, n, sc, _ in kinds),
         **dcn,
     )
 
@@ -231,11 +248,20 @@ def _attention(
     w: Work, r: Rates, c: ClusterSpec, m: ClusterModel, bw: float
 ) -> tuple[float, float, float, float, float]:
     """(kernel tiles, kernel calls, exposed ring, ring bytes at line rate, blocking collectives) in seconds
-    per step, hop by hop: a hop costs max(its tiles and calls, its K,V exchange), the all-gather and the
-    all-to-alls around the hops block."""
-    sch = w.schedule
-    if sch is None:
-        return 0.0, 0.0, 0.0, 0.0, 0.0
+    per step, layer type by layer type, hop by hop: a hop costs max(its tiles and calls, its K,V exchange), the
+    all-gather (or a window's halo) and the all-to-alls around the hops block."""
+    total = [0.0] * 5
+    for _, sch, n in w.attention_layers():
+        for i, v in enumerate(schedule_seconds(sch, w, r, c, m, bw)):
+            total[i] += n * v
+    return total[0], total[1], total[2], total[3], total[4]
+
+
+def schedule_seconds(
+    sch: Schedule, w: Work, r: Rates, c: ClusterSpec, m: ClusterModel, bw: float | None = None
+) -> tuple[float, float, float, float, float]:
+    """One layer's attention (forward, backward, replay) under `sch`, in seconds: see _attention."""
+    bw = bw or float(m.ici_bytes_per_s) or 1e11
     score_tflop = 4 * w.head_dim * sch.heads * w.sequences * w.tile_scale / 1e12  # QK^T and PV, per score
     t_score = score_tflop / (r.peak_tflops * r.attention_efficiency)
     busiest = c.platform != "cpu"  # simulated devices share the host's cores: the mean is what they see
@@ -263,8 +289,7 @@ def _attention(
             blocking += sch.gather_bytes / (bw * links * r.collective_efficiency) + r.latency_s
         if sch.a2a_bytes:
             blocking += sch.a2a_bytes / (2 * bw * r.collective_efficiency) + 2 * r.latency_s
-    n = w.layer_passes
-    return n * kernel, n * calls, n * exposed, n * line, n * blocking
+    return kernel, calls, exposed, line, blocking
 
 
 def price(w: Work, r: Rates, c: ClusterSpec, m: ClusterModel) -> Terms:
@@ -274,7 +299,7 @@ def price(w: Work, r: Rates, c: ClusterSpec, m: ClusterModel) -> Terms:
     host offload, on its own DMA engines, hides behind all of that except its `offload_exposed` share. Each pair
     of compute and what hides behind it costs max(compute, transfer), so faster rates never make a step slower:
     the roofline's step is at most the model's."""
-    bw = float(m.ici_bytes_per_s) or 1e11
+    bw = float(m.ici_bytes_per_s) or 1e11  # schedule_seconds's default too
     matmul_s = w.matmul_tflop / (r.peak_tflops * r.matmul_efficiency)
     if w.schedule is not None:
         attention_s, calls_s, exposed_ring_s, ring_ici_s, collectives_s = _attention(w, r, c, m, bw)

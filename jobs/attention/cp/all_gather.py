@@ -20,22 +20,17 @@ from jobs import strategies
 from jobs.attention.core import match_varying
 from jobs.attention.kernels import attend
 from jobs.attention.kernels.hop import MONOTONIC, Order
-from jobs.attention.kernels.xla import fit_block
 from jobs.attention.layout import global_positions
 from jobs.attention.sharding import Options, axis_size
+from jobs.strategies.all_gather import halo_tokens
 
 FAR = jnp.iinfo(jnp.int32).max // 2  # the position of a halo slot before token 0: in every query's future
 
 
 def halo_length(o: Options, P: int, Ll: int) -> int:
-    """Keys to fetch before the local shard (0: gather everything instead). Rounded up to the shard's kernel
-    block so the keys' length keeps a large block dividing it; a halo reaching P-1 shards is a full gather."""
-    back = o.span.lookback
-    if back is None or o.layout != "contiguous" or P == 1:
-        return 0
-    block = fit_block(Ll, o.block_kv)
-    h = -(-back // block) * block
-    return h if -(-h // Ll) < P - 1 else 0
+    """Keys to fetch before the local shard (0: gather everything instead): jobs.strategies.all_gather's rule,
+    which the planner prices too."""
+    return halo_tokens(o.span.lookback, o.layout, P, Ll, o.block_kv)
 
 
 def fetch_halo(xs: tuple, axis: str, P: int, Ll: int, h: int) -> list:

@@ -1,0 +1,148 @@
+"""The planner prices each layer type apart: a window's or chunk's tiles, ring steps and halo, as the job runs them."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import numpy as np
+import pytest
+
+from jobs import strategies
+from jobs.strategies.all_gather import halo_tokens
+from jobs.strategies.base import BF16, GLOBAL_REACH, Reach, causal_scores, reach_hops, shard_runs
+from orchestrator.config import grid
+from orchestrator.config import load as config
+from orchestrator.plan import memory, plan, plan_one, work
+
+pytestmark = pytest.mark.usefixtures("pinned_cpu_peak")
+
+
+def specs(*overrides: str):
+    return grid.expand(config.load(["dry_run=true", *overrides]))
+
+
+def dense_live(qpos: np.ndarray, kpos: np.ndarray, bq: int, bk: int, reach: Reach) -> int:
+    """Score entries of every (bq x bk) tile, aligned to the ranges' starts, with a visible score: by brute force."""
+    lo = np.array([reach.lo(int(q)) for q in qpos])
+    see = (qpos[:, None] >= kpos[None, :]) & (kpos[None, :] >= lo[:, None])
+    total = 0
+    for i in range(0, len(qpos), bq):
+        for j in range(0, len(kpos), bk):
+            tile = see[i : i + bq, j : j + bk]
+            total += tile.size if tile.any() else 0
+    return total
+
+
+def test_reach_is_the_data_planes_span_on_ints():
+    from jobs.attention.span import Span
+
+    for window, chunk in ((5, 0), (1, 0), (0, 7), (0, 1)):
+        span, reach = Span(window or None, chunk or None), Reach(window, chunk)
+        assert reach.lookback == span.lookback
+        for q in range(40):
+            assert reach.lo(q) == int(span.lo(np.int32(q)))
+    assert Reach.of(4096, 0, 4096) == GLOBAL_REACH == Reach.of(0, 8192, 1024)
+    assert Reach.of(1024, 0, 4096) == Reach(1024, 0)
+
+
+def test_tile_counts_match_a_dense_mask():
+    rng = random.Random(0)
+    for _ in range(300):
+        reach = rng.choice([GLOBAL_REACH, Reach(rng.randint(1, 40), 0), Reach(0, rng.randint(1, 40))])
+        q0, k0 = rng.randint(0, 60), rng.randint(0, 60)
+        nq, nk = rng.randint(1, 33), rng.randint(1, 33)
+        bq, bk = rng.randint(1, 9), rng.randint(1, 9)
+        want = dense_live(np.arange(q0, q0 + nq), np.arange(k0, k0 + nk), bq, bk, reach)
+        assert causal_scores(q0, nq, k0, nk, bq, bk, reach) == want, (q0, nq, k0, nk, bq, bk, reach)
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+@pytest.mark.parametrize("reach", [Reach(5, 0), Reach(20, 0), Reach(0, 12)])
+def test_ring_steps_are_the_busiest_devices_live_tiles(layout, reach):
+    """Step s: device r attends the keys of device r - s; the step's cost is its busiest device's tiles, its
+    calls the (query run, key run) pairs that run; every step but the last passes its block on."""
+    P, Ll, bq, bk = 8, 8, 4, 4
+    hops = reach_hops(P, Ll, layout, bq, bk, 100, reach)
+    steps = [h for h in hops for _ in range(h.count)]
+    assert len(steps) == P
+    for s, h in enumerate(steps):
+        per = []
+        for r in range(P):
+            j = (r - s) % P
+            pairs = [
+                dense_live(np.arange(q0, q0 + nq), np.arange(k0, k0 + nk), bq, bk, reach)
+                for (q0, nq), (k0, nk) in itertools.product(
+                    shard_runs(r, P, Ll, layout), shard_runs(j, P, Ll, layout)
+                )
+            ]
+            per.append((sum(pairs), sum(p > 0 for p in pairs)))
+        assert h.scores == max(per)[0] and h.calls == max(c for _, c in per)
+        assert h.mean_scores == pytest.approx(sum(t for t, _ in per) / P)
+        assert h.send_bytes == (100 if s < P - 1 else 0)
+
+
+def test_a_short_window_runs_the_kernels_of_the_steps_it_reaches():
+    x = memory.Local(B=1, Ll=1024, L=8192, P=8, U=1, R=8, T=1, S=8, hq=8, hkv=2, M=64, V=64, D=64)
+    ring = strategies.get("ring")
+    # contiguous: the own shard and the one before; zigzag: the own step and both neighbours' (steps 1 and P-1)
+    sched = ring.schedule(x, "contiguous", 512, 512, Reach(300, 0))
+    assert [h.count for h in sched.hops if h.scores] == [1, 1] and sched.steps == 8
+    zig = ring.schedule(x, "zigzag", 512, 512, Reach(300, 0))
+    assert sum(h.count for h in zig.hops if h.scores) == 3 and zig.hops[-1].scores > 0
+    glob = ring.schedule(x, "zigzag", 512, 512)
+    assert zig.scores() < glob.scores() / 3  # whole 512-key tiles: a 300-token window costs up to 2 per row
+
+
+def test_all_gather_fetches_a_windows_halo_only_in_the_contiguous_layout():
+    x = memory.Local(B=1, Ll=1024, L=8192, P=8, U=1, R=8, T=1, S=8, hq=8, hkv=2, M=64, V=64, D=64)
+    ag, reach = strategies.get("all_gather"), Reach(300, 0)
+    h = halo_tokens(reach.lookback, "contiguous", 8, 1024, 512)
+    assert h == 512  # 299 keys back, rounded up to the shard's 512-key block
+    assert ag.comm_bytes(x, reach, "contiguous", 512) == (2 * h * x.kv_token * BF16, 0)
+    assert ag.comm_bytes(x, reach, "zigzag", 512) == ag.comm_bytes(x)  # the whole gather
+    assert ag.schedule(x, "contiguous", 512, 512, reach).gather_group == 2  # one neighbour, not the group
+    halo, whole = (ag.attention_bytes(x, 512, 512, reach, lay) for lay in ("contiguous", "zigzag"))
+    assert halo < whole == ag.attention_bytes(x, 512, 512)
+    assert halo_tokens(reach.lookback, "contiguous", 2, 1024, 512) == 0  # a halo of P-1 shards: gather
+
+
+def test_gemma_prices_its_local_layers_apart_and_says_so():
+    (spec,) = specs("model=gemma3_27b", "cluster=tpu7x_128", "context_length=1048576", "strategy=usp")
+    w = work.step_work(spec)
+    kinds = {k: (sched, n) for k, sched, n in w.attention_layers()}
+    assert set(kinds) == {"local", "global"} and kinds["local"][1] == 52 and kinds["global"][1] == 10
+    assert kinds["local"][0].scores() < kinds["global"][0].scores() / 100  # window 1,024 of 1M tokens
+    row = plan_one(spec)
+    assert "52 local layers (window 1,024)" in row.reason and "10 global layers" in row.reason
+    # the same model with every layer global is priced as a global model: several times slower
+    (glob,) = specs(
+        "model=gemma3_27b",
+        "cluster=tpu7x_128",
+        "context_length=1048576",
+        "strategy=usp",
+        "model.attention_pattern=[global]",
+    )
+    assert plan_one(glob).predicted_step_s > 3 * row.predicted_step_s
+
+
+def test_a_window_at_least_the_context_is_global_and_the_plan_says_so():
+    (wide,) = specs("model=tiny_gemma", "context_length=512", "model.window=512", "strategy=ring")
+    (glob,) = specs(
+        "model=tiny_gemma", "context_length=512", "model.attention_pattern=[global]", "strategy=ring"
+    )
+    a, b = plan_one(wide), plan_one(glob)
+    assert "model.window=512 >= context length 512: its local layers attend globally" in a.reason
+    assert (
+        a.predicted_step_s == b.predicted_step_s
+        and a.predicted_hbm_bytes_per_device == b.predicted_hbm_bytes_per_device
+    )
+
+
+@pytest.mark.parametrize("model", ["gemma3_27b", "qwen3_32b"])
+@pytest.mark.parametrize("cluster", ["v5p_128", "tpu7x_128"])
+def test_roofline_bounds_prediction_for_the_new_families(model, cluster):
+    rows = plan(specs("+sweep=cp_scaling", f"cluster={cluster}", f"model={model}"))
+    valid = [r for r in rows if r.verdict != "invalid"]
+    assert len(valid) >= 20
+    assert all(r.roofline_mfu >= r.predicted_mfu * (1 - 1e-12) for r in valid)
