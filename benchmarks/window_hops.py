@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from jobs.attention import attention, hopcount  # noqa: E402
 from jobs.mesh import small_mesh  # noqa: E402
 from jobs.strategies import rules as cp_rules  # noqa: E402
+from jobs.strategies.base import ring_steps  # noqa: E402
 from orchestrator import provenance  # noqa: E402
 from orchestrator.ui import markdown  # noqa: E402
 
@@ -94,15 +95,13 @@ def measure(a: argparse.Namespace) -> list[list[str]]:
         total = 2 * P * P * (4 if layout == "zigzag" else 1)  # fwd + bwd
         for w, t in zip(windows, times, strict=True):
             if w is None or w >= L:  # a window covering the row is global attention (the same program)
-                run, how = 2 * structural_pairs(layout, L, P), "by structure"
-                skipped = total - run
+                run, how, steps = 2 * structural_pairs(layout, L, P), "by structure", P
             else:
-                run, skipped = counted(step_fn(mesh, layout, a.block, w), args)
-                how = "counted"
+                run, _ = counted(step_fn(mesh, layout, a.block, w), args)
+                how, steps = "counted", ring_steps(P, L // P, layout, w - 1)
             label = "global causal" if w is None else f"window {w:,}" + (" (>= L: global)" if w >= L else "")
-            rows.append(
-                [layout, label, f"{run}/{total} ({how})", f"{skipped}", f"{t:.3f}", f"{times[0] / t:.2f}x"]
-            )
+            row = [layout, label, f"{steps}/{P}", f"{run}/{total} ({how})", f"{total - run}", f"{t:.3f}"]
+            rows.append([*row, f"{times[0] / t:.2f}x"])
             print(" | ".join(rows[-1]), flush=True)
     return rows
 
@@ -121,7 +120,7 @@ def main(argv: list[str]) -> int:
     a = ap.parse_args(argv)
     made = provenance.current(PROG, argv, load=True)  # before the run: its commit
     rows = measure(a)
-    head = ["layout", "mask", "chunk pairs run (fwd+bwd)", "skipped", "fwd+bwd s", "vs global"]
+    head = ["layout", "mask", "ring steps", "chunk pairs run (fwd+bwd)", "not run", "fwd+bwd s", "vs global"]
     body = markdown.table(head, rows)
     if not a.page:
         print(body)
@@ -131,9 +130,11 @@ def main(argv: list[str]) -> int:
 (shards of {Ll:,} tokens; zigzag chunks of {Ll // 2:,}), Hq = {a.q_heads}, Hkv = {a.kv_heads}, D = {a.head_dim},
 block {a.block}, fp32; median of {a.iters} interleaved runs. A window of W tokens lets a query see W - 1 keys
 before it: a hop's (query chunk, key chunk) pair that no query of the chunk can reach skips its kernel (its K/V
-still travels). *chunk pairs run*: pairs whose kernel ran, over all pairs (devices x hops x pairs per hop,
-forward and backward), counted on the devices by `jobs.attention.hopcount`; the global row's are those of the
-causal ring's structure. The simulated devices share the host's cores, so time is the sum of all devices' work."""
+still travels), and in the contiguous layout the ring stops rotating after the last shard a window reaches
+(*ring steps*: the steps it runs, of P). *chunk pairs run*: pairs whose kernel ran, over all pairs of a full ring
+(devices x P hops x pairs per hop, forward and backward), counted on the devices by `jobs.attention.hopcount`;
+the global row's are those of the causal ring's structure. The simulated devices share the host's cores, so time
+is the sum of all devices' work."""
     path = provenance.write_page(a.page, "Sliding windows on the ring: hops skipped", made, note, body)
     print(f"wrote {path}")
     return 0

@@ -19,6 +19,7 @@ import pytest  # noqa: E402
 from jobs.attention import attention, hopcount, reference_attention  # noqa: E402
 from jobs.mesh import small_mesh  # noqa: E402
 from jobs.strategies import rules as cp_rules  # noqa: E402
+from jobs.strategies.base import ring_steps  # noqa: E402
 
 TOL = 5e-5
 L, H, D, BLOCK = 64, 8, 8, 8
@@ -223,12 +224,16 @@ def test_window_skips_unreachable_hops(layout, P, window):
     with hopcount.counting() as counter:
         jax.block_until_ready(jax.jit(lambda *a: grads(f, *a[:4], a[4]))(q, k, v, sinks, ct))
         jax.effects_barrier()
-    total = P * P * (4 if layout == "zigzag" else 1)
+    # the contiguous ring stops rotating at the last shard the window reaches: 2 of P steps here
+    steps = ring_steps(P, len(perm) // P, layout, window - 1)
+    total = P * steps * (4 if layout == "zigzag" else 1)
     run = expected_pairs(layout, P, window)
     want = {"fwd": run, "bwd": run, "fwd skipped": total - run, "bwd skipped": total - run}
     assert dict(counter) == want
     if layout == "contiguous":
-        assert run == P + (P - 1)  # of P * P = 64: 49 hops skipped
+        assert steps == 2 and run == P + (
+            P - 1
+        )  # of P * 2 = 16 pairs: device 0's second (its future) skipped
 
 
 def test_window_or_chunk_covering_the_row_is_global_attention():

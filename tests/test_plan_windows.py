@@ -10,7 +10,7 @@ import pytest
 
 from jobs import strategies
 from jobs.strategies.all_gather import halo_tokens
-from jobs.strategies.base import BF16, GLOBAL_REACH, Reach, causal_scores, reach_hops, shard_runs
+from jobs.strategies.base import BF16, GLOBAL_REACH, Reach, causal_scores, reach_hops, ring_steps, shard_runs
 from orchestrator.config import grid
 from orchestrator.config import load as config
 from orchestrator.plan import memory, plan, plan_one, work
@@ -65,7 +65,8 @@ def test_ring_steps_are_the_busiest_devices_live_tiles(layout, reach):
     P, Ll, bq, bk = 8, 8, 4, 4
     hops = reach_hops(P, Ll, layout, bq, bk, 100, reach)
     steps = [h for h in hops for _ in range(h.count)]
-    assert len(steps) == P
+    n = ring_steps(P, Ll, layout, reach.lookback)  # contiguous: the ring stops at the last shard reached
+    assert len(steps) == n == (P if layout == "zigzag" else {4: 2, 19: 4, 11: 3}[reach.lookback])
     for s, h in enumerate(steps):
         per = []
         for r in range(P):
@@ -79,7 +80,14 @@ def test_ring_steps_are_the_busiest_devices_live_tiles(layout, reach):
             per.append((sum(pairs), sum(p > 0 for p in pairs)))
         assert h.scores == max(per)[0] and h.calls == max(c for _, c in per)
         assert h.mean_scores == pytest.approx(sum(t for t, _ in per) / P)
-        assert h.send_bytes == (100 if s < P - 1 else 0)
+        assert h.send_bytes == (100 if s < n - 1 else 0)
+    # the steps the ring does not run hold no visible score on any device
+    for s in range(n, P):
+        for r in range(P):
+            for (q0, nq), (k0, nk) in itertools.product(
+                shard_runs(r, P, Ll, layout), shard_runs((r - s) % P, P, Ll, layout)
+            ):
+                assert dense_live(np.arange(q0, q0 + nq), np.arange(k0, k0 + nk), bq, bk, reach) == 0
 
 
 def test_a_short_window_runs_the_kernels_of_the_steps_it_reaches():
@@ -87,7 +95,9 @@ def test_a_short_window_runs_the_kernels_of_the_steps_it_reaches():
     ring = strategies.get("ring")
     # contiguous: the own shard and the one before; zigzag: the own step and both neighbours' (steps 1 and P-1)
     sched = ring.schedule(x, "contiguous", 512, 512, Reach(300, 0))
-    assert [h.count for h in sched.hops if h.scores] == [1, 1] and sched.steps == 8
+    assert [h.count for h in sched.hops if h.scores] == [1, 1] and sched.steps == 2  # then it stops rotating
+    assert ring.comm_bytes(x, Reach(300, 0), "contiguous")[1] == ring.comm_bytes(x)[1] // 7  # 1 send of 7
+    assert strategies.get("double_ring").schedule(x, "contiguous", 512, 512, Reach(300, 0)).steps == 8
     zig = ring.schedule(x, "zigzag", 512, 512, Reach(300, 0))
     assert sum(h.count for h in zig.hops if h.scores) == 3 and zig.hops[-1].scores > 0
     glob = ring.schedule(x, "zigzag", 512, 512)

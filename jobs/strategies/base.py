@@ -166,7 +166,15 @@ class Schedule:
 
 
 def ring_hops(
-    x: Local, P: int, Ll: int, layout: str, bq: int, bk: int, send: int, reach: Reach = GLOBAL_REACH
+    x: Local,
+    P: int,
+    Ll: int,
+    layout: str,
+    bq: int,
+    bk: int,
+    send: int,
+    reach: Reach = GLOBAL_REACH,
+    truncates: bool = True,
 ) -> tuple[Hop, ...]:
     """The P steps of a causal ring over shards of Ll tokens, the busiest device's at every step (steps are in
     lockstep: each waits for the neighbour's block). Contiguous: at step s only the devices r >= s see their
@@ -174,7 +182,7 @@ def ring_hops(
     2P-1-r of Ll/2): the first step is two diagonals and a whole chunk pair, every later one two whole chunk
     pairs on every device. A window or chunk (`reach`): see reach_hops."""
     if reach.limited:
-        return reach_hops(P, Ll, layout, bq, bk, send, reach)
+        return reach_hops(P, Ll, layout, bq, bk, send, reach, truncates)
     if P <= 1:
         return (Hop(causal_scores(0, Ll, 0, Ll, bq, bk), causal_scores(0, Ll, 0, Ll, bq, bk), 1, 0),)
     if layout == "zigzag" and Ll % 2 == 0:
@@ -206,15 +214,30 @@ def shard_runs(r: int, P: int, Ll: int, layout: str) -> tuple[tuple[int, int], .
     return ((r * Ll, Ll),)
 
 
+def ring_steps(P: int, Ll: int, layout: str, lookback: int | None) -> int:
+    """Steps a ring of P shards of Ll tokens runs: all P, unless its queries see at most `lookback` keys back (a
+    window or chunk) in the contiguous layout, where device r needs only the blocks of r, r-1, ..., r-n+1:
+    n = 1 + (Ll - 1 + lookback) // Ll. The ring then stops rotating after n steps (jobs/attention/cp/ring.py: the
+    backward sends each block's gradient home n - 1 devices back). Zigzag keeps all P: a shard's second chunk
+    reaches back to the device after it, the far end of the rotation."""
+    if lookback is None or layout != "contiguous" or P <= 1:
+        return P
+    return min(P, 1 + (Ll - 1 + lookback) // Ll)
+
+
 @lru_cache(maxsize=1024)
-def reach_hops(P: int, Ll: int, layout: str, bq: int, bk: int, send: int, reach: Reach) -> tuple[Hop, ...]:
+def reach_hops(
+    P: int, Ll: int, layout: str, bq: int, bk: int, send: int, reach: Reach, truncates: bool = True
+) -> tuple[Hop, ...]:
     """A ring under a window or chunk, as jobs/attention/cp/span_hop.py runs it: each hop is cut into (query
-    run, key run) pairs (1 contiguous, 4 zigzag) and a pair no query can reach skips its kernel; every hop
-    still passes its K,V block on (the ring rotates through all P steps). Device by device and step by step:
-    the busiest device's tiles and calls, and the mean; runs of identical steps are folded into counts. Double
-    ring visits the same sources in another order; its steps are priced in this one."""
+    run, key run) pairs (1 contiguous, 4 zigzag) and a pair no query can reach skips its kernel; a step within
+    the ring's rotation passes its K,V block on even when it skips (ring_steps: a contiguous ring stops
+    rotating at the window's last shard, when it `truncates`). Device by device and step by step: the busiest
+    device's tiles and calls, and the mean; runs of identical steps are folded into counts. Double ring visits
+    the same sources in another order and all of them; its steps are priced in this one."""
     steps: list[Hop] = []
-    for s in range(P):
+    n = ring_steps(P, Ll, layout, reach.lookback) if truncates else P
+    for s in range(n):
         per: list[tuple[int, int]] = []
         for r in range(P):
             j = (r - s) % P
@@ -227,7 +250,7 @@ def reach_hops(P: int, Ll: int, layout: str, bq: int, bk: int, send: int, reach:
         busiest = max(per)
         mean = sum(p[0] for p in per) / P
         merged = Ll if busiest[0] else 0
-        steps.append(Hop(busiest[0], mean, max(p[1] for p in per), send if s < P - 1 else 0, merged=merged))
+        steps.append(Hop(busiest[0], mean, max(p[1] for p in per), send if s < n - 1 else 0, merged=merged))
     hops: list[Hop] = []
     for h in steps:  # fold consecutive identical steps
         if hops and replace(hops[-1], count=1) == h:

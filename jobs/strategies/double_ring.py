@@ -17,6 +17,7 @@ class DoubleRing(Ring):
         "ring of rings: inner rings within groups, one outer transfer per inner round: for slow outer links"
     )
     dcn_axes = ("context", "data", "fsdp")  # the outer ring crosses slices, once per inner round
+    truncates = False  # its rounds visit every source (the inner ring's order), window or not
 
     def ring_size(self, mesh: Mapping[str, int]) -> int:
         return int(mesh.get("context", 1)) * int(mesh.get("context_ulysses", 1))  # zigzag over all P

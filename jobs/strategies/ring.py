@@ -15,6 +15,7 @@ from jobs.strategies.base import (
     Strategy,
     kernel_bytes,
     ring_hops,
+    ring_steps,
 )
 
 
@@ -30,6 +31,8 @@ class Ring(Strategy):
     summary = "K/V rotate around one ring, transfers hidden behind attention: O(L/P) memory at any head count"
     # The ring may span slices: each hop's transfer hides behind that hop's attention.
     dcn_axes = ("context", "data", "fsdp")
+    # A window or chunk in the contiguous layout stops the rotation at the last shard it reaches (ring_steps).
+    truncates = True
 
     def attention_bytes(self, x: Local, block_q: int, block_kv: int, reach=GLOBAL_REACH, layout="") -> int:
         return travelling_kv_bytes(x, x.Ll, x.hkv) + kernel_bytes(
@@ -37,8 +40,9 @@ class Ring(Strategy):
         )
 
     def comm_bytes(self, x: Local, reach=GLOBAL_REACH, layout="", block_kv=0) -> tuple[int, int]:
-        # a window skips kernels, not transfers: every hop still passes its block on (reach_hops)
-        return 0, int(2 * (x.P - 1) / x.P * x.L * x.kv_token * BF16)
+        # a window sends the blocks of the steps the ring still runs (ring_steps), each skipped kernel or not
+        steps = ring_steps(x.P, x.Ll, layout, reach.lookback) if self.truncates else x.P
+        return 0, int(2 * (steps - 1) / x.P * x.L * x.kv_token * BF16)
 
     def hop_tokens(self, x: Local) -> int:
         return x.Ll
@@ -47,7 +51,7 @@ class Ring(Strategy):
         self, x: Local, layout: str, block_q: int, block_kv: int, reach: Reach = GLOBAL_REACH
     ) -> Schedule:
         block = 2 * x.Ll * x.kv_token * BF16  # the K,V shard each hop passes on
-        hops = ring_hops(x, x.P, x.Ll, layout, block_q, block_kv, block, reach)
+        hops = ring_hops(x, x.P, x.Ll, layout, block_q, block_kv, block, reach, self.truncates)
         return Schedule(hops, x.hq, block_q, block_kv, ring_group=x.P)
 
     def dcn_bytes(self, x: Local, mesh: Mapping[str, int], axis: str, slices: int) -> tuple[int, int]:

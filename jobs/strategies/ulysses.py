@@ -15,6 +15,7 @@ from jobs.strategies.base import (
     Strategy,
     kernel_bytes,
     ring_hops,
+    ring_steps,
 )
 
 
@@ -41,7 +42,8 @@ class Ulysses(Strategy):
         U, R = x.U, x.R
         hkv = max(x.hkv, U)  # kv heads replicated up to U before the all-to-all when Hkv < U
         a2a = int((U - 1) / U**2 * (x.L / R) * x.D * (2 * x.hq + 2 * hkv) * x.B * BF16)
-        ring = int(2 * (R - 1) / R * x.L * max(x.hkv // U, 1) * x.D * x.B * BF16) if R > 1 else 0
+        steps = ring_steps(R, x.L // R, layout, reach.lookback)  # usp's ring stops where a window ends
+        ring = int(2 * (steps - 1) / R * x.L * max(x.hkv // U, 1) * x.D * x.B * BF16) if R > 1 else 0
         return a2a, ring
 
     def schedule(

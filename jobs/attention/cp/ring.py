@@ -30,6 +30,7 @@ from jobs.attention.layout import block_positions
 from jobs.attention.sharding import Options, axis_size
 from jobs.attention.span import GLOBAL, Span
 from jobs.attention.tokens import Tokens, tokens
+from jobs.strategies.base import ring_steps
 
 
 @dataclass(frozen=True)
@@ -44,9 +45,15 @@ class RingConfig:
     span: Span = GLOBAL
 
 
-def _shift(cfg: RingConfig, tree):
-    """Send to the next device of the ring (r -> r+1); issued before the compute it overlaps with."""
-    return jax.lax.ppermute(tree, cfg.axis, [(i, (i + 1) % cfg.size) for i in range(cfg.size)])
+def _shift(cfg: RingConfig, tree, by: int = 1):
+    """Send `by` devices along the ring (r -> r+by); issued before the compute it overlaps with."""
+    return jax.lax.ppermute(tree, cfg.axis, [(i, (i + by) % cfg.size) for i in range(cfg.size)])
+
+
+def _steps(cfg: RingConfig, Ll: int) -> int:
+    """Steps the ring runs: all of them, or, for a window or chunk in the contiguous layout, only up to the
+    last shard it reaches (jobs.strategies.base.ring_steps, the rule the planner prices)."""
+    return ring_steps(cfg.size, Ll, cfg.layout, cfg.span.lookback)
 
 
 def _index(cfg: RingConfig) -> jax.Array:
@@ -148,9 +155,9 @@ def hop_bwd(cfg: RingConfig, j, r, q, blk, o, lse, do, pos, *, own: bool = False
     return jax.lax.cond(j < r, full, lambda: (zeros(q), zeros(k), zeros(v)))
 
 
-def _hops(cfg: RingConfig, step: Callable, carry: tuple) -> tuple:
-    """Hops s = 1 .. R-2 (carry leads with s)."""
-    return loop(1, cfg.size - 1, step, carry)
+def _hops(n: int, step: Callable, carry: tuple) -> tuple:
+    """Hops s = 1 .. n-2 of n (carry leads with s)."""
+    return loop(1, n - 1, step, carry)
 
 
 def loop(lo: int, hi: int, step: Callable, carry: tuple) -> tuple:
@@ -177,7 +184,8 @@ def _ring_fwd(cfg: RingConfig, q, k, v, tok: Tokens | None):
     pos = block_positions(q.shape[1] * cfg.size, cfg.layout, cfg.size, r)
     hop = lambda s, blk: _hop_fwd(cfg, s, r, q, blk, pos, tok)
     blk = block(k, v, tok)
-    if cfg.size == 1:
+    n = _steps(cfg, q.shape[1])
+    if n == 1:
         return hop(0, blk)
     nxt = _shift(cfg, blk)
     o, lse = hop(0, blk)
@@ -188,8 +196,8 @@ def _ring_fwd(cfg: RingConfig, q, k, v, tok: Tokens | None):
         o, lse = merge(o, lse, *hop(s, blk))
         return (s + 1, o, lse, nxt)
 
-    _, o, lse, blk = _hops(cfg, step, (o, lse, nxt))
-    return merge(o, lse, *hop(cfg.size - 1, blk))
+    _, o, lse, blk = _hops(n, step, (o, lse, nxt))
+    return merge(o, lse, *hop(n - 1, blk))
 
 
 def saved_core(fwd: Callable, bwd: Callable, doc: str) -> Callable:
@@ -230,7 +238,8 @@ def _ring_core_bwd(cfg, res, do):
     pos = block_positions(q.shape[1] * cfg.size, cfg.layout, cfg.size, r)
     hop = lambda s, blk: _hop_bwd(cfg, s, r, q, blk, o, lse, do, pos, tok)
     blk = block(k, v, tok)
-    if cfg.size == 1:
+    n = _steps(cfg, q.shape[1])
+    if n == 1:
         dq, dk, dv = hop(0, blk)
         return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
     nxt = _shift(cfg, blk)
@@ -244,9 +253,10 @@ def _ring_core_bwd(cfg, res, do):
         dkv = _shift(cfg, (dk + dk_s, dv + dv_s))
         return (s + 1, dq + dq_s, nxt, dkv)
 
-    _, dq, blk, (dk, dv) = _hops(cfg, step, (dq, nxt, dkv))
-    dq_s, dk_s, dv_s = hop(cfg.size - 1, blk)
-    dk, dv = _shift(cfg, (dk + dk_s, dv + dv_s))  # final hop home: we held block r+1's gradient
+    _, dq, blk, (dk, dv) = _hops(n, step, (dq, nxt, dkv))
+    dq_s, dk_s, dv_s = hop(n - 1, blk)
+    # final hop home: we held block r-(n-1)'s gradient (the whole ring: r+1's, one step on)
+    dk, dv = _shift(cfg, (dk + dk_s, dv + dv_s), 1 - n)
     return (dq + dq_s).astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype), None
 
 

@@ -2,7 +2,8 @@
 chunk) pairs, one pair contiguous and four zigzag (a zigzag block is chunks r and 2R-1-r, each a run of
 positions), and a pair runs its kernel only when some query of its chunk can see some key of the other
 (Span.ranges_see, exact for runs of positions); the others skip it with lax.cond. So a window shorter than
-a shard runs the own hop and the previous shard's, and every farther hop costs only its transfer.
+a shard runs the own hop and the previous shard's; farther hops cost only their transfer, and in the contiguous
+layout ring.py does not run them at all (ring_steps).
 
 Shared by ring, usp and double_ring (through ring.hop_fwd / hop_bwd). A pair that runs gets the causal and
 span masks by true positions (the xla kernel also skips its inner blocks that the span cannot reach).
