@@ -90,7 +90,7 @@ def _open_points(
         if tid in seen:
             continue
         seen.add(tid)
-        label = layout.trial_label(spec.strategy.name, spec.context_length, spec.mesh.label(), "column")
+        label = layout.spec_label(spec, "column")
         if tid in done:
             progress.add(tid, label, spec.train.steps, "skipped", "finished earlier in this sweep")
         elif row.verdict != "run":

@@ -265,7 +265,7 @@ def test_info_shows_search_path_groups_and_defaults(capsys):
     rows = [[c.strip() for c in ln.split("|")[1:-1]] for ln in out.split("Config groups")[0].splitlines()]
     assert ["main", str(CONF_DIR)] in rows and ["hydra", "pkg://hydra.conf"] in rows
     assert "  strategy: all_gather, double_ring, none, ring, ulysses, [usp]" in out
-    assert "  sweep: cp_scaling, multislice, quickstart, [smoke]" in out
+    assert "  sweep: cp_scaling, families, multislice, quickstart, [smoke]" in out
     tree = out.split("Defaults tree\n")[1].split("\n\n")[0].splitlines()
     leaves = [
         "model_keys",

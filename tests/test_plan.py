@@ -186,6 +186,11 @@ def test_outputs():
         "step s (band)" in text and "MFU ≤ (roofline)" not in text
     )  # compact: the roofline is in the reason
     assert max(len(line.rstrip()) for line in text.splitlines()) <= 100
+    assert "    model " not in text  # one model: not repeated on every point
+    console = Console(record=True, width=100)
+    render_table(plan([spec(length=131_072), spec("tiny_gemma", length=131_072)]), console)
+    text = console.export_text()  # a sweep over models: each point's model on its detail line
+    assert "    model llama3_1_8b; " in text and "    model tiny_gemma; " in text
     console = Console(record=True, width=300)
     render_table(rows, console, wide=True)
     assert "MFU ≤ (roofline)" in console.export_text()

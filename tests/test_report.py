@@ -167,6 +167,37 @@ def test_strategies_on_several_meshes_get_separate_series():
     assert labels == ["ring context8", "ring data2xcontext4"]
 
 
+def test_a_sweep_over_models_names_each_series_and_run_by_its_model():
+    from orchestrator.tracking.layout import spec_label
+
+    gemma = ModelSpec(
+        **{**TINY.__dict__, "name": "tiny_gemma", "attention_pattern": ("local", "global"), "window": 32}
+    )
+    specs = [
+        TrialSpec(
+            **{
+                **make_spec("ring", L).__dict__,
+                "model": m,
+                "axes": (("model", m.name), ("context_length", L)),
+            }
+        )
+        for m in (TINY, gemma)
+        for L in (512, 1024)
+    ]
+    recs = {s.trial_id: fake_records(s) for s in specs}
+    figs = make_figures(collect(specs, recs.__getitem__))
+    mfu = figs["mfu_vs_context"].axes[0]
+    assert sorted(ln.get_label() for ln in mfu.get_lines() if ln.get_label()[0] != "_") == [
+        "tiny ring",
+        "tiny_gemma ring",
+    ]
+    assert "tiny, tiny_gemma on local" in mfu.get_title()
+    # a model axis names the model in the run's name and the progress line; a one-model sweep's stay as they were
+    assert spec_label(specs[2], "run") == "ring-L512-context8-tiny_gemma"
+    assert spec_label(specs[2]) == "ring L=512 context8 tiny_gemma"
+    assert spec_label(make_spec("ring", 512), "run") == "ring-L512-context8"
+
+
 def test_loss_by_position_is_a_metric_and_a_parent_plot():
     from jobs.records import StepRecord, SummaryRecord
     from orchestrator.results.report import TrialResult, position_figure

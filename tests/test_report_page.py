@@ -118,7 +118,8 @@ def test_points_join_the_plan_rows_with_what_ran():
     from types import SimpleNamespace as NS
 
     def row(tid, verdict, low=None, high=None):
-        fields = dict(strategy="ring", mesh="context8", context_length=1024, policy="full", reason="fits")
+        fields = dict(model="tiny", strategy="ring", mesh="context8", context_length=1024, policy="full")
+        fields["reason"] = "fits"
         band = dict(predicted_step_low_s=low, predicted_step_high_s=high)
         plan = dict(predicted_step_s=0.5, predicted_mfu=0.1, predicted_hbm_bytes_per_device=2**29)
         return NS(trial_id=tid, verdict=verdict, **fields, **band, **plan)
@@ -137,3 +138,14 @@ def test_points_join_the_plan_rows_with_what_ran():
         c.verdict == "infeasible"
         and html.counts([a, b, c]) == "3 grid points: 1 finished, 1 failed, 1 infeasible"
     )
+
+
+def test_a_sweep_over_models_gets_a_section_and_a_grid_column_per_model():
+    one = [html.Point(**{**p.__dict__, "model": "tiny"}) for p in points()]
+    two = [*one, *(html.Point(**{**p.__dict__, "model": "tiny_gemma"}) for p in one)]
+    assert "model tiny" not in html.lengths_table(one) and "<th>model</th>" not in html.grid_table(one)
+    by_model = html.lengths_table(two)
+    assert by_model.index("<h3>model tiny</h3>") < by_model.index("<h3>model tiny_gemma</h3>")
+    assert by_model.count("<h4>1,024 tokens</h4>") == 2 and "<h3>1,024" not in by_model
+    grid = html.grid_table(two)
+    assert "<th>model</th>" in grid and grid.count("<td>tiny_gemma</td>") == len(one)

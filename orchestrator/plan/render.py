@@ -187,6 +187,7 @@ def _compact(rows: list[PlanRow], console: Any, title: str) -> None:
     def fmt(cells: list[str]) -> str:
         return "  ".join(cells[i].rjust(widths[i]) if i in right else cells[i].ljust(widths[i]) for i in keep)
 
+    several_models = len({r.model for r in rows}) > 1  # a sweep over models: each point's on its detail line
     clusters = ", ".join(sorted({r.cluster for r in rows}))
     console.print(f"{title} on {clusters} (every column: wide=true; all of it: output=json)", markup=False)
     console.print(Text(fmt(heads), style="bold"), soft_wrap=True)
@@ -195,7 +196,8 @@ def _compact(rows: list[PlanRow], console: Any, title: str) -> None:
         line = Text(fmt(cells))
         line.stylize(COLOURS.get(r.verdict, ""), at, at + widths[3])
         console.print(line, soft_wrap=True)
-        detail = ([f"mesh {r.mesh}"] if mesh_apart else []) + ([f"policy {r.policy}"] if r.policy else [])
+        detail = [f"model {r.model}"] * several_models + [f"mesh {r.mesh}"] * mesh_apart
+        detail += [f"policy {r.policy}"] if r.policy else []
         text = "; ".join([*detail, r.reason])
         for part in textwrap.wrap(text, width=width - 4, break_on_hyphens=False):
             console.print(f"    {part}", markup=False, highlight=False, style="dim", soft_wrap=True)

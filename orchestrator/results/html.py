@@ -57,6 +57,7 @@ class Point:
     measured_mfu: float | None = None
     measured_gib: float | None = None  # the runtime's peak (None where the backend keeps no counters)
     link: str = ""  # the child run in the dashboard
+    model: str = ""
 
 
 def _num(v: float | None, fmt: str) -> str:
@@ -99,9 +100,17 @@ def _link(p: Point, text: str) -> str:
     return f'<a href="{html.escape(p.link)}">{html.escape(text)}</a>' if p.link else html.escape(text)
 
 
+def _models(points: Sequence[Point]) -> list[str]:
+    """The sweep's models, where it ran more than one (a one-model page names none)."""
+    models = sorted({p.model for p in points})
+    return models if len(models) > 1 else []
+
+
 def grid_table(points: Sequence[Point]) -> str:
+    several = bool(_models(points))
     rows = [
-        [
+        [html.escape(p.model)] * several
+        + [
             _link(p, p.strategy),
             html.escape(p.mesh),
             f"{p.context_length:,}",
@@ -111,12 +120,20 @@ def grid_table(points: Sequence[Point]) -> str:
         ]
         for p in points
     ]
-    return _table(["strategy", "mesh", "context", "policy", "verdict", "reason"], rows, numeric=(2,))
+    head = ["model"] * several + ["strategy", "mesh", "context", "policy", "verdict", "reason"]
+    return _table(head, rows, numeric=(2 + several,))
 
 
-def lengths_table(points: Sequence[Point]) -> str:
-    """Per context length: the planner's pick among the sweep's runnable points, then every point that ran,
-    predicted against measured. Lengths where nothing ran or could run share one line."""
+def lengths_table(points: Sequence[Point], tag: str = "h3") -> str:
+    """Per context length (and model, where the sweep ran several): the planner's pick among the sweep's
+    runnable points, then every point that ran, predicted against measured. Lengths where nothing ran or
+    could run share one line."""
+    models = _models(points)
+    if models:
+        return "".join(
+            f"<h3>model {html.escape(m)}</h3>" + lengths_table([p for p in points if p.model == m], "h4")
+            for m in models
+        )
     out, idle = [], []
     banded = any(_has_band(p) for p in points)
     for length in sorted({p.context_length for p in points}):
@@ -128,20 +145,20 @@ def lengths_table(points: Sequence[Point]) -> str:
         if not (ran or runnable):
             idle.append(here)
             continue
-        out.append(_length(length, runnable, ran, banded))
+        out.append(_length(length, runnable, ran, banded, tag))
     if idle:
         first, last = idle[0][0].context_length, idle[-1][0].context_length
         span = f"{first:,}" if first == last else f"{first:,} to {last:,}"
         verdicts = Counter(p.verdict for here in idle for p in here)
         said = ", ".join(f"{n} {v}" for v, n in verdicts.items())
         out.append(
-            f"<h3>{span} tokens</h3><p>nothing the planner expects to run here ({said}; the reasons are in "
+            f"<{tag}>{span} tokens</{tag}><p>nothing the planner expects to run here ({said}; the reasons are in "
             f"the grid below), e.g. {html.escape(idle[0][0].reason)}</p>"
         )
     return "".join(out)
 
 
-def _length(length: int, runnable: list[Point], ran: list[Point], banded: bool) -> str:
+def _length(length: int, runnable: list[Point], ran: list[Point], banded: bool, tag: str) -> str:
     pick = min(runnable, key=lambda p: p.predicted_step_s, default=None)
     fastest = min(ran, key=lambda p: p.measured_step_s, default=None)
     said = (
@@ -165,7 +182,7 @@ def _length(length: int, runnable: list[Point], ran: list[Point], banded: bool) 
         row += [_num(p.predicted_gib, ",.3g"), _num(p.measured_gib, ",.3g")]
         rows.append(row)
     numeric = [i for i, h in enumerate(head) if h not in ("strategy", "mesh", "in band")]
-    return f"<h3>{length:,} tokens</h3><p>{said}</p>" + _table(head, rows, numeric=numeric)
+    return f"<{tag}>{length:,} tokens</{tag}><p>{said}</p>" + _table(head, rows, numeric=numeric)
 
 
 def points(
@@ -203,6 +220,7 @@ def points(
                 t.summary.mfu if t is not None else None,
                 measured / GIB if measured else None,
                 link_of(r.trial_id),
+                r.model,
             )
         )
     return out

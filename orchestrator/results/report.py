@@ -131,14 +131,17 @@ def _at_run_peak(spec: TrialSpec, start: StartRecord) -> Any:
 
 
 def _series(trials: list[TrialResult]) -> dict[str, list[TrialResult]]:
-    """Trials grouped per strategy (and mesh, where one strategy ran on several), sorted by context length."""
+    """Trials grouped per strategy (and mesh, where one strategy ran on several; and model, where the sweep ran
+    several), sorted by context length."""
     meshes = defaultdict(set)
     for t in trials:
         meshes[t.spec.strategy.name].add(t.spec.mesh.label())
+    several_models = len({t.spec.model.name for t in trials}) > 1
     groups: dict[str, list[TrialResult]] = defaultdict(list)
     for t in trials:
         name = t.spec.strategy.name
-        groups[name if len(meshes[name]) == 1 else f"{name} {t.spec.mesh.label()}"].append(t)
+        name = name if len(meshes[name]) == 1 else f"{name} {t.spec.mesh.label()}"
+        groups[f"{t.spec.model.name} {name}" if several_models else name].append(t)
     return {k: sorted(v, key=lambda t: t.spec.context_length) for k, v in sorted(groups.items())}
 
 
@@ -207,8 +210,8 @@ def _finish(fig: Figure, ax) -> Figure:
 
 
 def _where(trials: list[TrialResult]) -> str:
-    t = trials[0].spec
-    return f"{t.model.name} on {t.cluster.name}"
+    models = ", ".join(sorted({t.spec.model.name for t in trials}))
+    return f"{models} on {trials[0].spec.cluster.name}"
 
 
 def mfu_figure(trials: list[TrialResult]) -> Figure:

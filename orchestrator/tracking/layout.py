@@ -67,13 +67,25 @@ SUMMARY_METRICS = (
 )
 GIB = 2**30  # bytes per GiB, the unit of the memory metrics, plots and tables
 # How people read a trial: "ring L=1024 context8" (the gate, the trial log); in aligned columns (the progress
-# lines); as an MLflow run name, "ring-L1024-context8" (docs/reference/mlflow.md).
+# lines); as an MLflow run name, "ring-L1024-context8" (docs/reference/mlflow.md). A sweep over models adds the
+# model: "ring L=1024 context8 tiny_gemma", "ring-L1024-context8-tiny_gemma".
 LABELS = {"text": "{s} L={L} {m}", "column": "{s:<10} L={L:<9} {m}", "run": "{s}-L{L}-{m}"}
+MODEL_SEP = {"text": " ", "column": " ", "run": "-"}
 
 
-def trial_label(strategy: str, context_length: int | str, mesh: str, style: str = "text") -> str:
-    """A trial's name for people, in one of the LABELS styles."""
-    return LABELS[style].format(s=strategy, L=context_length, m=mesh)
+def trial_label(
+    strategy: str, context_length: int | str, mesh: str, style: str = "text", model: str = ""
+) -> str:
+    """A trial's name for people, in one of the LABELS styles; `model` where the sweep has a model axis."""
+    label = LABELS[style].format(s=strategy, L=context_length, m=mesh)
+    return f"{label}{MODEL_SEP[style]}{model}" if model else label
+
+
+def spec_label(spec: TrialSpec, style: str = "text") -> str:
+    """trial_label of a trial, naming its model only where the sweep varies the model (so a one-model sweep's
+    names stay what they always were)."""
+    model = spec.model.name if "model" in dict(spec.axes) else ""
+    return trial_label(spec.strategy.name, spec.context_length, spec.mesh.label(), style, model)
 
 
 def trial_params(spec: TrialSpec) -> dict[str, str]:

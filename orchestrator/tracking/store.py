@@ -36,9 +36,9 @@ from orchestrator.tracking.layout import (
     TrialLog,
     record_points,
     record_tags,
+    spec_label,
     stored_log,
     stored_records,
-    trial_label,
     trial_params,
 )
 from orchestrator.tracking.leases import Leases
@@ -174,7 +174,7 @@ class MlflowTracker:
     def open_trial(self, spec: TrialSpec, sweep_id: str) -> None:
         """Find or create the trial's child run, nothing more (its lease is claimed before it is described)."""
         identity = {"sweep_id": sweep_id, "trial_id": spec.trial_id}
-        name = trial_label(spec.strategy.name, spec.context_length, spec.mesh.label(), "run")
+        name = spec_label(spec, "run")
         self._open(spec.trial_id, identity, {"kind": "trial"}, name, "sweep")
 
     # --- reads (synchronous) ------------------------------------------------------------------
@@ -249,7 +249,7 @@ class MlflowTracker:
         key = spec.trial_id
         self.open_trial(spec, sweep_id)
         self.logs[key] = held = self._held(key)
-        label = trial_label(spec.strategy.name, spec.context_length, spec.mesh.label())
+        label = spec_label(spec)
         held.lines.append(f"trial {key} {label} cluster={spec.cluster.name}")
         self._put(key, params=trial_params(spec))
         self.log_text(key, spec.to_json(), "trial_spec.json")
