@@ -5,7 +5,8 @@ device, no jax):
     python benchmarks/families.py --page   # docs/results/families.md, through orchestrator.provenance
 
 Each row is `python -m orchestrator recommend=true model=M cluster=C context_length=L`'s first answer, with its
-runner-up strategy and, for a model with windowed layers, the seconds its layer types take in the answer's step.
+runner-up strategy and, for a model with windowed layers, the seconds its layer types take in the answer's step and
+how the best candidate with a strategy per layer type (strategy.local) compares with the answer.
 """
 
 from __future__ import annotations
@@ -22,12 +23,15 @@ from orchestrator.plan.search import Answer, search
 from orchestrator.ui.markdown import table
 
 PROG = "python benchmarks/families.py"
+MIX_LINES = ("a strategy per layer type:", "one strategy for every layer:")
 MODELS = ("gemma3_4b", "gemma3_27b", "qwen3_8b", "qwen3_32b")
 CLUSTERS = ("v5p_128", "tpu7x_128")
 LENGTHS = (131_072, 524_288, 1_048_576)
 NOTE = """The planner's answers, not measurements: the step-time model calibrated on published Llama runs
 (docs/results/calibration.md), applied to these shapes. A windowed layer's kernel is priced at the calibrated
-kernel rate, while on TPU it runs the xla kernel (docs/explanation/models.md)."""
+kernel rate, while on TPU it runs the xla kernel (docs/explanation/models.md). *a strategy per layer type*: the
+best candidate whose local layers run another strategy (strategy.local), how far its predicted step is from the
+answer's, and whether their bands overlap (a tie, lost on the tie-break)."""
 
 
 def answer(model: str, cluster: str, length: int) -> Answer:
@@ -47,17 +51,28 @@ def row(model: str, cluster: str, length: int) -> list[str]:
         if runner
         else "-"
     )
+    local = f" (local layers: {spec.strategy.local})" if spec.strategy.local else ""
     w = work.step_work(spec)
     kinds = steptime.layer_words(spec, w).removeprefix("layer types: ")
+    # the recommender's word on a strategy per layer type (strategy.local): its best mix against the winner
+    mix = next((x for x in a.losers if x.startswith(MIX_LINES)), "")
+    if mix:
+        kind, rest = mix.split(": ", 1)
+        behind, its_best = rest.split(" (its best: ", 1)
+        apart = behind.removeprefix("a tie: ").split(",")[0]
+        mix = f"{kind}, {its_best.split(', ')[0]}: {apart}" + (
+            ", a tie" if behind.startswith("a tie") else ""
+        )
     return [
         model,
         cluster,
         f"{length:,}",
-        f"{spec.strategy.name} {spec.strategy.layout} {r.mesh}, {best.policy.label()}",
+        f"{spec.strategy.name}{local} {spec.strategy.layout} {r.mesh}, {best.policy.label()}",
         f"{r.predicted_step_s:,.3g}",
         f"{r.predicted_mfu:.2f}",
         gib(r.predicted_hbm_bytes_per_device),
         f"next: {second}" + (f"; {kinds}" if kinds else ""),
+        mix or "-",
     ]
 
 
@@ -71,6 +86,7 @@ def markdown() -> str:
         "MFU",
         "HBM/device",
         "runner-up; layer types",
+        "a strategy per layer type",
     ]
     rows = [row(m, c, n) for m in MODELS for c in CLUSTERS for n in LENGTHS]
     return table(head, rows)

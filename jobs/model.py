@@ -194,7 +194,7 @@ def forward(
             q,
             k,
             v,
-            strategy=strategy.name,
+            strategy=strategy.for_layer(kind),
             mesh=mesh,
             causal=True,
             layout=strategy.layout,

@@ -244,6 +244,18 @@ class StrategySpec:
     )
     block_q: int = key(512, doc="Query block of the local kernel, in tokens.", ge=1)
     block_kv: int = key(512, doc="Key/value block of the local kernel, in tokens.", ge=1)
+    local: str = key(
+        "",
+        doc="CP strategy of the model's `local` and `chunked` layers (\"\": `name`'s, as every layer's). It shares "
+        "`name`'s mesh and token order: all_gather, ulysses and ring mix on a `context` mesh in any layout, usp "
+        "and double_ring only in the contiguous one. E.g. `name=ulysses local=all_gather layout=contiguous`: "
+        "the global layers swap heads, the windowed ones fetch only their halo.",
+        choices=("", *strategies.CP_NAMES),
+    )
+
+    def for_layer(self, kind: str) -> str:
+        """The strategy a layer of type `kind` (global, local, chunked) runs."""
+        return self.local if self.local and kind != "global" else self.name
 
 
 PACKS, LONG_DOCS = (
@@ -530,6 +542,8 @@ class TrialSpec:
             del d["train"]["memory"]
         if not self.mesh.dcn:
             del d["mesh"]["dcn"]  # likewise: a one-slice mesh keeps its id
+        if not self.strategy.local:
+            del d["strategy"]["local"]  # likewise: one strategy for every layer keeps its id
         for f in dataclasses.fields(ModelSpec):
             # likewise the keys of the layer pattern, sinks and the rest, which came after tie_embeddings
             if f.name not in _MODEL_KEYS_BEFORE_PATTERN and getattr(self.model, f.name) == f.default:

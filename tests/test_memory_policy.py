@@ -62,6 +62,7 @@ def test_ids_match_the_committed_code(monkeypatch):
         "mesh": mod.MeshSpec,
         "cluster": mod.ClusterSpec,
         "run": mod.RunSpec,
+        "strategy": mod.StrategySpec,
     }
     for overrides in ([], ["train.remat=save_attn"], ["strategy=usp", "train.dtype=float32"]):
         spec = spec_of(*overrides)

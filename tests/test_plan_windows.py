@@ -156,3 +156,104 @@ def test_roofline_bounds_prediction_for_the_new_families(model, cluster):
     valid = [r for r in rows if r.verdict != "invalid"]
     assert len(valid) >= 20
     assert all(r.roofline_mfu >= r.predicted_mfu * (1 - 1e-12) for r in valid)
+
+
+# --- a strategy per layer type (strategy.local) ------------------------------------------------------------
+GEMMA_1M = (
+    "model=gemma3_27b",
+    "cluster=tpu7x_128",
+    "context_length=1048576",
+    "mesh.context=16",
+    "mesh.data=8",
+)
+MIX = (*GEMMA_1M, "train.batch=8", "strategy.layout=contiguous")
+
+
+def test_each_layer_type_is_priced_under_its_own_strategy():
+    """ulysses for the global layers and all_gather for the local ones: each type's schedule and transfers are
+    those of a trial that runs its strategy on every layer."""
+    (mixed,) = specs(*MIX, "strategy=ulysses", "strategy.local=all_gather")
+    (uly,) = specs(*MIX, "strategy=ulysses")
+    (ag,) = specs(*MIX, "strategy=all_gather")
+    types = {
+        s.trial_id: {k: sched for k, sched, _ in work.step_work(s).attention_layers()} for s in (uly, ag)
+    }
+    got = {k: sched for k, sched, _ in work.step_work(mixed).attention_layers()}
+    assert got == {"local": types[ag.trial_id]["local"], "global": types[uly.trial_id]["global"]}
+    # memory: the largest type under its own strategy; here ulysses' global layer, not all_gather's full gather
+    assert memory.attention_bytes(mixed) == memory.attention_bytes(uly) < memory.attention_bytes(ag)
+    row = plan_one(mixed)
+    assert (
+        "52 local layers (window 1,024) under all_gather" in row.reason
+        and "global layers under ulysses" in row.reason
+    )
+    # its halo instead of two all-to-alls per local layer: faster than ulysses everywhere, by the local layers
+    assert row.predicted_step_s < plan_one(uly).predicted_step_s
+    assert (
+        mixed.trial_id != uly.trial_id
+        and specs(*MIX, "strategy=ulysses", "strategy.local=")[0].trial_id == uly.trial_id
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "words"),
+    [
+        (
+            ("model=tiny", "strategy=ring", "strategy.local=all_gather"),
+            "strategy.local=all_gather names the strategy of local and chunked layers, but model tiny has only global",
+        ),
+        (
+            (
+                "model=tiny_gemma",
+                "strategy=usp",
+                "mesh.context=2",
+                "mesh.context_ulysses=4",
+                "strategy.local=ring",
+            ),
+            "strategy.local=ring shards the sequence over context but strategy usp over context x context_ulysses".replace(
+                " x ", "x"
+            ),
+        ),
+        (
+            (
+                "model=tiny_gemma",
+                "strategy=usp",
+                "mesh.context=2",
+                "mesh.context_ulysses=4",
+                "strategy.local=double_ring",
+            ),
+            "strategy.local=double_ring cuts layout=zigzag for 8 ring positions but usp for 2",
+        ),
+        (
+            ("model=tiny_gemma", "strategy=ring", "strategy.local=ulysses", "model.q_heads=4"),
+            "ulysses splits q heads",
+        ),
+    ],
+)
+def test_a_strategy_per_layer_type_that_cannot_run_is_invalid_before_launch(overrides, words):
+    (spec,) = specs(*overrides)
+    row = plan_one(spec)
+    assert row.verdict == "invalid" and words in row.reason, row.reason
+
+
+def test_the_recommender_prices_mixes_only_for_windowed_models_and_says_whether_one_pays():
+    from orchestrator.plan.search import search
+
+    def answer(model: str):
+        (spec,) = specs(f"model={model}", "cluster=tpu7x_128", "context_length=131072")
+        return search(spec.model, spec.cluster, spec.context_length, spec.train, top=3)
+
+    llama, gemma = answer("llama3_1_8b"), answer("gemma3_27b")
+    assert not any("per layer type" in line or "every layer" in line for line in llama.losers)
+    assert (
+        gemma.searched > llama.searched
+    )  # each windowed candidate also under each strategy that mixes with it
+    (line,) = [
+        x
+        for x in gemma.losers
+        if x.startswith(("a strategy per layer type:", "one strategy for every layer:"))
+    ]
+    assert "(local layers: " in line and "s/step" in line
+    mixed = next((c for c in gemma.top if c.spec.strategy.local), None)
+    if mixed is not None:  # its command line selects the mix
+        assert f"strategy.local={mixed.spec.strategy.local}" in mixed.command

@@ -34,6 +34,27 @@ def ring_size(strategy: str, mesh: Mapping[str, int]) -> int:
     return _get(strategy).ring_size(mesh)
 
 
+def mix_problem(strategy: str, local: str, mesh: Mapping[str, int], layout: str) -> str | None:
+    """Whether the local and chunked layers may run `local` while the global ones run `strategy` (None: they
+    may): both shard the sequence over the same axes (the activations between layers stay where they are) and
+    cut it in the same token order (zigzag by the same ring size)."""
+    if not local or local == strategy:
+        return None
+    a, b = _get(strategy), _get(local)
+    if a.axes != b.axes:
+        return (
+            f"strategy.local={local} shards the sequence over {'x'.join(b.axes) or 'nothing'} but strategy "
+            f"{strategy} over {'x'.join(a.axes) or 'nothing'}; the layers must share it: mix all_gather, ulysses "
+            "and ring, or usp and double_ring"
+        )
+    if layout != "contiguous" and a.ring_size(mesh) != b.ring_size(mesh):
+        return (
+            f"strategy.local={local} cuts layout={layout} for {b.ring_size(mesh)} ring positions but {strategy} "
+            f"for {a.ring_size(mesh)}: the layers would disagree on the token order; use strategy.layout=contiguous"
+        )
+    return None
+
+
 def batch_problem(batch: int, data: int, fsdp: int, grad_accum: int = 1) -> str | None:
     """The one batch rule: `grad_accum` microbatches, each sharded over data x fsdp (None: it divides)."""
     dp, accum = data * fsdp, max(grad_accum, 1)

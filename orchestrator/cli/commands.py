@@ -126,6 +126,7 @@ def to_json(a: Answer, compiled: list[Comparison] | None = None) -> str:
             "rank": i + 1,
             **c.row.as_dict(),
             "layout": c.spec.strategy.layout,
+            "local": c.spec.strategy.local,
             "batch": c.spec.train.batch,
             "grad_accum": c.spec.train.grad_accum,
             "policy": c.policy.label(),
@@ -216,8 +217,9 @@ def _compact(a: Answer, console) -> None:
     for i, c in enumerate(a.top, 1):
         r, t = c.row, c.spec.train
         size = f"batch {t.batch}" + (f"/{t.grad_accum}" if t.grad_accum > 1 else "")
+        local = f" (local layers: {c.spec.strategy.local})" if c.spec.strategy.local else ""
         head = (
-            f"{i}. {r.strategy} {c.spec.strategy.layout} on {r.mesh}, {size}: step {_band(r)} s, "
+            f"{i}. {r.strategy}{local} {c.spec.strategy.layout} on {r.mesh}, {size}: step {_band(r)} s, "
             f"MFU {_mfu_band(r)}, {memory.gib(r.predicted_hbm_bytes_per_device)}/device"
         )
         for part in _wrap(head, console.width, "", "   "):
@@ -258,7 +260,7 @@ def _wide(a: Answer, console) -> None:
         size = f"{t.batch}" + (f"/{t.grad_accum}" if t.grad_accum > 1 else "")  # global batch / microbatches
         table.add_row(
             str(i),
-            r.strategy,
+            r.strategy + (f" (local layers: {c.spec.strategy.local})" if c.spec.strategy.local else ""),
             c.spec.strategy.layout,
             r.mesh,
             escape(c.policy.label()),

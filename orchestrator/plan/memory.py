@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from jobs import strategies
 from jobs.spec import LOSS_CHUNK as LOSS_CHUNK_TOKENS  # jobs/model.loss_fn's unembedding chunk, per device
 from jobs.spec import ModelSpec, TrialSpec, residuals
@@ -45,15 +47,26 @@ def layer_reaches(spec: TrialSpec) -> tuple[tuple[str, int, Reach], ...]:
     return tuple((k, kinds.count(k), Reach.of(*sizes.get(k, (0, 0)), L)) for k in dict.fromkeys(kinds))
 
 
+def layer_spec(spec: TrialSpec, kind: str) -> TrialSpec:
+    """The trial as a layer of type `kind` runs it: with strategy.local, the local and chunked layers' strategy
+    (the same mesh and token order, jobs/strategies/rules.mix_problem)."""
+    name = spec.strategy.for_layer(kind)
+    if name == spec.strategy.name:
+        return spec
+    return dataclasses.replace(spec, strategy=dataclasses.replace(spec.strategy, name=name))
+
+
 def attention_bytes(spec: TrialSpec, x: Local | None = None) -> int:
     """Transient bytes of the strategy's attention for one layer (its registry entry's term): the largest
-    over the model's layer types (a window's halo holds less than a whole gather)."""
-    s, x = spec.strategy, x or local_sizes(spec)
-    strategy = strategies.get(s.name)
-    return max(
-        strategy.attention_bytes(x, s.block_q, s.block_kv, reach, s.layout)
-        for _, _, reach in layer_reaches(spec)
-    )
+    over the model's layer types (a window's halo holds less than a whole gather), each under its strategy."""
+    s = spec.strategy
+    out = 0
+    for kind, _, reach in layer_reaches(spec):
+        here = layer_spec(spec, kind)
+        sizes = x if here is spec and x is not None else local_sizes(here)
+        strategy = strategies.get(here.strategy.name)
+        out = max(out, strategy.attention_bytes(sizes, s.block_q, s.block_kv, reach, s.layout))
+    return out
 
 
 def breakdown(spec: TrialSpec, *, loss_chunk_tokens: int | None = None) -> dict[str, int]:

@@ -167,25 +167,45 @@ def _attention(spec: TrialSpec) -> list[tuple[str, str]]:
         ),
     }
     out: list[tuple[str, str]] = []
-    for rule, kw in probes.items():
-        try:
-            cp_rules.validate(s.name, mesh=mesh, layout=s.layout, **kw)
-        except ValueError as e:
-            if all(str(e) != msg for _, msg in out):
-                out.append((rule, str(e)))
+    names = [s.name] + [s.local] * (s.local not in ("", s.name))
+    for name in names:
+        for rule, kw in probes.items():
+            try:
+                cp_rules.validate(name, mesh=mesh, layout=s.layout, **kw)
+            except ValueError as e:
+                if all(str(e) != msg for _, msg in out):
+                    out.append((rule, str(e)))
     if not out:  # a rule the probes cannot see apart (both passed): ask once with the real numbers
-        try:
-            cp_rules.validate(
-                s.name,
-                context_length=spec.context_length,
-                q_heads=m.q_heads,
-                kv_heads=m.kv_heads,
-                mesh=mesh,
-                layout=s.layout,
+        for name in names:
+            try:
+                cp_rules.validate(
+                    name,
+                    context_length=spec.context_length,
+                    q_heads=m.q_heads,
+                    kv_heads=m.kv_heads,
+                    mesh=mesh,
+                    layout=s.layout,
+                )
+            except ValueError as e:
+                out.append(("attention", str(e)))
+    return out + _local(spec)
+
+
+def _local(spec: TrialSpec) -> list[tuple[str, str]]:
+    """strategy.local: layers it applies to, and a mesh and token order it shares with strategy.name."""
+    s, pattern = spec.strategy, spec.model.attention_pattern
+    if not s.local:
+        return []
+    if "local" not in pattern and "chunked" not in pattern:
+        return [
+            (
+                "strategy per layer type",
+                f"strategy.local={s.local} names the strategy of local and chunked layers, but model "
+                f"{spec.model.name} has only global ones (attention_pattern={list(pattern)}); drop strategy.local",
             )
-        except ValueError as e:
-            out.append(("attention", str(e)))
-    return out
+        ]
+    problem = cp_rules.mix_problem(s.name, s.local, spec.mesh.shape(), s.layout)
+    return [("strategy per layer type", problem)] if problem else []
 
 
 def _multislice(spec: TrialSpec) -> list[tuple[str, str]]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 
 from jobs import strategies
 from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
+from jobs.strategies import rules as cp_rules
 from orchestrator.plan import PlanRow, auto, memory, plan, plan_one, policies, resources, steptime
 from orchestrator.plan import rules as validate
 from orchestrator.plan.hardware import ClusterModel, model_of
@@ -42,6 +43,7 @@ def command(spec: TrialSpec, policy: policies.Policy, tail: list[str], sized: bo
     `sized`: the search chose train.batch and train.grad_accum too, so the line sets them."""
     m, t = spec.mesh, spec.train
     words = [f"strategy={spec.strategy.name}", f"strategy.layout={spec.strategy.layout}"]
+    words += [f"strategy.local={spec.strategy.local}"] if spec.strategy.local else []
     words += [f"mesh.{a}={getattr(m, a)}" for a in ("context", "context_ulysses", "fsdp", "tensor", "data")]
     words += [f"mesh.dcn={m.dcn}"] if m.dcn else []
     words += [f"train.batch={t.batch}", f"train.grad_accum={t.grad_accum}"] if sized else []
@@ -143,7 +145,7 @@ def search(
     for b, a in sizes(train, batch, grad_accum):
         tr, scale = replace(train, batch=b, grad_accum=a), train.batch / b  # to seconds per point-sized step
         for spec0 in _layouts(model, cluster, context_length, tr):
-            key = (spec0.strategy.name, spec0.strategy.layout, spec0.mesh)
+            key = (spec0.strategy.name, spec0.strategy.layout, spec0.strategy.local, spec0.mesh)
             if tally.lost_before(key, b // a):
                 continue
             probs = [p for p in validate.problems(spec0) if p.rule != "memory policy"]
@@ -160,18 +162,33 @@ def search(
     if not chosen:
         closest = _closest(model, cluster, context_length, tally.lean, tally.invalid, limit)
         return Answer((), (), closest, tally.searched)
-    return Answer(chosen, _losers(ranked, tally, train.batch if sized else 0), "", tally.searched)
+    base = train.batch if sized else 0
+    mix = _mix_line(ranked, base, cm)
+    return Answer(chosen, _losers(ranked, tally, base) + ((mix,) if mix else ()), "", tally.searched)
 
 
 def _layouts(model: ModelSpec, cluster: ClusterSpec, length: int, train: TrainSpec) -> list[TrialSpec]:
-    """Every strategy under each of its layouts (its default first) on every candidate mesh, at one size."""
+    """Every strategy under each of its layouts (its default first) on every candidate mesh, at one size; for a
+    model with local or chunked layers, also each other strategy for those layers that shares the mesh and
+    token order (strategy.local)."""
     out = []
+    windowed = {"local", "chunked"} & set(model.attention_pattern)
     for name in strategies.CP_NAMES:
         s = strategies.get(name)
         for layout in sorted(s.layouts, key=lambda lay: lay != s.default_layout):
-            strat = StrategySpec(name=name, layout=layout)
             for mesh in candidate_meshes(name, cluster.devices, train.batch, slices=cluster.slices_per_trial):
-                out.append(TrialSpec(model, mesh, strat, length, train=train, cluster=cluster))
+                shape = mesh.shape()
+                locals_ = [""] + [
+                    other
+                    for other in strategies.CP_NAMES
+                    if windowed
+                    and other != name
+                    and layout in strategies.get(other).layouts
+                    and cp_rules.mix_problem(name, other, shape, layout) is None
+                ]
+                for local in locals_:
+                    strat = StrategySpec(name=name, layout=layout, local=local)
+                    out.append(TrialSpec(model, mesh, strat, length, train=train, cluster=cluster))
     return out
 
 
@@ -220,6 +237,24 @@ def _losers(ranked: list, tally: _Tally, base: int) -> tuple[str, ...]:
         elif fam in lean:
             out.append(f"policy {fam}: does not fit: {_leanest_words(*lean[fam], limit)}")
     return tuple(out)
+
+
+def _mix_line(ranked: list, base: int, cm: ClusterModel) -> str:
+    """For a model with local or chunked layers: whether a strategy per layer type (strategy.local) pays, as
+    the best candidate of the other kind against the winner ("" when no candidate mixes)."""
+    t0, win, _ = ranked[0]
+    mixed = bool(win.strategy.local)
+    other = next(((t, s, p) for t, s, p in ranked if bool(s.strategy.local) != mixed), None)
+    if other is None:
+        return ""
+    t, s, p = other
+    step = t * s.train.batch / base if base else t
+    what = "one strategy for every layer" if mixed else "a strategy per layer type"
+    local = f" (local layers: {s.strategy.local})" if s.strategy.local else ""
+    return (
+        f"{what}: {_behind(t / t0, s, win, cm)} (its best: {s.strategy.name}{local} on {_where(s, base)}, "
+        f"{p.label()}, {seconds(step)} s/step)"
+    )
 
 
 def _where(s: TrialSpec, sized: int) -> str:

@@ -212,5 +212,8 @@ def layer_words(spec: TrialSpec, w: Work, model: ClusterModel | None = None) -> 
         )
         run = sum(h.count for h in sched.hops if h.scores)
         steps = f", kernels on {run} of {sched.steps} ring steps" if sched.steps > 1 else ""
-        notes.append(f"{layers} {kind} layers{span}: attention {secs:.3g} s{steps}")
+        under = f" under {spec.strategy.for_layer(kind)}" if spec.strategy.local else ""
+        notes.append(
+            f"{layers} {kind} layer{'s' * (layers != 1)}{span}{under}: attention {secs:.3g} s{steps}"
+        )
     return "; ".join(wide + ["layer types: " + ", ".join(notes)])

@@ -17,7 +17,7 @@ from jobs.spec import ClusterSpec, TrialSpec, residuals
 from jobs.strategies.base import Schedule
 from orchestrator.plan import hardware, packing
 from orchestrator.plan.hardware import ClusterModel
-from orchestrator.plan.memory import BF16, FP32, layer_params, layer_reaches, local_sizes
+from orchestrator.plan.memory import BF16, FP32, layer_params, layer_reaches, layer_spec, local_sizes
 
 # The attention backward in forwards of work: model FLOPs count 2 (dQ, and dK with dV); a flash kernel forms
 # the scores again, 5 matmuls of the forward's size (QK^T, dP, dS K, dS^T Q, P^T dO) against its 2, so 2.5.
@@ -93,10 +93,11 @@ def step_work(spec: TrialSpec, offload: tuple[str, ...] | None = None) -> Work:
     A = max(t.grad_accum, 1)
     N, passes, gathers = m.layers * A, 3 + redo_attn, 3 + redo_layers
     layout, bq, bk = spec.strategy.layout, spec.strategy.block_q, spec.strategy.block_kv
-    kinds = [
-        (k, n * A, s.schedule(x, layout, bq, bk, r), s.comm_bytes(x, r, layout, bk))
-        for k, n, r in layer_reaches(spec)
-    ]
+    kinds = []
+    for k, n, r in layer_reaches(spec):  # each type under its strategy (strategy.local: the windowed ones')
+        here = layer_spec(spec, k)
+        sk, xk = (s, x) if here is spec else (strategies.get(here.strategy.name), local_sizes(here))
+        kinds.append((k, n * A, sk.schedule(xk, layout, bq, bk, r), sk.comm_bytes(xk, r, layout, bk)))
     # the global layers' schedule speaks for the step (imbalance, the limiter's words); a model with none, its first type's
     _, _, sched, _ = next((k for k in kinds if k[0] == "global"), kinds[0])
     blocking = sum(n * b for _, n, _, (b, _) in kinds)  # forward, per device, all layers
