@@ -25,8 +25,9 @@ SWEEPS = sorted(p.stem for p in (CONF_DIR / "sweep").glob("*.yaml"))
 @pytest.mark.parametrize("model", OPTIONS["model"])
 def test_every_shipped_sweep_passes_on_every_cluster_and_model(cluster, model):
     for sweep in SWEEPS:
-        # the quickstart's corpus (data/stdlib) is built on first use, not here: its grid on the recall task
-        data = ["~sweep.set", "+sweep.set={model.vocab:4096}"] if sweep == "quickstart" else []
+        # the corpus of the quickstart and families sweeps (data/stdlib) is built on first use, not here: their
+        # grids on the recall task
+        data = ["~sweep.set", "+sweep.set={model.vocab:4096}"] if sweep in ("quickstart", "families") else []
         assert expand(load([f"+sweep={sweep}", f"cluster={cluster}", f"model={model}", *data]))
 
 
