@@ -89,7 +89,7 @@ def declared(*roots: type) -> dict[str, Key]:
 def allowed(hint: Any, rule: Rule) -> str:
     """What a scalar key accepts, in words (the "allowed:" part of its error message)."""
     if rule.choices:
-        return ", ".join(rule.choices) + (" or auto" if rule.auto else "")
+        return ", ".join(c or '""' for c in rule.choices) + (" or auto" if rule.auto else "")  # "": unset
     word = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(hint, str(hint))
     if rule.nonempty:
         word = "a non-empty string"
@@ -170,7 +170,8 @@ def _value(key: str, v: Any, hint: Any, default: Any, rule: Rule) -> Problem | N
         return None  # containers (sweep axes, zip, set): grid.points checks their shape
     words = allowed(hint, rule)
     good_default = default is not MISSING and _value(key, default, hint, MISSING, rule) is None
-    fix = f"e.g. {key}={default}" if good_default else f"set {key} to {words}"
+    shown = '""' if default == "" else default  # an unset string key, as the command line writes it
+    fix = f"e.g. {key}={shown}" if good_default else f"set {key} to {words}"
     number = isinstance(v, int | float) and not isinstance(v, bool)
     typed = {
         bool: isinstance(v, bool),
