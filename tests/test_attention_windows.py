@@ -259,7 +259,10 @@ def test_window_or_chunk_covering_the_row_is_global_attention():
             dict(sinks=jnp.zeros(4)),
             r"sinks are one logit per query head: shape \[q_heads\] = \[8\], got \[4\]",
         ),
-        (dict(chunk=16, kernel="splash"), r"kernel=splash does not run a sliding window or chunk yet"),
+        (
+            dict(chunk=16, kernel="splash"),
+            r"kernel=splash runs a sliding window or chunk only under ulysses or none",
+        ),
     ],
 )
 def test_bad_mask_inputs_raise_value_error(kw, match):

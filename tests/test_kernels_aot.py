@@ -119,3 +119,25 @@ def test_packed_documents_compile_with_splash_segment_ids(strategy, mesh):
     assert "segment_ids" in abstract_args(spec, m)[1]
     text = lower_train_step(spec, m).compile().as_text()
     assert "tpu_custom_call" in text and "collective-permute" in text, strategy
+
+
+def test_a_window_under_ulysses_compiles_to_splash_local_masks(monkeypatch):
+    """A Gemma 3-style step (a window-32 local layer, a global one, sinks) under ulysses with kernel=splash:
+    both layers lower to the Mosaic kernel (the local one with splash's LocalMask), none to the xla fallback."""
+    pytest.importorskip("libtpu")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    from jobs.attention.kernels import splash
+    from jobs.mesh import make_mesh
+    from jobs.step import lower_train_step
+    from orchestrator.plan import aot
+    from tests.test_pattern_aot import gemma_spec
+
+    def no_fallback(*args, **kwargs):
+        raise AssertionError("splash fell back to the xla kernel")
+
+    monkeypatch.setattr(splash, "xla_fwd", no_fallback)
+    monkeypatch.setattr(splash, "xla_bwd", no_fallback)
+    spec = gemma_spec("ulysses", MeshSpec(context=8))
+    spec = replace(spec, strategy=replace(spec.strategy, kernel="splash"))
+    text = lower_train_step(spec, make_mesh(spec.mesh, aot.devices(spec))).compile().as_text()
+    assert "tpu_custom_call" in text and "all-to-all" in text

@@ -129,7 +129,7 @@ def test_auto_is_xla_on_cpu(strategy, L):
 )
 def test_block_masks_give_jax_block_map(q_len, kv_len, block, offset, dkv):
     """The cheap block masks yield exactly the block map (every MaskInfo array, dtype included) jax builds
-    from its own CausalMask / FullMask."""
+    from its own CausalMask / FullMask / LocalMask (a 300-key window)."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as mi
 
@@ -142,6 +142,10 @@ def test_block_masks_give_jax_block_map(q_len, kv_len, block, offset, dkv):
             splash_api.BlockCausalMask((q_len, kv_len), offset=offset),
         ),
         (sm.FullMask((q_len, kv_len)), splash_api.BlockFullMask((q_len, kv_len))),
+        (
+            sm.LocalMask((q_len, kv_len), window_size=(299, 0), offset=offset),
+            splash_api.BlockLocalMask((q_len, kv_len), window_size=(299, 0), offset=offset),
+        ),
     ]
     for stock, cheap in pairs:
         (want, want_fn), (got, got_fn) = info(stock), info(cheap)
@@ -165,3 +169,39 @@ def test_long_hops_grow_blocks_instead_of_falling_back():
     assert plan is not None and plan.block_kv == 2048 and plan.blocks_q == (512,)
     assert splash_kernel._plan(114_688, 114_688, True, MONOTONIC, 512, 512).block_kv == 512  # ring: unchanged
     assert splash_kernel._plan(1_048_576, 1_048_576, True, MONOTONIC, 512, 512) is None
+
+
+# A window or chunk under the strategies whose calls hold the whole sequence: splash's own LocalMask /
+# ChunkedCausalMask (window 100 and chunk 128 cut across the 128-token blocks and, zigzag, the reordering).
+@pytest.mark.parametrize(
+    "strategy,mesh_shape,layout,span",
+    [
+        ("ulysses", {"context": 2}, "contiguous", {"window": 100}),
+        ("ulysses", {"context": 2}, "zigzag", {"window": 100}),
+        ("ulysses", {"context": 2}, "contiguous", {"chunk": 128}),
+        ("none", {}, "contiguous", {"window": 100, "sinks": True}),
+    ],
+    ids=str,
+)
+def test_splash_runs_windows_and_chunks_over_whole_sequences(monkeypatch, strategy, mesh_shape, layout, span):
+    monkeypatch.setattr(splash_kernel, "xla_fwd", _no_fallback)
+    monkeypatch.setattr(splash_kernel, "xla_bwd", _no_fallback)
+    span = dict(span)
+    sinks = jnp.linspace(-1.0, 1.0, 4) if span.pop("sinks", False) else None
+    f, _ = natural_order_fn(
+        strategy, mesh_shape, layout=layout, kernel="splash", block_q=128, block_kv=128, sinks=sinks, **span
+    )
+    q, k, v, ct = make_inputs(1, 512, 4, 2, 16)
+    got = jax.jit(lambda q, k, v, ct: out_and_grads(f, q, k, v, ct))(q, k, v, ct)
+    dense = lambda q, k, v: reference_attention(q, k, v, sinks=sinks, **span)
+    want = out_and_grads(dense, q, k, v, ct)
+    for name, g, w in zip(("out", "dq", "dk", "dv"), got, want, strict=True):
+        err = float(jnp.max(jnp.abs(g - w)))
+        assert err < FP32_TOL, f"splash {strategy} {layout} {span}: {name} max abs error {err:.2e}"
+
+
+def test_splash_refuses_a_window_where_the_mask_moves_with_a_hop():
+    q, k, v, _ = make_inputs(1, 256, 2, 2, 16)
+    f, _ = natural_order_fn("ring", {"context": 2}, kernel="splash", block_q=128, block_kv=128, window=64)
+    with pytest.raises(ValueError, match="only under ulysses or none"):
+        f(q, k, v)

@@ -21,7 +21,8 @@ def gemma_spec(strategy: str, mesh: MeshSpec) -> TrialSpec:
     """tiny_gemma cut to one local and one global layer (compile time grows with the pattern's length), with
     sinks; 2,048 tokens over 8 devices is 256 a shard, so the 32-token window reaches only the own hop and the
     previous shard's and the ring skips the rest (jobs.attention.cp.span_hop). kernel=auto, the default: on TPU
-    the local layer runs the xla kernel (splash has no window), the global one splash."""
+    the local layer runs the xla kernel under ring and usp (a hop's window mask moves with the hop), the global
+    one splash."""
     model = replace(
         ModelSpec(**group_option("model", "tiny_gemma")),
         layers=2,

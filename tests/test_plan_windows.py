@@ -257,3 +257,26 @@ def test_the_recommender_prices_mixes_only_for_windowed_models_and_says_whether_
     mixed = next((c for c in gemma.top if c.spec.strategy.local), None)
     if mixed is not None:  # its command line selects the mix
         assert f"strategy.local={mixed.spec.strategy.local}" in mixed.command
+
+
+def test_splash_with_a_window_is_planned_only_where_a_call_holds_the_whole_sequence():
+    tpu = ("model=tiny_gemma", "cluster=tpu7x_128", "mesh.context=8", "mesh.data=16", "train.batch=16")
+    ring = plan_one(specs(*tpu, "strategy=ring", "strategy.kernel=splash")[0])
+    assert (
+        ring.verdict == "invalid" and "kernel=splash runs a sliding window or chunk only under" in ring.reason
+    )
+    assert plan_one(specs(*tpu, "strategy=ulysses", "strategy.kernel=splash")[0]).verdict == "run"
+    # the windowed layers under ulysses (strategy.local), the global ones under ring: splash runs both
+    mixed = specs(
+        *tpu,
+        "strategy=ring",
+        "strategy.local=ulysses",
+        "strategy.layout=contiguous",
+        "strategy.kernel=splash",
+    )
+    assert plan_one(mixed[0]).verdict == "run"
+    # a window that covers the row is global: splash runs it under any strategy
+    assert (
+        plan_one(specs(*tpu, "strategy=ring", "strategy.kernel=splash", "context_length=32")[0]).verdict
+        == "run"
+    )

@@ -86,7 +86,14 @@ def attention(
     )
     sinks_shape = None if sinks is None else tuple(jnp.shape(sinks))
     cp_rules.validate_masks(
-        causal=causal, kernel=kernel, q_heads=Hq, window=window, chunk=chunk, sinks_shape=sinks_shape
+        causal=causal,
+        kernel=kernel,
+        q_heads=Hq,
+        window=window,
+        chunk=chunk,
+        sinks_shape=sinks_shape,
+        strategy="none" if strategy == "reference" else strategy,
+        length=L,
     )
     get_kernel(kernel)
     o = Options(causal, layout, kernel, block_q, block_kv, Span.of(window, chunk, L))

@@ -178,10 +178,13 @@ def validate_tokens(
             raise ValueError(f"positions and segment_ids must be [B, L] = [{batch}, {length}], got {list(s)}")
 
 
+# Strategies whose kernel calls hold the whole sequence as queries and keys: a window or chunk is then one static
+# splash mask (LocalMask, ChunkedCausalMask). A ring hop's or a device block's mask moves with a traced offset.
+SPLASH_SPAN_STRATEGIES = ("ulysses", "none")
 SPLASH_SPAN = (
-    "kernel=splash does not run a sliding window or chunk yet (a ring hop's mask depends on its traced offset; "
-    "splash's static LocalMask / ChunkedCausalMask would need one prebuilt kernel per offset); use kernel=xla "
-    "or kernel=auto (xla for windows and chunks)"
+    "kernel=splash runs a sliding window or chunk only under ulysses or none, whose calls hold the whole "
+    "sequence (a ring hop's or a device block's mask depends on a traced offset, which splash's static "
+    "LocalMask / ChunkedCausalMask cannot take); use kernel=auto (xla for those layers) or kernel=xla"
 )
 
 
@@ -200,10 +203,13 @@ def validate_masks(
     window: int | None = None,
     chunk: int | None = None,
     sinks_shape: tuple[int, ...] | None = None,
+    strategy: str = "none",
+    length: int | None = None,
 ) -> None:
     """Raise ValueError (one line) if a sliding window, chunked attention or attention sinks cannot run as
     given: window and chunk are positive ints, never both (no model we know stacks them on one layer; pass the
-    one the layer has), and only causal; sinks are one logit per query head [q_heads]; splash has no window."""
+    one the layer has), and only causal; sinks are one logit per query head [q_heads]; splash takes a window or
+    chunk shorter than the row (`length`; a longer one is global) only under SPLASH_SPAN_STRATEGIES."""
     _positive("window", window)
     _positive("chunk", chunk)
     if window is not None and chunk is not None:
@@ -218,7 +224,8 @@ def validate_masks(
         raise ValueError(
             f"sinks are one logit per query head: shape [q_heads] = [{q_heads}], got {list(sinks_shape)}"
         )
-    if kernel == "splash" and (window is not None or chunk is not None):
+    limited = any(n is not None and (length is None or n < length) for n in (window, chunk))
+    if kernel == "splash" and limited and strategy not in SPLASH_SPAN_STRATEGIES:
         raise ValueError(SPLASH_SPAN)
 
 

@@ -37,7 +37,7 @@ def point_label(spec: TrialSpec) -> str:
 
 
 def _kernel(spec: TrialSpec) -> list[tuple[str, str]]:
-    s, c = spec.strategy, spec.cluster
+    s, c, m = spec.strategy, spec.cluster, spec.model
     needs = KERNEL_PLATFORM.get(s.kernel)
     if needs not in (None, c.platform):
         return [
@@ -46,6 +46,13 @@ def _kernel(spec: TrialSpec) -> list[tuple[str, str]]:
                 f"kernel {s.kernel} needs platform {needs}, cluster {c.name} is {c.platform}; use kernel=xla",
             )
         ]
+    # a window or chunk shorter than the row is a mask splash takes only where a call holds the whole sequence
+    limited = {"local": 0 < m.window < spec.context_length, "chunked": 0 < m.chunk < spec.context_length}
+    if s.kernel == "splash" and any(
+        limited.get(kind) and s.for_layer(kind) not in cp_rules.SPLASH_SPAN_STRATEGIES
+        for kind in m.attention_pattern
+    ):
+        return [("kernel vs mask", cp_rules.SPLASH_SPAN)]
     return []
 
 

@@ -91,7 +91,9 @@ def ulysses_local(mesh: Mesh, L: int, o: Options) -> Callable:
             o.kernel,
             o.block_q,
             o.block_kv,
-            Order(o.layout, P),  # the whole sequence in layout order (static-mask kernels need it)
+            Order(
+                o.layout, P, whole=True
+            ),  # the whole sequence in layout order (static-mask kernels need it)
             segs,
             o.span,
             sinks,

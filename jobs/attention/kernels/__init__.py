@@ -7,8 +7,9 @@ segment ids (without them the positions are one [L] vector, today's path). "xla"
 hardware kernels (TPU splash, GPU flash) plug in here without touching the strategies. Kernels with static
 masks also get `order` (jobs.attention.kernels.hop.Order), which says how the key positions are laid out.
 "auto" (the default) is splash on TPU, flash on GPU, xla elsewhere. A sliding window or chunk (`span`) is
-a position mask: xla runs it; splash refuses it (cp_rules.validate_masks, before any trace), flash falls back
-to xla, and auto picks xla for it. Attention sinks need nothing from a kernel: `attend` (and the ring's
+a position mask: xla runs it; splash runs it as one static mask where the call holds the whole sequence
+(Order.whole: ulysses, none) and refuses it elsewhere (cp_rules.validate_masks, before any trace); flash falls
+back to xla; auto picks splash or xla as splash would allow. Attention sinks need nothing from a kernel: `attend` (and the ring's
 saved core) correct the final (out, lse) once (jobs.attention.core.add_sinks), and any kernel's backward
 given the corrected pair is right.
 """
@@ -99,8 +100,10 @@ def _auto(phase: str):
     def call(*args, q_seg=None, kv_seg=None, **kw):
         other = AUTO["gpu"] if jax.default_backend() == "gpu" else "xla"
         tpu, rest = getattr(KERNELS[AUTO["tpu"]], phase), getattr(KERNELS[other], phase)
-        # splash masks are static (balanced positions are data) and splash here has no window: xla everywhere
-        if kw.get("order", MONOTONIC).layout == "balanced" or kw.get("span", GLOBAL).limited:
+        # splash masks are static: balanced positions are data, and a window or chunk is one static mask only
+        # where the call holds the whole sequence (ulysses, none); xla everywhere else
+        order = kw.get("order", MONOTONIC)
+        if order.layout == "balanced" or (kw.get("span", GLOBAL).limited and not order.whole):
             tpu = rest = getattr(KERNELS["xla"], phase)
         segs = (q_seg, kv_seg)
         n = len(args)

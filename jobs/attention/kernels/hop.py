@@ -13,10 +13,13 @@ class Order(NamedTuple):
     covers every ring hop: a ring block's positions increase with the index (zigzag too: chunk r precedes
     chunk 2R-1-r), so a causal hop is the plain causal mask and any other hop is unmasked. layout="balanced"
     (packed documents, a data-dependent permutation): no static mask fits; only position-masking kernels run.
+    whole: the queries and the keys are the same whole sequence (ulysses, none), so a sliding window or chunk is
+    one static mask too.
     """
 
     layout: str = "contiguous"
     ring: int = 1
+    whole: bool = False
 
     @property
     def permuted(self) -> bool:

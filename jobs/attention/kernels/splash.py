@@ -12,10 +12,11 @@ calls whose block map stays over MAX_MASK_BLOCKS even with 2048-key blocks (spla
 building it cheap: ~4 s for 802,816 blocks). Packed documents go through splash's own SegmentIds (reordered
 and split with the tokens); the "balanced" layout has data-dependent positions no static mask can express,
 so kernel=splash refuses it with a ValueError (kernel=auto runs xla there, see jobs.attention.kernels).
-Sliding windows and chunks are refused the same way (cp_rules.validate_masks says so before any trace):
-splash has the masks (LocalMask, ChunkedCausalMask), but a ring hop's or a device block's mask depends on
-the traced hop offset, so each needs a lax.switch over prebuilt kernels per offset the span reaches; not
-wired yet. Sinks need nothing here (the caller corrects the merged (out, lse), jobs.attention.core).
+A sliding window or chunk runs where the call holds the whole sequence (Order.whole: ulysses, none): after
+the natural-order reordering it is one static LocalMask or ChunkedCausalMask. Elsewhere (a ring hop, a
+device block against the gathered keys, a halo) the mask moves with a traced offset: kernel=splash refuses
+it before any trace (cp_rules.validate_masks) and kernel=auto runs xla there. Sinks need nothing here (the
+caller corrects the merged (out, lse), jobs.attention.core).
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ class _Piece(NamedTuple):
     q0: int
     length: int
     kind: str  # "full" | "causal" (offset 0) | "chunk" (CausalMask(offset=start), start from q positions)
+    # | "local" (a window of `size` keys, the query's own included) | "chunked" (chunks of `size` from 0)
+    size: int = 0
 
 
 class _Plan(NamedTuple):
@@ -68,10 +71,15 @@ def _fit(length: int, block: int) -> int | None:
     return b or None
 
 
-def _plan(Lq: int, Lk: int, causal: bool, order: Order, block_q: int, block_kv: int) -> _Plan | None:
+def _plan(
+    Lq: int, Lk: int, causal: bool, order: Order, block_q: int, block_kv: int, span: Span = GLOBAL
+) -> _Plan | None:
     perm = cp_rules.zigzag_permutation(Lk, order.ring) if causal and order.permuted else None
     if not causal:
         pieces: tuple[_Piece, ...] = (_Piece(0, Lq, "full"),)
+    elif span.limited:  # the whole sequence (_refuse saw Order.whole): one static mask
+        kind, size = ("local", span.window) if span.window is not None else ("chunked", span.chunk)
+        pieces = (_Piece(0, Lq, kind, size),)
     elif Lq == Lk:
         pieces = (_Piece(0, Lq, "causal"),)
     else:  # one device's block: zigzag holds two chunks, each contiguous in position
@@ -107,11 +115,11 @@ def _heads(x_BxLxHxD: jax.Array) -> jax.Array:
     return jnp.swapaxes(x_BxLxHxD, 1, 2)
 
 
-def _on_platform(kind: str, offset: int, shape, heads: int, bq: int, bk: int, body, *args):
+def _on_platform(kind: str, offset: int, shape, heads: int, bq: int, bk: int, body, *args, size: int = 0):
     """Run body(kernel, *args) with the Mosaic kernel on TPU, the interpreted one elsewhere."""
 
     def branch(interpret: bool):
-        kern = splash_private.make(kind, offset, shape, heads, bq, bk, interpret)
+        kern = splash_private.make(kind, offset, shape, heads, bq, bk, interpret, size)
         return lambda *a: body(kern, *a)
 
     return jax.lax.platform_dependent(*args, tpu=branch(False), default=branch(True))
@@ -139,7 +147,7 @@ def _refuse(order: Order, span: Span) -> None:
             "kernel=splash cannot run layout=balanced (its masks are static, balanced positions are data); "
             "use kernel=xla or kernel=auto (xla for balanced)"
         )
-    if span.limited:
+    if span.limited and not order.whole:
         raise ValueError(cp_rules.SPLASH_SPAN)
 
 
@@ -155,7 +163,7 @@ def _run_piece(plan: _Plan, i: int, body, q_pos, q, k, *rest):
     p, bq, bk = plan.pieces[i], plan.blocks_q[i], plan.block_kv
     shape, heads = (p.length, k.shape[1]), q.shape[2]
     if p.kind != "chunk":
-        return _on_platform(p.kind, 0, shape, heads, bq, bk, body, q, k, *rest)
+        return _on_platform(p.kind, 0, shape, heads, bq, bk, body, q, k, *rest, size=p.size)
     branches = [
         partial(_on_platform, "causal", n * p.length, shape, heads, bq, bk, body)
         for n in range(k.shape[1] // p.length)
@@ -189,7 +197,7 @@ def splash_fwd(
 ):
     """(out fp32 [B, Lq, H, D], lse fp32 [B, Lq, H]); positions only pick the mask (see module doc)."""
     _refuse(order, span)
-    plan = _plan(q.shape[1], k.shape[1], causal, order, block_q, block_kv)
+    plan = _plan(q.shape[1], k.shape[1], causal, order, block_q, block_kv, span)
     if plan is None:
         segs = {} if q_seg is None else {"q_seg": q_seg, "kv_seg": kv_seg}
         return xla_fwd(q, k, v, q_pos, kv_pos, causal=causal, block_q=block_q, block_kv=block_kv, **segs)
@@ -230,7 +238,7 @@ def splash_bwd(
 ):
     """dq, dk, dv (fp32) from the given (global) out and lse, piece by piece like the forward."""
     _refuse(order, span)
-    plan = _plan(q.shape[1], k.shape[1], causal, order, block_q, block_kv)
+    plan = _plan(q.shape[1], k.shape[1], causal, order, block_q, block_kv, span)
     if plan is None:
         segs = {} if q_seg is None else {"q_seg": q_seg, "kv_seg": kv_seg}
         kw = dict(causal=causal, block_q=block_q, block_kv=block_kv, **segs)

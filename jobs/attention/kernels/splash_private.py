@@ -50,6 +50,18 @@ class BlockCausalMask(_sm.CausalMask):
         return super().__getitem__((q, k))
 
 
+class BlockLocalMask(_sm.LocalMask):
+    """LocalMask (here: a causal window, right side 0) that answers the blocks outside its band without building
+    them (see BlockCausalMask): at long lengths nearly every block is one."""
+
+    def __getitem__(self, idx) -> np.ndarray:
+        q, k = (_sm._fill_slice(s, n) for s, n in zip(idx, self.shape, strict=True))
+        left = self.window_size[0]
+        if k.start > q.stop - 1 + self.offset or k.stop - 1 < q.start + self.offset - left:
+            return _ZEROS
+        return super().__getitem__((q, k))
+
+
 class BlockFullMask(_sm.FullMask):
     """FullMask whose blocks are answered without allocating them (see BlockCausalMask)."""
 
@@ -59,13 +71,26 @@ class BlockFullMask(_sm.FullMask):
 
 @functools.lru_cache(maxsize=256)
 def make(
-    kind: str, offset: int, shape: tuple[int, int], heads: int, block_q: int, block_kv: int, interpret: bool
+    kind: str,
+    offset: int,
+    shape: tuple[int, int],
+    heads: int,
+    block_q: int,
+    block_kv: int,
+    interpret: bool,
+    size: int = 0,
 ) -> _sk.SplashAttentionKernel:
-    """A splash MHA kernel (GQA via fewer KV heads) with a static mask: "full", or "causal" at `offset`.
+    """A splash MHA kernel (GQA via fewer KV heads) with a static mask: "full", "causal" at `offset`, "local"
+    (a window of `size` keys ending at the query's own) or "chunked" (causal inside chunks of `size`).
 
     Cached: building the block-sparse mask info is numpy work we do once per (mask, shape, blocks).
     """
-    mask = BlockFullMask(shape) if kind == "full" else BlockCausalMask(shape, offset=offset)
+    mask = {
+        "full": lambda: BlockFullMask(shape),
+        "causal": lambda: BlockCausalMask(shape, offset=offset),
+        "local": lambda: BlockLocalMask(shape, window_size=(size - 1, 0), offset=offset),
+        "chunked": lambda: _sm.ChunkedCausalMask(shape, chunk_size=size),
+    }[kind]()
     blocks = _sk.BlockSizes(
         block_q=block_q,
         block_kv=block_kv,
