@@ -45,7 +45,15 @@ os.environ.setdefault("RAY_worker_niceness", "0")
 # tests/test_mfu_model.py runs the probe itself.
 os.environ.setdefault("CP_PLAN_CPU_TFLOPS", "0.01")
 
+import jax  # noqa: E402
 import pytest  # noqa: E402
+
+# XLA:CPU without LLVM's expensive passes (jax's own switch), in this process only: the in-process tests compile
+# hundreds of tiny programs that each run a step or two, so compiling dominates, and the results are the same
+# programs' (parity tolerances unchanged). It does not reach the TPU compiler (libtpu's memory figures and compile
+# times for the AOT tests are identical with it), nor a trial's processes: Ray workers and CLI subprocesses
+# compile as users' do.
+jax.config.update("jax_disable_most_optimizations", True)
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -24,11 +24,24 @@ SWEEPS = sorted(p.stem for p in (CONF_DIR / "sweep").glob("*.yaml"))
 @pytest.mark.parametrize("cluster", OPTIONS["cluster"])
 @pytest.mark.parametrize("model", OPTIONS["model"])
 def test_every_shipped_sweep_passes_on_every_cluster_and_model(cluster, model):
-    for sweep in SWEEPS:
-        # the corpus of the quickstart and families sweeps (data/stdlib) is built on first use, not here: their
-        # grids on the recall task
-        data = ["~sweep.set", "+sweep.set={model.vocab:4096}"] if sweep in ("quickstart", "families") else []
-        assert expand(load([f"+sweep={sweep}", f"cluster={cluster}", f"model={model}", *data]))
+    """Every (model, cluster) pair under one sweep, the sweep turning with the pair (a Latin square): each sweep
+    also meets every model and every cluster, so all pairs of the three are covered in one load per pair."""
+    sweep = SWEEPS[(OPTIONS["model"].index(model) + OPTIONS["cluster"].index(cluster)) % len(SWEEPS)]
+    # the corpus of the quickstart and families sweeps (data/stdlib) is built on first use, not here: their grids
+    # on the recall task
+    data = ["~sweep.set", "+sweep.set={model.vocab:4096}"] if sweep in ("quickstart", "families") else []
+    assert expand(load([f"+sweep={sweep}", f"cluster={cluster}", f"model={model}", *data]))
+
+
+def test_the_sweep_square_covers_every_pair():
+    """The square above: every sweep meets every model and every cluster."""
+    models, clusters = OPTIONS["model"], OPTIONS["cluster"]
+    # fewer models or clusters than sweeps, and some sweep would miss one
+    assert len(models) >= len(SWEEPS) and len(clusters) >= len(SWEEPS)
+    seen = {(m, (i + j) % len(SWEEPS)) for i, m in enumerate(models) for j in range(len(clusters))}
+    assert len(seen) == len(models) * len(SWEEPS)
+    seen = {(c, (i + j) % len(SWEEPS)) for i in range(len(models)) for j, c in enumerate(clusters)}
+    assert len(seen) == len(clusters) * len(SWEEPS)
 
 
 @pytest.mark.parametrize("cluster", OPTIONS["cluster"])
