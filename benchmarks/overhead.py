@@ -66,21 +66,22 @@ def ours(args, seeds: list[int], sweep_id: str) -> dict:
     """Our sweep through the real entry points; per-attempt timings come back from the tracking store."""
     from mlflow import MlflowClient
 
-    from orchestrator.config.grid import expand
+    from orchestrator.config.grid import expand_points
     from orchestrator.config.load import load_typed
     from orchestrator.driver import run
     from orchestrator.plan import plan
 
-    loaded = load_typed(overrides(args, sweep_id, seeds))
-    cfg = loaded.cfg
-    specs = expand(cfg)
-    rows = plan(specs)
+    loaded = load_typed(overrides(args, sweep_id, seeds))  # as `python -m orchestrator` composes and plans
+    points = expand_points(loaded.tree)
+    specs = [p.spec for p in points]
+    rows = plan(specs, [p.cluster for p in points])
     t0 = time.time()
     code = run(loaded.options, specs, rows)
     total = time.time() - t0
     assert code == 0, f"sweep {sweep_id} failed"
-    client = MlflowClient(cfg.tracking.uri)
-    exp = client.get_experiment_by_name(cfg.tracking.experiment)
+    tracking = loaded.options.tracking
+    client = MlflowClient(tracking.uri)
+    exp = client.get_experiment_by_name(tracking.experiment)
     trials = []
     for r in client.search_runs([exp.experiment_id], f"tags.sweep_id = '{sweep_id}' and tags.kind = 'trial'"):
         path = client.download_artifacts(r.info.run_id, "attempts.json", tempfile.mkdtemp())
