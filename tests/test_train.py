@@ -34,6 +34,7 @@ LEARN = ["context_length=128", "train.batch=8", "train.dtype=float32", "train.lr
 
 
 @pytest.mark.slow
+@pytest.mark.many_steps
 def test_recall_learns_through_ring_cp_and_matches_no_cp():
     """Answers sit ~L/2 back, on other devices: the loss beats chance only if ring attention is right."""
     steps = "train.steps=200"
