@@ -69,12 +69,13 @@ def ours(args, seeds: list[int], sweep_id: str) -> dict:
     from orchestrator.config.grid import expand_points
     from orchestrator.config.load import load_typed
     from orchestrator.driver import run
-    from orchestrator.plan import plan
+    from orchestrator.plan import auto, plan
 
     loaded = load_typed(overrides(args, sweep_id, seeds))  # as `python -m orchestrator` composes and plans
     points = expand_points(loaded.tree)
-    specs = [p.spec for p in points]
-    rows = plan(specs, [p.cluster for p in points])
+    models = [p.cluster for p in points]
+    specs = auto.resolve_all([p.spec for p in points], models)
+    rows = plan(specs, models)
     t0 = time.time()
     code = run(loaded.options, specs, rows)
     total = time.time() - t0

@@ -48,26 +48,16 @@ os.environ.setdefault("CP_PLAN_CPU_TFLOPS", "0.01")
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
-# XLA:CPU without LLVM's expensive passes (jax's own switch), in this process only: the in-process tests compile
-# hundreds of tiny programs that each run a step or two, so compiling dominates, and the results are the same
-# programs' (parity tolerances unchanged). It does not reach the TPU compiler (libtpu's memory figures and compile
-# times for the AOT tests are identical with it), nor a trial's processes: Ray workers and CLI subprocesses
-# compile as users' do.
-jax.config.update("jax_disable_most_optimizations", True)
-
 
 @pytest.fixture(autouse=True)
-def _optimized_for_many_steps(request):
-    """A test marked `many_steps` runs one program for hundreds of steps: there XLA's full optimisation pays
-    (test_train's 200-step recall test: 38 s with it, 65 s without)."""
-    if request.node.get_closest_marker("many_steps") is None:
-        yield
-        return
-    jax.config.update("jax_disable_most_optimizations", False)
-    try:
-        yield
-    finally:
-        jax.config.update("jax_disable_most_optimizations", True)
+def _xla_cpu_effort(request):
+    """XLA:CPU without LLVM's expensive passes (jax's own switch), in this process only: the in-process tests
+    compile hundreds of tiny programs that each run a step or two, so compiling dominates, and the results are
+    the same programs' (parity tolerances unchanged). It does not reach the TPU compiler (libtpu's memory figures
+    and compile times for the AOT tests are identical with it), nor a trial's processes: Ray workers and CLI
+    subprocesses compile as users' do. A test marked `many_steps` runs one program for hundreds of steps, where
+    the full optimisation pays (test_train's 200-step recall test: 38 s with it, 65 s without)."""
+    jax.config.update("jax_disable_most_optimizations", request.node.get_closest_marker("many_steps") is None)
 
 
 ROOT = Path(__file__).resolve().parent.parent
