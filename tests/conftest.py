@@ -40,6 +40,13 @@ if "CP_AOT_CACHE" not in os.environ:
 # its peers. Every process of the suite competes at the same priority instead.
 os.environ.setdefault("RAY_worker_niceness", "0")
 
+# Ray turns token auth on for a local cluster it starts (its default since 2.5x): ray.init sets RAY_AUTH_MODE=token
+# in this process, and the process keeps the mode after ray.shutdown. tests/rays.py switches Ray kinds and restores
+# the environment around each start; a fake cluster started without the variable then runs without auth, and its
+# workers' streamed results are refused by this process (InvalidAuthToken), so a trial's stream waits forever. Set
+# for the session, every Ray the suite starts runs with the same mode, whatever the order the tests run in.
+os.environ.setdefault("RAY_AUTH_MODE", "token")
+
 # The planner measures a CPU host's matmul rate per run, and on a shared 2-core machine one probe swings ~10x;
 # tests pin it (the nominal 2-core figure) so a point's verdict does not depend on the neighbours' load.
 # tests/test_mfu_model.py runs the probe itself.
