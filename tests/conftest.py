@@ -5,6 +5,7 @@ import atexit
 import json
 import logging
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -44,8 +45,10 @@ os.environ.setdefault("RAY_worker_niceness", "0")
 # in this process, and the process keeps the mode after ray.shutdown. tests/rays.py switches Ray kinds and restores
 # the environment around each start; a fake cluster started without the variable then runs without auth, and its
 # workers' streamed results are refused by this process (InvalidAuthToken), so a trial's stream waits forever. Set
-# for the session, every Ray the suite starts runs with the same mode, whatever the order the tests run in.
+# for the session, with a session token (ray.cluster_utils creates none, and nothing lands in ~/.ray), every Ray
+# the suite starts runs with the same mode and token, whatever order the tests run in.
 os.environ.setdefault("RAY_AUTH_MODE", "token")
+os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
 
 # The planner measures a CPU host's matmul rate per run, and on a shared 2-core machine one probe swings ~10x;
 # tests pin it (the nominal 2-core figure) so a point's verdict does not depend on the neighbours' load.
