@@ -23,6 +23,7 @@ from jobs.data.buckets import bucket_labels
 from jobs.faults import Faults
 from jobs.hardware import compiled_bytes, device_memory, peak_tflops
 from jobs.mesh import make_mesh
+from jobs.peers import compile_once, sync_hosts
 from jobs.profile import steps_problem
 from jobs.profile.trace import Profiler
 from jobs.records import ProfileRecord, Record, StartRecord, StepRecord, SummaryRecord, parse
@@ -31,23 +32,6 @@ from jobs.step import abstract_args, batch_shardings, make_train_step
 from jobs.strategies import rules as cp_rules
 
 Fields = dict[str, Any]  # some fields of a start or summary record
-
-
-def init_distributed(coordinator: str, num_processes: int, process_id: int) -> None:
-    """Join the trial's processes into one JAX runtime (before any device is touched)."""
-    if num_processes > 1:
-        jax.distributed.initialize(coordinator, num_processes=num_processes, process_id=process_id)
-
-
-def sync_hosts(name: str, timeout_s: int = 3600) -> None:
-    """Wait until every process of the trial gets here (coordination service, no collective). XLA's CPU
-    (gloo) collectives give a late peer only 30 s to join a new communicator, less than the compile skew
-    between hosts on a busy machine; so hosts meet here after compiling and initializing, before their first
-    collective."""
-    if jax.process_count() > 1:
-        from jax._src import distributed
-
-        distributed.global_state.client.wait_at_barrier(name, timeout_in_ms=timeout_s * 1000)
 
 
 def configure_host(spec: TrialSpec) -> None:
@@ -130,10 +114,8 @@ def _attempt(spec: TrialSpec, lead: bool) -> Iterator[Record]:
     mesh = make_mesh(spec.mesh, devices, slices)
     batches = Batches(spec)  # fails early on a missing data file
     init_fn, step_fn = make_train_step(spec, mesh)
-    t0 = time.perf_counter()
     flash.FALLBACKS.clear()  # what this trace adds is this trial's (a cache hit still traces)
-    compiled = step_fn.lower(*abstract_args(spec, mesh)).compile()
-    compile_s = time.perf_counter() - t0
+    compiled, init_fn, compile_s = _compile(spec, mesh, init_fn, step_fn)
     peak, peak_source = peak_tflops(spec)
     mem = memory_record(compiled)
     ckpt, state, first, history, restore_s = _resume(spec, mesh, init_fn, batches)
@@ -161,6 +143,17 @@ def _attempt(spec: TrialSpec, lead: bool) -> Iterator[Record]:
         ckpt.close()
     if history:
         yield _summary(spec, history, first, steps, mem, lead)
+
+
+def _compile(spec: TrialSpec, mesh: Mesh, init_fn, step_fn) -> tuple[Any, Any, float]:
+    """(the compiled step, the state's init, seconds until both can run). With several processes the init is
+    compiled here too, so that a machine's later processes load both (peers.compile_once)."""
+    t0 = time.perf_counter()
+    lowered = [step_fn.lower(*abstract_args(spec, mesh))]
+    if jax.process_count() > 1:
+        lowered.append(init_fn.lower(jax.random.key(spec.train.seed)))
+    compiled = compile_once(lowered, list(mesh.devices.flat))
+    return compiled[0], (compiled[1] if len(compiled) > 1 else init_fn), time.perf_counter() - t0
 
 
 def _resume(spec: TrialSpec, mesh: Mesh, init_fn, batches: Batches) -> tuple[Any, Any, int, list, float]:

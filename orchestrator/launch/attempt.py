@@ -53,7 +53,8 @@ def _host(
     scrubbed = clean_env(env or {})
     spec = _Spec.from_json(spec_json)
     yield [host_info(process_id, process_id // spec.cluster.hosts, scrubbed)]  # process ids are slice-major
-    from jobs.train import init_distributed, train
+    from jobs.peers import init_distributed
+    from jobs.train import train
 
     init_distributed(coordinator, num_processes, process_id)
     buf, last, first = [], time.monotonic(), True
