@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pickle
 import socket
+from collections.abc import Callable
 
 import jax
 from jax.experimental.serialize_executable import deserialize_and_load, serialize
@@ -55,25 +56,24 @@ def _machine_mates() -> list[int]:
     )
 
 
-def compile_once(lowered: list[jax.stages.Lowered], devices: list) -> list[jax.stages.Compiled]:
-    """`lowered`, compiled: here, or, on a machine's later processes, loaded from what its first process
-    compiled (sent through the coordination service). `devices`: the programs' devices in mesh order (all of
-    them share one mesh). Where the first process cannot send an executable, every process compiles."""
+def compile_once(lower: Callable[[], list[jax.stages.Lowered]], devices: list) -> list[jax.stages.Compiled]:
+    """The programs `lower()` gives, compiled: here, or, on a machine's later processes, loaded from what its
+    first process compiled (sent through the coordination service with their argument and result trees, so
+    these processes do not even trace them). `devices`: the programs' devices in mesh order (they share one
+    mesh). Where the first process cannot send an executable, every process compiles."""
     mates = _MATES
     if len(mates) <= 1:
-        return [low.compile() for low in lowered]
+        return [low.compile() for low in lower()]
     client, key = _client(), f"cp_executables/{mates[0]}"
     if jax.process_index() == mates[0]:
+        lowered = lower()
         compiled, fresh = _compile_fresh(lowered)
-        client.key_value_set_bytes(key, _payload(compiled) if fresh else b"")
+        client.key_value_set_bytes(key, _payload(lowered, compiled) if fresh else b"")
         return compiled
     sent = client.blocking_key_value_get_bytes(key, TIMEOUT_S * 1000)
     if not sent:
-        return [low.compile() for low in lowered]
-    return [
-        deserialize_and_load(one, low.in_tree, low.out_tree, execution_devices=devices)
-        for one, low in zip(pickle.loads(sent), lowered, strict=True)
-    ]
+        return [low.compile() for low in lower()]
+    return [deserialize_and_load(*one, execution_devices=devices) for one in pickle.loads(sent)]
 
 
 def _compile_fresh(lowered: list[jax.stages.Lowered]) -> tuple[list[jax.stages.Compiled], bool]:
@@ -94,9 +94,12 @@ def _compile_fresh(lowered: list[jax.stages.Lowered]) -> tuple[list[jax.stages.C
         jax.monitoring.unregister_event_listener(watch)
 
 
-def _payload(compiled: list[jax.stages.Compiled]) -> bytes:
-    """The executables, serialized; empty where one cannot be (host callbacks, constants): compile yourselves."""
+def _payload(lowered: list[jax.stages.Lowered], compiled: list[jax.stages.Compiled]) -> bytes:
+    """Each executable, serialized, with its argument and result trees; empty where one cannot be (host
+    callbacks, constants): compile yourselves."""
     try:
-        return pickle.dumps([serialize(c)[0] for c in compiled])
-    except (ValueError, NotImplementedError):
+        return pickle.dumps(
+            [(serialize(c)[0], low.in_tree, low.out_tree) for low, c in zip(lowered, compiled, strict=True)]
+        )
+    except (ValueError, NotImplementedError, pickle.PicklingError):
         return b""

@@ -148,11 +148,13 @@ def _attempt(spec: TrialSpec, lead: bool) -> Iterator[Record]:
 def _compile(spec: TrialSpec, mesh: Mesh, init_fn, step_fn) -> tuple[Any, Any, float]:
     """(the compiled step, the state's init, seconds until both can run). With several processes the init is
     compiled here too, so that a machine's later processes load both (peers.compile_once)."""
+
+    def lower() -> list[jax.stages.Lowered]:
+        step = step_fn.lower(*abstract_args(spec, mesh))
+        return [step, init_fn.lower(jax.random.key(spec.train.seed))] if jax.process_count() > 1 else [step]
+
     t0 = time.perf_counter()
-    lowered = [step_fn.lower(*abstract_args(spec, mesh))]
-    if jax.process_count() > 1:
-        lowered.append(init_fn.lower(jax.random.key(spec.train.seed)))
-    compiled = compile_once(lowered, list(mesh.devices.flat))
+    compiled = compile_once(lower, list(mesh.devices.flat))
     return compiled[0], (compiled[1] if len(compiled) > 1 else init_fn), time.perf_counter() - t0
 
 
