@@ -50,6 +50,12 @@ os.environ.setdefault("RAY_worker_niceness", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "token")
 os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
 
+# XLA:CPU without LLVM's expensive passes in the processes the suite starts (Ray workers, CLI subprocesses), as
+# in this one (_xla_cpu_effort below): their trials compile the step and run it two to a dozen times, so
+# compiling dominates (tests/test_multislice.py, test_scheduler.py, test_multihost.py: 245 s with the full
+# optimisation, 206 s without). The numbers are the same programs' (the parity tolerances are unchanged).
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+
 # The planner measures a CPU host's matmul rate per run, and on a shared 2-core machine one probe swings ~10x;
 # tests pin it (the nominal 2-core figure) so a point's verdict does not depend on the neighbours' load.
 # tests/test_mfu_model.py runs the probe itself.
@@ -64,9 +70,10 @@ def _xla_cpu_effort(request):
     """XLA:CPU without LLVM's expensive passes (jax's own switch), in this process only: the in-process tests
     compile hundreds of tiny programs that each run a step or two, so compiling dominates, and the results are
     the same programs' (parity tolerances unchanged). It does not reach the TPU compiler (libtpu's memory figures
-    and compile times for the AOT tests are identical with it), nor a trial's processes: Ray workers and CLI
-    subprocesses compile as users' do. A test marked `many_steps` runs one program for hundreds of steps, where
-    the full optimisation pays (test_train's 200-step recall test: 38 s with it, 65 s without)."""
+    and compile times for the AOT tests are identical with it). The processes the suite starts get it from
+    JAX_DISABLE_MOST_OPTIMIZATIONS (above). A test marked `many_steps` runs one program for hundreds of steps in
+    this process, where the full optimisation pays (test_train's 200-step recall test: 38 s with it, 65 s
+    without)."""
     jax.config.update("jax_disable_most_optimizations", request.node.get_closest_marker("many_steps") is None)
 
 
