@@ -28,7 +28,7 @@ def init_distributed(coordinator: str, num_processes: int, process_id: int) -> N
     if num_processes > 1:
         jax.distributed.initialize(coordinator, num_processes=num_processes, process_id=process_id)
         _MATES[:] = _machine_mates()
-        if len(_MATES) > 1 and _MATES[0] == process_id and jax.devices()[0].platform == "cpu":
+        if shares_compiles() and _MATES[0] == process_id and jax.devices()[0].platform == "cpu":
             jax.config.update("jax_enable_compilation_cache", False)
 
 
@@ -56,16 +56,20 @@ def _machine_mates() -> list[int]:
     )
 
 
+def shares_compiles() -> bool:
+    """Whether this process shares a machine with others of its trial, so compile_once compiles there once."""
+    return len(_MATES) > 1
+
+
 def compile_once(lower: Callable[[], list[jax.stages.Lowered]], devices: list) -> list[jax.stages.Compiled]:
     """The programs `lower()` gives, compiled: here, or, on a machine's later processes, loaded from what its
     first process compiled (sent through the coordination service with their argument and result trees, so
     these processes do not even trace them). `devices`: the programs' devices in mesh order (they share one
     mesh). Where the first process cannot send an executable, every process compiles."""
-    mates = _MATES
-    if len(mates) <= 1:
+    if not shares_compiles():
         return [low.compile() for low in lower()]
-    client, key = _client(), f"cp_executables/{mates[0]}"
-    if jax.process_index() == mates[0]:
+    client, key = _client(), f"cp_executables/{_MATES[0]}"
+    if jax.process_index() == _MATES[0]:
         lowered = lower()
         compiled, fresh = _compile_fresh(lowered)
         client.key_value_set_bytes(key, _payload(lowered, compiled) if fresh else b"")

@@ -23,7 +23,7 @@ from jobs.data.buckets import bucket_labels
 from jobs.faults import Faults
 from jobs.hardware import compiled_bytes, device_memory, peak_tflops
 from jobs.mesh import make_mesh
-from jobs.peers import compile_once, sync_hosts
+from jobs.peers import compile_once, shares_compiles, sync_hosts
 from jobs.profile import steps_problem
 from jobs.profile.trace import Profiler
 from jobs.records import ProfileRecord, Record, StartRecord, StepRecord, SummaryRecord, parse
@@ -146,12 +146,14 @@ def _attempt(spec: TrialSpec, lead: bool) -> Iterator[Record]:
 
 
 def _compile(spec: TrialSpec, mesh: Mesh, init_fn, step_fn) -> tuple[Any, Any, float]:
-    """(the compiled step, the state's init, seconds until both can run). With several processes the init is
-    compiled here too, so that a machine's later processes load both (peers.compile_once)."""
+    """(the compiled step, the state's init, seconds until both can run). Where processes share a machine the
+    init is compiled here too, so that its later processes load both (peers.compile_once); elsewhere it
+    compiles at its first call, which a resumed trial never makes."""
+    shared = shares_compiles()
 
     def lower() -> list[jax.stages.Lowered]:
         step = step_fn.lower(*abstract_args(spec, mesh))
-        return [step, init_fn.lower(jax.random.key(spec.train.seed))] if jax.process_count() > 1 else [step]
+        return [step, init_fn.lower(jax.random.key(spec.train.seed))] if shared else [step]
 
     t0 = time.perf_counter()
     compiled = compile_once(lower, list(mesh.devices.flat))

@@ -25,6 +25,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def jax_processes(script: str, n: int, *args: str, env: dict | None = None) -> list[str]:
+    """`script` in n fresh processes of one jax.distributed runtime on this machine (2 CPU devices each), each
+    given (its process id, a free coordinator port, *args); their outputs, once every one exited 0."""
+    full_env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+        **(env or {}),
+    }
+    port = free_port()
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, str(i), str(port), *args],
+            env=full_env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for i in range(n)
+    ]
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), "\n".join(o[-2000:] for o in outs)
+    return outs
+
+
 def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:
     """Poll `url` until it answers 2xx; fail early with the process's output if it died."""
     deadline = time.monotonic() + timeout

@@ -4,15 +4,12 @@ two-slice trial on CPU (2 fake slices x 2 processes x 2 devices) training exactl
 import dataclasses
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT
 from mlflow import MlflowClient
 from rays import PlacementGroups
-from servers import free_port
+from servers import jax_processes
 
 from jobs.mesh import make_mesh
 from jobs.spec import MeshSpec
@@ -53,27 +50,7 @@ def _processes_along(grid: list, axis: int) -> list[set[int]]:
 
 
 def test_hybrid_mesh_lays_the_dcn_axis_across_slices():
-    port, env = (
-        free_port(),
-        {
-            **os.environ,
-            "PYTHONPATH": str(ROOT),
-            "JAX_PLATFORMS": "cpu",
-            "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
-        },
-    )
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", MESH_WORKER, str(i), str(port)],
-            env=env,
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        for i in range(4)
-    ]
-    outs = [p.communicate(timeout=300)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), "\n".join(o[-2000:] for o in outs)
+    outs = jax_processes(MESH_WORKER, 4)
     (line,) = [ln for ln in outs[0].splitlines() if ln.startswith("MESH ")]
     got = json.loads(line[5:])
     slice0, slice1 = {0, 1}, {2, 3}

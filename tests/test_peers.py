@@ -3,13 +3,9 @@ executables, and the results are the ones every process compiling would give; wh
 JAX's persistent cache (whose executables XLA:CPU cannot re-send), every process compiles."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
-from conftest import ROOT
-from servers import free_port
+from servers import jax_processes
 
 # 3 processes x 2 CPU devices, one machine: a sharded program with a cross-process reduction, compiled through
 # jobs.peers; each reports how many programs its backend compiled, and the program's value.
@@ -41,26 +37,10 @@ print("OUT " + json.dumps({"compiles": len(compiles), "hits": len(hits), "value"
 
 def _run(cache_dir, cache: str = "as_peers_set_it") -> list[dict]:
     env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "JAX_PLATFORMS": "cpu",
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
         "JAX_COMPILATION_CACHE_DIR": str(cache_dir),
         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",  # the tiny program is written to the cache too
     }
-    port = free_port()
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", WORKER, str(i), str(port), cache],
-            env=env,
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        for i in range(3)
-    ]
-    outs = [p.communicate(timeout=300)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), "\n".join(o[-2000:] for o in outs)
+    outs = jax_processes(WORKER, 3, cache, env=env)
     return [json.loads(next(ln[4:] for ln in o.splitlines() if ln.startswith("OUT "))) for o in outs]
 
 
