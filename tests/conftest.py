@@ -28,6 +28,11 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 
+# pytest-xdist's workers (pyproject.toml's addopts) inherit both caches from the controlling process, which made
+# them; each compiles into its own part (a module runs wholly on one worker, so they would rarely share a program,
+# and neither cache is written for two writers at once).
+_worker = os.environ.get("PYTEST_XDIST_WORKER")
+
 # One AOT compile cache for the session (orchestrator/plan/aot/cache.py), not the checkout's .cache/aot: a TPU
 # compile several tests ask for runs once, and every session starts cold, as CI's fresh clone does. The tests
 # about the cache itself point CP_AOT_CACHE at their own tmp_path.
@@ -35,6 +40,10 @@ if "CP_AOT_CACHE" not in os.environ:
     _aot = tempfile.mkdtemp(prefix="cp-orchestrator-test-aot-cache-")
     os.environ["CP_AOT_CACHE"] = _aot
     atexit.register(shutil.rmtree, _aot, ignore_errors=True)
+if _worker:
+    for _var in ("JAX_COMPILATION_CACHE_DIR", "CP_AOT_CACHE"):
+        os.environ[_var] = os.path.join(os.environ[_var], _worker)
+        os.makedirs(os.environ[_var], exist_ok=True)
 
 # Ray starts its workers at nice 15: a trial's host processes would then get the CPU only when the test process
 # (nice 0), or the other xdist worker's test, leaves it, and a starved host misses gloo's 30 s rendezvous with
@@ -222,9 +231,20 @@ def no_ray(rays):
 RAY_FIXTURES = ("no_ray", "local_ray", "fake_tpu", "fake_gpu")  # the order their tests run in
 
 
-def pytest_collection_modifyitems(items: list) -> None:
+def _uses_ray(item) -> bool:
+    """A test on the session's Ray (a Ray fixture), or one that starts a Ray of its own (marked `ray`)."""
+    return item.get_closest_marker("ray") is not None or "rays" in item.fixturenames
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook turns the groups below into node ids
+def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
     """Each Ray kind starts once: modules without a Ray first, then by the kinds they use (a module that uses
-    two kinds runs between the two groups), and within a module its tests by kind; otherwise in file order."""
+    two kinds runs between the two groups), and within a module its tests by kind; otherwise in file order.
+
+    Under pytest-xdist (`--dist loadgroup`, pyproject.toml) a module runs wholly on one worker, in that order (its
+    module-scoped fixtures are made once), and every module with a test on Ray runs on the same worker, one after
+    another: two Rays on one machine clash (ports, and Ray's native code crashed under it), and the session's Ray
+    starts each kind once. The other worker takes the modules without Ray meanwhile."""
 
     def kind(item) -> int:
         return next((i for i, f in enumerate(RAY_FIXTURES) if f in item.fixturenames), -1)
@@ -237,6 +257,10 @@ def pytest_collection_modifyitems(items: list) -> None:
     }
     order = {m: i for i, m in enumerate(modules)}
     items.sort(key=lambda it: (rank[it.path], order[it.path], kind(it)))
+    if config.getoption("dist", "no") == "loadgroup":
+        on_ray = {item.path for item in items if _uses_ray(item)}
+        for item in items:
+            item.add_marker(pytest.mark.xdist_group("ray" if item.path in on_ray else item.path.stem))
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ from mlflow import MlflowClient
 
 
 @pytest.mark.slow
+@pytest.mark.ray  # the CLI subprocess starts a local Ray of its own
 def test_smoke_sweep_end_to_end(tmp_path):
     t0 = time.monotonic()
     res = run_cli(["+sweep=smoke", "progress=plain"], cwd=tmp_path)

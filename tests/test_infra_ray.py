@@ -22,6 +22,8 @@ import pytest
 from conftest import ROOT
 from servers import free_port
 
+pytestmark = pytest.mark.ray  # a `ray start --head` of its own
+
 SUBMIT = ROOT / "infra" / "cron" / "submit.sh"
 BIN = Path(sys.executable).parent
 

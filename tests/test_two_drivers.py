@@ -9,6 +9,8 @@ from conftest import ROOT
 from mlflow import MlflowClient
 from servers import start_mlflow_server
 
+pytestmark = pytest.mark.ray  # each driver starts a local Ray of its own
+
 
 def _driver(args: list[str], cwd) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
