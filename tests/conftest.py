@@ -28,11 +28,6 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 
-# pytest-xdist's workers (pyproject.toml's addopts) inherit both caches from the controlling process, which made
-# them; each compiles into its own part (a module runs wholly on one worker, so they would rarely share a program,
-# and neither cache is written for two writers at once).
-_worker = os.environ.get("PYTEST_XDIST_WORKER")
-
 # One AOT compile cache for the session (orchestrator/plan/aot/cache.py), not the checkout's .cache/aot: a TPU
 # compile several tests ask for runs once, and every session starts cold, as CI's fresh clone does. The tests
 # about the cache itself point CP_AOT_CACHE at their own tmp_path.
@@ -40,7 +35,11 @@ if "CP_AOT_CACHE" not in os.environ:
     _aot = tempfile.mkdtemp(prefix="cp-orchestrator-test-aot-cache-")
     os.environ["CP_AOT_CACHE"] = _aot
     atexit.register(shutil.rmtree, _aot, ignore_errors=True)
-if _worker:
+
+# pytest-xdist's workers (pyproject.toml's addopts) inherit both caches from the controlling process, which made
+# them; each compiles into its own part (a module runs wholly on one worker, so they would rarely share a program,
+# and neither cache is written for two writers at once).
+if _worker := os.environ.get("PYTEST_XDIST_WORKER"):
     for _var in ("JAX_COMPILATION_CACHE_DIR", "CP_AOT_CACHE"):
         os.environ[_var] = os.path.join(os.environ[_var], _worker)
         os.makedirs(os.environ[_var], exist_ok=True)
