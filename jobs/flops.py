@@ -41,9 +41,8 @@ def layer_flops(model: ModelSpec, length: int) -> tuple[float, float]:
     qkv = 2 * length * E * (model.q_heads + 2 * model.kv_heads) * D
     out = 2 * length * E * model.q_heads * D
     unembed = 2 * length * E * model.vocab
-    kinds = model.layer_types()
     # per type in first-seen order (a set's order would vary the float sum between processes)
-    attention = sum(kinds.count(k) * attention_flops(model, length, k) for k in dict.fromkeys(kinds))
+    attention = sum(n * attention_flops(model, length, k) for k, n in model.layer_counts())
     return model.layers * (ffn + qkv + out) + unembed, attention
 
 

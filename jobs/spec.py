@@ -150,8 +150,12 @@ class ModelSpec:
 
     def layer_types(self) -> tuple[str, ...]:
         """Each layer's type, first to last: the pattern repeated, the last repeat cut at `layers`."""
-        k = len(self.attention_pattern)
-        return tuple(self.attention_pattern[i % k] for i in range(self.layers))
+        return _layer_types(self.attention_pattern, self.layers)
+
+    def layer_counts(self) -> tuple[tuple[str, int], ...]:
+        """(layer type, how many layers have it) in first-seen order: a fixed order, so sums over the types
+        come out the same in every process."""
+        return _layer_counts(self.attention_pattern, self.layers)
 
     def n_params(self) -> int:
         attn = self.embed * self.head_dim * (2 * self.q_heads + 2 * self.kv_heads)
@@ -160,6 +164,19 @@ class ModelSpec:
         per_layer = attn + ffn + 2 * self.embed + extra
         emb = self.vocab * self.embed * (1 if self.tie_embeddings else 2)
         return self.layers * per_layer + emb + self.embed
+
+
+# The planner asks for a model's layer types for every candidate it prices (~750,000 times in a recommend over
+# the published points); one answer per (pattern, layers).
+@functools.cache
+def _layer_types(pattern: tuple[str, ...], layers: int) -> tuple[str, ...]:
+    return tuple(pattern[i % len(pattern)] for i in range(layers))
+
+
+@functools.cache
+def _layer_counts(pattern: tuple[str, ...], layers: int) -> tuple[tuple[str, int], ...]:
+    kinds = _layer_types(pattern, layers)
+    return tuple((k, kinds.count(k)) for k in dict.fromkeys(kinds))
 
 
 def pattern_problem(

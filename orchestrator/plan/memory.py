@@ -42,9 +42,8 @@ def layer_reaches(spec: TrialSpec) -> tuple[tuple[str, int, Reach], ...]:
     """(layer type, layers of it, how far back its queries see) per type of model.attention_pattern, in
     first-seen order: a window or chunk that covers the whole row is global (Reach.of), as the job runs it."""
     m, L = spec.model, spec.context_length
-    kinds = m.layer_types()
     sizes = {"local": (m.window, 0), "chunked": (0, m.chunk)}
-    return tuple((k, kinds.count(k), Reach.of(*sizes.get(k, (0, 0)), L)) for k in dict.fromkeys(kinds))
+    return tuple((k, n, Reach.of(*sizes.get(k, (0, 0)), L)) for k, n in m.layer_counts())
 
 
 def layer_spec(spec: TrialSpec, kind: str) -> TrialSpec:
