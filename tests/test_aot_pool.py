@@ -72,9 +72,8 @@ def entries(where: Path) -> dict[str, bytes]:
 
 
 @pytest.mark.slow
-def test_pool_answers_as_the_serial_path_and_each_draw_compiles_once(tmp_path, local_ray):
-    """On the session's local Ray, as on any Ray started elsewhere: the pool compiles on the one it finds; a rerun
-    compiles nothing, a second draw only itself (each in its own process, the worst judges)."""
+def test_pool_answers_as_the_serial_path_and_a_rerun_compiles_nothing(tmp_path, local_ray):
+    """On the session's local Ray, as on any Ray started elsewhere: the pool compiles on the one it finds."""
     pytest.importorskip("libtpu")
     specs = [small(), broken(), small("usp", MeshSpec(context=4, context_ulysses=2))]
     serial = aot.compare(specs, cache=str(tmp_path / "serial"))  # workers=None: here, one after another
@@ -90,13 +89,15 @@ def test_pool_answers_as_the_serial_path_and_each_draw_compiles_once(tmp_path, l
     assert [got for got, _ in again] == [r.result for r in pooled]  # compile_s too: read back, not compiled
     assert entries(tmp_path / "pool") == first  # nothing rewritten
 
-    # a second draw of the first point: draw 1 is the entry above, draw 2 compiles in its own process
-    spec, where = specs[0], tmp_path / "pool"
+
+@pytest.mark.slow
+def test_draws_compile_in_their_own_processes_and_the_worst_judges(tmp_path, local_ray):
+    pytest.importorskip("libtpu")
+    spec, where = small(), tmp_path / "draws"
     [row] = aot.compare([spec], workers=2, cache=str(where), progress="plain", draws=2)
     stem = f"{spec.trial_id}-tpu7x_2x2x1-{row.result.program}"
-    assert sorted(set(entries(where)) - set(first)) == [f"{stem}.draw2.json"]  # one entry per draw
+    assert sorted(entries(where)) == [f"{stem}.draw2.json", f"{stem}.json"]  # one entry per draw
     each = [cache.read(where / n) for n in (f"{stem}.json", f"{stem}.draw2.json")]
-    assert each[0] == pooled[0].result
     assert row.result.draw_bytes == tuple(d.device_peak for d in each)
     assert row.result.device_peak == max(row.result.draw_bytes)  # judged by the worst draw
     assert "2 draws" in row.reason and row.verdict == "run"
