@@ -3,7 +3,6 @@
 import os
 from functools import partial
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax  # noqa: E402

@@ -5,7 +5,6 @@ ring hops that no local query can see really skip their kernel (counted on the r
 import os
 from functools import partial
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax  # noqa: E402

@@ -8,7 +8,6 @@ CP_FULL_MATRIX=1 python -m pytest tests/test_attention_windows.py"""
 import os
 from functools import partial
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax  # noqa: E402

@@ -4,7 +4,6 @@ collective-permutes over both axes, and its compiled memory, on 8 simulated CPU 
 import os
 import re
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax  # noqa: E402
