@@ -6,6 +6,7 @@ jax is imported inside the functions: the control plane's AOT compile reads `com
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -13,6 +14,10 @@ import numpy as np
 
 from jobs import flops
 from jobs.spec import TrialSpec
+
+# Pins a CPU host's matmul rate (TFLOP/s per simulated device) for the planner and for the trials' MFU alike, so
+# that both divide by the same number: reproducible plans and tests (a probe swings ~10x on a shared host).
+CPU_PEAK_ENV = "CP_PLAN_CPU_TFLOPS"
 
 
 def measure_cpu_peak(dtype: str = "float32", n: int = 1024, reps: int = 5) -> float:
@@ -33,11 +38,14 @@ def measure_cpu_peak(dtype: str = "float32", n: int = 1024, reps: int = 5) -> fl
 
 
 def peak_tflops(spec: TrialSpec) -> tuple[float, str]:
-    """(peak TFLOP/s per device, where it comes from: the accelerator, or cpu_measured_<dtype>)."""
+    """(peak TFLOP/s per device, where it comes from: the accelerator, cpu_measured_<dtype>, or cpu_pinned_<dtype>
+    where CP_PLAN_CPU_TFLOPS gives a CPU host's rate)."""
     c = spec.cluster
     if c.peak_tflops_per_device > 0:
         return c.peak_tflops_per_device, c.accelerator
     if c.platform == "cpu":
+        if pinned := os.environ.get(CPU_PEAK_ENV):
+            return float(pinned), f"cpu_pinned_{spec.train.dtype}"
         return measure_cpu_peak(spec.train.dtype), f"cpu_measured_{spec.train.dtype}"
     return flops.PEAK_TFLOPS_PER_DEVICE.get(c.accelerator, 0.0) or float("nan"), c.accelerator
 

@@ -454,7 +454,8 @@ class ClusterSpec:
     peak_tflops_per_device: float = key(
         0.0,
         doc="Peak bf16 TFLOP/s per JAX device, MFU's denominator; 0: the accelerator's spec-sheet peak, or on "
-        "CPU a matmul measured on the spot (labelled `cpu_measured_<dtype>`).",
+        "CPU a matmul measured on the spot (labelled `cpu_measured_<dtype>`; `CP_PLAN_CPU_TFLOPS` pins it: "
+        "`cpu_pinned_<dtype>`).",
         ge=0,
     )
     concurrency: int = key(

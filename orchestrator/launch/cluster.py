@@ -14,6 +14,7 @@ from pathlib import Path
 import ray
 
 from jobs import faults
+from jobs.hardware import CPU_PEAK_ENV
 from jobs.spec import ClusterSpec
 from orchestrator import REPO
 
@@ -93,13 +94,16 @@ def _no_address_file() -> Iterator[None]:
 
 
 def worker_env(cluster: ClusterSpec) -> dict[str, str]:
-    """The environment of a trial's host processes: the cluster's host env, a shared compilation cache, and the
+    """The environment of a trial's host processes: the cluster's host env, a shared compilation cache, the
+    driver's pinned CPU matmul rate on a CPU cluster (its trials divide by the rate it plans with), and the
     driver's test-only fault injection (jobs/faults.py), if any."""
     # A persistent compilation cache: retries, resumed sweeps and nightly re-runs skip identical compiles.
     cache = os.environ.get("JAX_COMPILATION_CACHE_DIR") or os.path.join(
         tempfile.gettempdir(), "cp-orchestrator-jax-cache"
     )
     injected = {k: os.environ[k] for k in faults.ENV if k in os.environ}
+    if cluster.platform == "cpu" and CPU_PEAK_ENV in os.environ:
+        injected[CPU_PEAK_ENV] = os.environ[CPU_PEAK_ENV]
     return {"PYTHONUNBUFFERED": "1", "JAX_COMPILATION_CACHE_DIR": cache} | injected | cluster.host_env()
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from jobs.fields import key
+from jobs.hardware import CPU_PEAK_ENV
 from jobs.spec import ClusterSpec, TrialSpec
 from orchestrator import REPO
 
@@ -211,7 +212,6 @@ CHIPS = {"v5p": ("v5", "megacore", 1), "tpu7x": ("tpu7x", "default", 2)}
 # This nominal figure (a bf16 matmul on a 2-core host: ~0.01 TFLOP/s per simulated device of 8) stands in
 # where no probe can run.
 NOMINAL_CPU_TFLOPS = 0.01
-CPU_PEAK_ENV = "CP_PLAN_CPU_TFLOPS"  # pins the CPU matmul rate (tests, reproducible plans)
 # One probe swings 10x on a shared 2-core host while the trials' own throughput does not: plan with the
 # median of several.
 CPU_PROBES = 5
