@@ -262,7 +262,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
     }
     order = {m: i for i, m in enumerate(modules)}
     items.sort(key=lambda it: (rank[it.path], order[it.path], kind(it)))
-    if config.getoption("dist", "no") == "loadgroup":
+    # An xdist worker runs with dist "no" and keeps --dist loadgroup as option.loadgroup (xdist/remote.py).
+    if getattr(config.option, "loadgroup", False):
         on_ray = {item.path for item in items if _uses_ray(item)}
         for item in items:
             item.add_marker(pytest.mark.xdist_group("ray" if item.path in on_ray else item.path.stem))
