@@ -21,9 +21,11 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 # XLA:CPU's elemental emitters instead of its MLIR fusion emitters, in this process only: with most optimisations
 # off (_xla_cpu_effort below) they compile a tiny trial's step ~3x faster (all_gather on 8 devices: 2.8 s ->
 # 0.9 s), and compiling is most of what the in-process tests do. Never in the processes the suite starts (they
-# drop XLA_FLAGS): two trial hosts running a step compiled so hung in its cross-process collectives.
+# drop XLA_FLAGS): two trial hosts running a step compiled so hung in its cross-process collectives. A test
+# marked `many_steps` runs in a fresh interpreter with the fusion emitters (pytest_pyfunc_call below).
+ELEMENTAL, FUSION = "--xla_cpu_use_fusion_emitters=false", "--xla_cpu_use_fusion_emitters=true"
 if "xla_cpu_use_fusion_emitters" not in os.environ["XLA_FLAGS"]:
-    os.environ["XLA_FLAGS"] += " --xla_cpu_use_fusion_emitters=false"
+    os.environ["XLA_FLAGS"] += f" {ELEMENTAL}"
 
 # One compilation cache for the session: in-process jobs, CLI subprocesses and their Ray workers all
 # inherit it, so the same tiny trial compiled by several tests compiles once. Fresh per session: a cache
@@ -85,10 +87,26 @@ def _xla_cpu_effort(request):
     compile hundreds of tiny programs that each run a step or two, so compiling dominates, and the results are
     the same programs' (parity tolerances unchanged). It does not reach the TPU compiler (libtpu's memory figures
     and compile times for the AOT tests are identical with it). The processes the suite starts get it from
-    JAX_DISABLE_MOST_OPTIMIZATIONS (above). A test marked `many_steps` runs one program for hundreds of steps in
-    this process, where the full optimisation pays (test_train's 200-step recall test: 38 s with it, 65 s
-    without)."""
+    JAX_DISABLE_MOST_OPTIMIZATIONS (above). A test marked `many_steps` runs one program for hundreds of steps,
+    where the full optimisation pays (test_train's 200-step recall test: 38 s with it, 65 s without)."""
     jax.config.update("jax_disable_most_optimizations", request.node.get_closest_marker("many_steps") is None)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """A test marked `many_steps` runs in a fresh pytest with XLA:CPU's fusion emitters, which this process
+    turned off for good (XLA reads its flags once): their code runs hundreds of steps faster (the recall test:
+    45 s with them in a fresh process, 61 s without in this one)."""
+    if pyfuncitem.get_closest_marker("many_steps") is None or FUSION in os.environ["XLA_FLAGS"]:
+        return None
+    env = os.environ | {"XLA_FLAGS": os.environ["XLA_FLAGS"].replace(ELEMENTAL, FUSION)}
+    node = f"{pyfuncitem.path}::{pyfuncitem.name}"  # under xdist the node id carries its group
+    args = [sys.executable, "-m", "pytest", "-n", "0", "-q", "-s", "-p", "no:cacheprovider", node]
+    res = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True)
+    print(res.stdout)
+    if res.returncode != 0:
+        pytest.fail(f"{node} in a fresh pytest:\n{res.stdout[-6000:]}\n{res.stderr[-3000:]}", pytrace=False)
+    return True
 
 
 ROOT = Path(__file__).resolve().parent.parent
