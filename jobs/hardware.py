@@ -20,6 +20,12 @@ from jobs.spec import TrialSpec
 CPU_PEAK_ENV = "CP_PLAN_CPU_TFLOPS"
 
 
+def pinned_cpu_tflops() -> float | None:
+    """The pinned CPU matmul rate, or None where $CP_PLAN_CPU_TFLOPS is unset (or empty): measure it."""
+    pinned = os.environ.get(CPU_PEAK_ENV)
+    return float(pinned) if pinned else None
+
+
 def measure_cpu_peak(dtype: str = "float32", n: int = 1024, reps: int = 5) -> float:
     """TFLOP/s per local device from a matmul running on every local device at once (CPU has no spec sheet)."""
     import jax
@@ -44,8 +50,8 @@ def peak_tflops(spec: TrialSpec) -> tuple[float, str]:
     if c.peak_tflops_per_device > 0:
         return c.peak_tflops_per_device, c.accelerator
     if c.platform == "cpu":
-        if pinned := os.environ.get(CPU_PEAK_ENV):
-            return float(pinned), f"cpu_pinned_{spec.train.dtype}"
+        if (pinned := pinned_cpu_tflops()) is not None:
+            return pinned, f"cpu_pinned_{spec.train.dtype}"
         return measure_cpu_peak(spec.train.dtype), f"cpu_measured_{spec.train.dtype}"
     return flops.PEAK_TFLOPS_PER_DEVICE.get(c.accelerator, 0.0) or float("nan"), c.accelerator
 

@@ -339,9 +339,10 @@ def no_ray_no_mlflow(tmp_path_factory):
 @pytest.fixture
 def pinned_cpu_peak(monkeypatch):
     """cluster=local plans with the host's measured matmul rate; pin it so verdicts do not follow the load."""
+    from jobs.hardware import CPU_PEAK_ENV
     from orchestrator.plan import hardware
 
-    monkeypatch.setenv(hardware.CPU_PEAK_ENV, str(hardware.NOMINAL_CPU_TFLOPS))
+    monkeypatch.setenv(CPU_PEAK_ENV, str(hardware.NOMINAL_CPU_TFLOPS))
     hardware.measured_cpu_tflops.cache_clear()
     yield
     hardware.measured_cpu_tflops.cache_clear()

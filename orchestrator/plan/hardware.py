@@ -19,7 +19,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from jobs.fields import key
-from jobs.hardware import CPU_PEAK_ENV
+from jobs.hardware import pinned_cpu_tflops
 from jobs.spec import ClusterSpec, TrialSpec
 from orchestrator import REPO
 
@@ -223,9 +223,8 @@ def measured_cpu_tflops(devices_per_host: int, dtype: str) -> float:
     """TFLOP/s per simulated device, measured once per process with the job's own matmul probe
     (jobs.hardware.measure_cpu_peak) in a child process with the job's device count: the driver stays free of
     jax, and the number is the one the trial will divide by."""
-    pinned = os.environ.get(CPU_PEAK_ENV)
-    if pinned:
-        return float(pinned)
+    if (pinned := pinned_cpu_tflops()) is not None:
+        return pinned
     env = {**os.environ, **ClusterSpec(devices_per_host=devices_per_host).host_env()}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH", "")) if p)
     code = (
