@@ -1,6 +1,9 @@
 """Scheduling: typed outcomes, per-trial execution details, and gang launch on (fake) TPU slices."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import ray
@@ -55,6 +58,31 @@ def test_rays_private_address_hook_is_still_there():
     assert callable(ray._private.utils.write_ray_address)
     with clusters._no_address_file():
         assert ray._private.utils.write_ray_address("x") is None
+
+
+def test_a_started_rays_log_monitor_looks_for_new_files_every_10_s(local_ray):
+    """The log monitor of a Ray the driver starts runs with cluster.connect's two settings, and they are still
+    the names Ray's log monitor reads (it rescans the log folder every 0.1 s without them)."""
+    gcs = ray.get_runtime_context().gcs_address
+    monitors = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _is_log_monitor(p, gcs)]
+    assert len(monitors) == 1, monitors
+    environ = (monitors[0] / "environ").read_text(errors="replace").split("\0")
+    env = dict(kv.split("=", 1) for kv in environ if "=" in kv)
+    # what Ray's log monitor module makes of that environment
+    read = (
+        "from ray._private import log_monitor as m; "
+        "print(m.RAY_LOG_MONITOR_MANY_FILES_THRESHOLD, m.LOG_NAME_UPDATE_INTERVAL_S)"
+    )
+    out = subprocess.run([sys.executable, "-c", read], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["0", "10.0"], out
+
+
+def _is_log_monitor(proc: Path, gcs: str) -> bool:
+    try:
+        args = (proc / "cmdline").read_text(errors="replace").split("\0")
+    except OSError:  # gone meanwhile
+        return False
+    return any(a.endswith("/log_monitor.py") for a in args) and f"--gcs-address={gcs}" in args
 
 
 def test_checkpoint_dir_is_execution_only():

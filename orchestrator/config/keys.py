@@ -168,10 +168,18 @@ def _value(key: str, v: Any, hint: Any, default: Any, rule: Rule) -> Problem | N
         return _mapping(key, v)
     if hint not in (bool, int, float, str):
         return None  # containers (sweep axes, zip, set): grid.points checks their shape
+    if (wrong := _wrong(v, hint, rule)) is None:
+        return None
+    # The words and the fix only for a bad value: a sweep checks every key of every point.
     words = allowed(hint, rule)
     good_default = default is not MISSING and _value(key, default, hint, MISSING, rule) is None
     shown = '""' if default == "" else default  # an unset string key, as the command line writes it
     fix = f"e.g. {key}={shown}" if good_default else f"set {key} to {words}"
+    return Problem(key, v, wrong, words, fix)
+
+
+def _wrong(v: Any, hint: type, rule: Rule) -> str | None:
+    """What is wrong with a scalar value (None: nothing)."""
     number = isinstance(v, int | float) and not isinstance(v, bool)
     typed = {
         bool: isinstance(v, bool),
@@ -180,14 +188,14 @@ def _value(key: str, v: Any, hint: Any, default: Any, rule: Rule) -> Problem | N
         float: number and math.isfinite(v),
     }[hint]
     if not typed:
-        return Problem(key, v, "has the wrong type", words, fix)
+        return "has the wrong type"
     if rule.choices and v not in rule.choices:
-        return Problem(key, v, "is not an allowed value", words, fix)
+        return "is not an allowed value"
     if rule.nonempty and not v:
-        return Problem(key, v, "is empty", words, fix)
+        return "is empty"
     low = (rule.ge is not None and v < rule.ge) or (rule.gt is not None and v <= rule.gt)
     if low or (rule.le is not None and v > rule.le):
-        return Problem(key, v, "is out of range", words, fix)
+        return "is out of range"
     return None
 
 
