@@ -24,6 +24,17 @@ TPU_KINDS = ("tpu", "fake_tpu")
 GPU_KINDS = ("gpu", "fake_gpu")  # a GPU node is a one-host slice: NVLink inside it, the network between nodes
 FAKE_KINDS = ("fake_tpu", "fake_gpu")  # this driver starts the cluster itself
 LOCAL_KINDS = ("local", "local_multihost")  # one local Ray, the trial's hosts its processes
+
+# Ray's own settings, unless the environment sets them, for the Ray this driver starts or joins. Ray's log
+# monitor (of a Ray this driver starts) streams workers' output to drivers, and no driver here takes it
+# (log_to_driver=False); left at its defaults it globs the log folder ten times a second, 3.6 of an idle local
+# Ray's 6 CPU-seconds a minute. It looks for new files every 10 s instead.
+RAY_ENV_DEFAULTS = {
+    "RAY_DEDUP_LOGS": "0",
+    "RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0",
+    "LOG_NAME_UPDATE_INTERVAL_S": "10",
+}
+
 SLICE_LABEL = "ray.io/tpu-slice-name"
 WORKER_LABEL = "ray.io/tpu-worker-id"
 
@@ -130,12 +141,8 @@ def connect(cluster: ClusterSpec) -> None:
     global _fake, _job_env
     if ray.is_initialized():
         return
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-    # Ray's log monitor (of a Ray this driver starts) streams workers' output to drivers, and no driver here
-    # takes it (log_to_driver=False); left at its defaults it globs the log folder ten times a second, 3.6 of
-    # an idle local Ray's 6 CPU-seconds a minute. It looks for new files every 10 s instead.
-    os.environ.setdefault("RAY_LOG_MONITOR_MANY_FILES_THRESHOLD", "0")
-    os.environ.setdefault("LOG_NAME_UPDATE_INTERVAL_S", "10")
+    for name, value in RAY_ENV_DEFAULTS.items():
+        os.environ.setdefault(name, value)
     # Workers import jobs/ and orchestrator/ (host_task lives there); a local Ray inherits PYTHONPATH.
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     if cluster.kind in FAKE_KINDS and not cluster.address:
