@@ -17,18 +17,14 @@ import dataclasses
 import resource
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python benchmarks/...` finds the repo
+from benchmarks import page
+from jobs import strategies
+from jobs.spec import DataSpec, MemorySpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
+from orchestrator.config import grid
+from orchestrator.config.load import group_option
+from orchestrator.plan import aot, hardware, render, validity
 
-from jobs import strategies  # noqa: E402
-from jobs.spec import DataSpec, MemorySpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec  # noqa: E402
-from orchestrator.config import grid  # noqa: E402
-from orchestrator.config.load import group_option  # noqa: E402
-from orchestrator.plan import aot, hardware, render, rules  # noqa: E402
-from orchestrator.ui import markdown  # noqa: E402
-
-ROOT = Path(__file__).resolve().parent.parent
 HEAD = [
     "cluster",
     "strategy",
@@ -114,7 +110,7 @@ def planner_mib(r: aot.Comparison, factor: float = 1.0) -> int:
 
 
 def at_plan_cell(spec: TrialSpec, r: aot.Comparison, *, compile: bool = True) -> str:
-    """Compiled again with HBM = the planner's figure (aot.capped): "fits" or what it needs; "-"
+    """Compiled again with HBM = the planner's figure (aot.cache.fits): "fits" or what it needs; "-"
     when not compiled (or, with compile=False, not cached)."""
     return cap_cell(spec, r, planner_mib(r), compile=compile)
 
@@ -122,7 +118,7 @@ def at_plan_cell(spec: TrialSpec, r: aot.Comparison, *, compile: bool = True) ->
 def cap_cell(spec: TrialSpec, r: aot.Comparison, mib: int, *, compile: bool = True) -> str:
     """Compiled again as if HBM were `mib` MiB: "fits N" (GiB), or the compiler's "needs N" when it refuses (what
     it would need before trying harder, no floor: only a fit is evidence; docs/results/aot.md)."""
-    got = aot.capped.fits(spec, mib, compile=compile) if r.status == "compiled" else None
+    got = aot.cache.fits(spec, mib, compile=compile) if r.status == "compiled" else None
     if got is None:
         return "-"
     if got.status == "compiled":
@@ -206,7 +202,7 @@ def main(argv: list[str]) -> int:
                     a.documents,
                     a.layout,
                 )
-                bad = rules.problems(spec)
+                bad = validity.problems(spec)
                 if bad:  # not a compile question: say why once, in the log
                     print(f"skip {cluster} {strategy} {length:,}: {bad[0].message}", file=sys.stderr)
                     continue
@@ -228,7 +224,7 @@ def main(argv: list[str]) -> int:
                 cells += [cap_cell(spec, r, m) for m in a.at_mib]
                 cells += [band_cell(spec, r)] if a.band else []
                 lines.append(cells)
-    print(markdown.table(head(a.at_plan, a.at_mib, a.band), lines))
+    print(page.table(head(a.at_plan, a.at_mib, a.band), lines))
     ratios = [(r.ratio, c, r) for c, r in done if r.ratio is not None and r.status == "compiled"]
     if ratios:
         worst = max(ratios, key=lambda t: abs(t[0] - 1.0))

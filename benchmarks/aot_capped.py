@@ -13,12 +13,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python benchmarks/...` finds the repo
-
-from jobs.spec import TrialSpec  # noqa: E402
-from orchestrator.plan import aot  # noqa: E402
+from jobs.spec import TrialSpec
+from orchestrator.plan import aot
 
 
 def main(argv: list[str]) -> int:
@@ -26,7 +23,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("mib", type=int, help="the HBM per device libtpu is told the chip has, in MiB")
     ap.add_argument("--cached", action="store_true", help="only the cached answer; compile nothing")
     a = ap.parse_args(argv)
-    got = aot.capped.fits(TrialSpec.from_json(sys.stdin.read()), a.mib, compile=not a.cached)
+    got = aot.cache.fits(TrialSpec.from_json(sys.stdin.read()), a.mib, compile=not a.cached)
     if got is None:
         print("error: not cached", file=sys.stderr)
         return 1

@@ -20,15 +20,12 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python benchmarks/...` finds the repo
-
-from benchmarks.aot import spec_for  # noqa: E402
-from jobs import storage  # noqa: E402
-from orchestrator import provenance  # noqa: E402
-from orchestrator.plan import aot, memory  # noqa: E402
-from orchestrator.plan.aot import cache  # noqa: E402
-from orchestrator.plan.aot import result as draws  # noqa: E402
-from orchestrator.ui import markdown  # noqa: E402
+from benchmarks import page
+from benchmarks.aot import spec_for
+from jobs import storage
+from orchestrator import provenance
+from orchestrator.plan import aot, memory
+from orchestrator.plan.aot import cache, result
 
 ROOT = Path(__file__).resolve().parent.parent
 POINTS = [
@@ -43,7 +40,7 @@ CALLERS = {
     "python -c, whole result": "g = aot.compile_memory(s); print(g); print(g.compiler_peak_bytes)",
 }
 _PRELUDE = (
-    "import sys; sys.path.insert(0, {root!r}); from benchmarks.aot import spec_for; "
+    "from benchmarks.aot import spec_for; "
     "from orchestrator.plan import aot; s = spec_for({model!r}, {cluster!r}, {strategy!r}, {length}, {remat!r}); "
 )
 
@@ -55,9 +52,7 @@ def caller_peak(spec, model: str, cluster: str, strategy: str, length: int, rema
     if (text := storage.read_text(path)) is not None:
         return int(json.loads(text)["compiler_peak_bytes"])
     code = (
-        _PRELUDE.format(
-            root=str(ROOT), model=model, cluster=cluster, strategy=strategy, length=length, remat=remat
-        )
+        _PRELUDE.format(model=model, cluster=cluster, strategy=strategy, length=length, remat=remat)
         + list(CALLERS.values())[caller]
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
@@ -88,7 +83,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--workers", type=int, default=1, help="compiles at once on the Ray pool")
     ap.add_argument("--callers", action="store_true", help="also compile from the two calling scripts")
     ap.add_argument("--callers-for", nargs="*", default=[], help="points (as --points) to run the callers on")
-    provenance.add_page_argument(ap, "aot-draws")
+    page.add_argument(ap, "aot-draws")
     a = ap.parse_args(argv)
     made = provenance.current("python benchmarks/aot_draws.py", argv)
     callers_for = set(a.points if a.callers else a.callers_for)
@@ -108,7 +103,7 @@ def main(argv: list[str]) -> int:
     heads += [*(CALLERS if callers_for else []), "spread", "judged (worst)", "verdict"]
     out = []
     for p, (cluster, strategy, length, spec), r in zip(a.points, specs, rows, strict=True):
-        each = list(r.result.draw_bytes) or [draws.judged_bytes(r.result)] * (r.status != "failed")
+        each = list(r.result.draw_bytes) or [result.judged_bytes(r.result)] * (r.status != "failed")
         each += [None] * (a.draws - len(each))  # a failed point: no figure per draw
         if callers_for:
             run = p in callers_for
@@ -125,14 +120,14 @@ def main(argv: list[str]) -> int:
             gib(memory.total(spec)),
             *(gib(b) for b in each),
             spread,
-            gib(draws.judged_bytes(r.result)),
+            gib(result.judged_bytes(r.result)),
             r.verdict if r.status != "failed" else r.reason[:80],
         ]
         out.append(cells)
     took = f"{len(specs)} points x {a.draws} draws in {time.perf_counter() - t0:.0f} s (cache hits included)"
-    table = markdown.table(heads, out)
+    table = page.table(heads, out)
     if a.page:
-        path = provenance.write_page(a.page, "Compile draws", made, NOTE, f"{table}\n\n{took}.")
+        path = page.write(a.page, "Compile draws", made, NOTE, f"{table}\n\n{took}.")
         print(f"wrote {path}")
     else:
         print(f"{table}\n\n{took}")

@@ -11,9 +11,9 @@ import math
 import re
 from dataclasses import dataclass
 
+from benchmarks import page
 from benchmarks.aot import BAND, HEAD
-from orchestrator.plan import hardware  # noqa: E402
-from orchestrator.ui import markdown
+from orchestrator.plan import hardware
 
 BAND_HEAD = [
     "cluster",
@@ -47,7 +47,7 @@ class Row:
 
 
 def table(head: list[str], rows: list[Row]) -> str:
-    return markdown.table(head, ([r.cells[h] for h in head] for r in rows))
+    return page.table(head, ([r.cells[h] for h in head] for r in rows))
 
 
 def rows_from(text: str, head: list[str]) -> list[Row]:

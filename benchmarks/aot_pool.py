@@ -17,17 +17,14 @@ import sys
 import tempfile
 import time
 from dataclasses import replace
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # `python benchmarks/...` finds the repo
-
-from jobs.spec import MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec  # noqa: E402
-from orchestrator import provenance  # noqa: E402
-from orchestrator.config.load import group_option  # noqa: E402
-from orchestrator.plan import aot, hardware  # noqa: E402
-from orchestrator.plan.aot import pool, target  # noqa: E402
-from orchestrator.ui import markdown  # noqa: E402
+from benchmarks import page
+from jobs.spec import MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
+from orchestrator import provenance
+from orchestrator.config.load import group_option
+from orchestrator.launch.cluster import join_or_start
+from orchestrator.plan import aot, hardware
+from orchestrator.plan.aot import pool, target
 
 # (cluster, strategy, mesh): tpu7x 2x2x1 is 4 chips = 8 devices, v5p 2x2x1 4 megacore devices
 POINTS = [
@@ -85,7 +82,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--length", type=int, default=4096, help="context length of each compile")
     ap.add_argument("--head-cores", type=int, default=32)
     ap.add_argument("--head-gib", type=float, default=128.0)
-    provenance.add_page_argument(ap, "aot-pool")
+    page.add_argument(ap, "aot-pool")
     a = ap.parse_args(argv)
     if not aot.available():
         print("error: needs libtpu: pip install -e '.[tpu]'", file=sys.stderr)
@@ -94,7 +91,7 @@ def main(argv: list[str]) -> int:
     # jax's own persistent cache would serve the later runs' compiles: every run compiles for itself
     os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
     specs = [spec(c, s, m, a.length) for c, s, m in POINTS]
-    pool.start(specs[0].cluster, max(a.workers))
+    join_or_start(specs[0].cluster, max(a.workers))
     rows, results = [], {}
     for w in a.workers:
         with tempfile.TemporaryDirectory(prefix=f"aot-pool-{w}-") as where:
@@ -112,7 +109,7 @@ def main(argv: list[str]) -> int:
     print("\n".join([*walls, "", *head]))
     if a.page:
         body = "\n".join(["## Wall times", "", *walls, "", "## A head node", "", "```", *head, "```"])
-        print(f"wrote {provenance.write_page(a.page, 'AOT compile pool', made, NOTE, body)}")
+        print(f"wrote {page.write(a.page, 'AOT compile pool', made, NOTE, body)}")
     return 0 if same else 1
 
 
@@ -120,7 +117,7 @@ def table(rows: list[tuple], n: int, same: bool) -> list[str]:
     out = [
         f"{n} compiles (distinct programs), each worker count on a fresh empty cache, then rerun on it:",
         "",
-        *markdown.table(
+        *page.table(
             ["workers", "cold wall s", "cold hits", "sum of compile s", "rerun wall s", "rerun hits"],
             ([w, f"{c:.1f}", h, f"{cs:.1f}", f"{r:.1f}", rh] for w, c, h, cs, r, rh in rows),
         ).splitlines(),

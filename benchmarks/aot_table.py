@@ -15,14 +15,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python benchmarks/...` finds `benchmarks`
-
-from benchmarks import aot_page  # noqa: E402
-from benchmarks.aot import LENGTHS, at_plan_cell, band_cell, cap_cell, head, row_cells, spec_for  # noqa: E402
-from jobs import strategies  # noqa: E402
-from orchestrator import provenance  # noqa: E402
-from orchestrator.plan import aot, memory, rules  # noqa: E402
-from orchestrator.ui import markdown  # noqa: E402
+from benchmarks import aot_page, page
+from benchmarks.aot import LENGTHS, at_plan_cell, band_cell, cap_cell, head, row_cells, spec_for
+from jobs import strategies
+from orchestrator import REPO, provenance
+from orchestrator.plan import aot, memory, validity
 
 # The page's models, each with the context_ulysses degrees looked up (mesh=auto's, and one more split).
 PAGE_MODELS = [("llama3_1_8b_long", ["auto", "2"]), ("llama3_1_8b", ["auto", "4"])]
@@ -38,7 +35,7 @@ def cached(model: str, remats: list[str], ulysses: list[str]):
                 for remat in remats:
                     for u in ulysses:
                         spec = spec_for(model, cluster, name, length, remat, ulysses=u)
-                        if rules.problems(spec) or not aot.cached_any(spec):
+                        if validity.problems(spec) or not aot.cached_any(spec):
                             continue  # an invalid point has no program; an uncached one need not be lowered
                         path = aot.cache_path(spec)
                         if not path.exists() or path in seen:
@@ -56,7 +53,7 @@ def page_rows() -> tuple[list[aot_page.Row], list[aot_page.Row]]:
             rows.append(aot_page.Row(dict(zip(aot_page.HEAD, row_cells(label, r), strict=True))))
             caps = aot.cached_caps(spec)
             if r.result.host_temp_bytes and r.status == "compiled" and caps:
-                ok = {m: aot.capped.fits(spec, m, compile=False).status == "compiled" for m in caps}
+                ok = {m: aot.cache.fits(spec, m, compile=False).status == "compiled" for m in caps}
                 gib = r.analytic_bytes / 2**30
                 cells = [label, r.strategy, r.mesh, f"{gib:.1f}", *aot_page.band_cells(gib, ok)]
                 band.append(aot_page.Row(dict(zip(aot_page.BAND_HEAD, cells, strict=True))))
@@ -68,7 +65,7 @@ def read(source: str) -> str:
     if Path(source).exists() or ":" not in source:
         return Path(source).read_text()
     return subprocess.run(
-        ["git", "show", source], cwd=provenance.ROOT, capture_output=True, text=True, check=True
+        ["git", "show", source], cwd=REPO, capture_output=True, text=True, check=True
     ).stdout
 
 
@@ -100,7 +97,7 @@ def write_page(a: argparse.Namespace, argv: list[str]) -> int:
         )
         return 1
     body = aot_page.body(rows, band)
-    path = provenance.write_page(a.page, aot_page.TITLE, made, aot_page.NOTE, body, refresh=refresh)
+    path = page.write(a.page, aot_page.TITLE, made, aot_page.NOTE, body, refresh=refresh)
     print(f"wrote {path} ({len(rows)} rows, {len(band)} band rows)")
     return 0
 
@@ -119,7 +116,7 @@ def main(argv: list[str]) -> int:
         "--at-mib", nargs="*", type=int, default=[], help="with --markdown: cached capped compiles"
     )
     ap.add_argument("--band", action="store_true", help="with --markdown: the cached capped compiles' band")
-    provenance.add_page_argument(ap, "aot")
+    page.add_argument(ap, "aot")
     ap.add_argument(
         "--from", dest="from_", metavar="FILE", help="with --page: take the tables from this markdown"
     )
@@ -152,7 +149,7 @@ def main(argv: list[str]) -> int:
             b = memory.breakdown(spec)
             print("    " + ", ".join(f"{k} {v / 2**30:.1f}" for k, v in b.items() if v > 2**28))
     if a.markdown:
-        print(markdown.table(head(a.at_plan, a.at_mib, a.band), rows))
+        print(page.table(head(a.at_plan, a.at_mib, a.band), rows))
     return 0
 
 

@@ -18,19 +18,18 @@ from dataclasses import replace
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.sharding import Mesh, NamedSharding, PartitionSpec  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from jobs import strategies  # noqa: E402
-from jobs.attention import attention  # noqa: E402
-from jobs.attention.kernels import AUTO, KERNELS  # noqa: E402
-from jobs.attention.sharding import qkv_spec  # noqa: E402
-from jobs.mesh import small_mesh  # noqa: E402
-from orchestrator import provenance  # noqa: E402
-from orchestrator.ui import markdown  # noqa: E402
+from benchmarks import page
+from jobs import strategies
+from jobs.attention import attention
+from jobs.attention.kernels import AUTO, KERNELS
+from jobs.attention.sharding import qkv_spec
+from jobs.mesh import small_mesh
+from orchestrator import provenance
 
 
 def ringattention_peer(mesh: Mesh, block: int):
@@ -120,7 +119,7 @@ def main() -> None:
     ap.add_argument(
         "--dense-max-length", type=int, default=4096, help="skip the L x L dense reference above this"
     )
-    provenance.add_page_argument(ap, "attention")
+    page.add_argument(ap, "attention")
     a = ap.parse_args()
     made = provenance.current(
         "python benchmarks/attention.py", sys.argv[1:], load=True
@@ -233,7 +232,7 @@ def main() -> None:
             f"{jax.devices()[0].platform.upper()} devices sharing those cores",
         )
         body = page_body(setup, a, table, notes)
-        print(f"wrote {provenance.write_page(a.page, 'Attention benchmark', made, NOTE, body)}")
+        print(f"wrote {page.write(a.page, 'Attention benchmark', made, NOTE, body)}")
 
 
 PEER = "ringattn-pypi"
@@ -270,7 +269,7 @@ robust to other load); *× dense* wall time over the first row's; *compile s* on
 *MiB/device* the compiled step's arguments + temporaries per device (`memory_analysis`); the last column is the
 share of the L × L score matrix the busiest device computes under the causal mask (dense on one device: 50 %).
 
-{markdown.table(head, table)}
+{page.table(head, table)}
 
 """ + "\n".join(f"- {n}" for n in notes)
 

@@ -18,12 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from jobs.data import balance  # noqa: E402
-from orchestrator import provenance  # noqa: E402
-from orchestrator.ui import markdown  # noqa: E402
+from benchmarks import page
+from jobs.data import balance
+from orchestrator import provenance
 
 PROG = "python benchmarks/balance.py"
 LENGTHS = (65_536, 1_048_576, 14_680_064)
@@ -85,7 +82,7 @@ def table(rows: list[dict], block: int) -> str:
         *(f"{r[n][i]:.3f}" for n in balance.LAYOUTS for i in (0, 1)),
         f"{r['balanced_s'] * 1e3:.0f} ms",
     ]
-    return markdown.table([*head, "balanced layout time"], map(cells, rows))
+    return page.table([*head, "balanced layout time"], map(cells, rows))
 
 
 def note(source: str, seeds: int, block: int, chunk: int) -> str:
@@ -109,7 +106,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--seeds", type=int, default=4)
     ap.add_argument("--block", type=int, default=512)
     ap.add_argument("--chunk", type=int, default=512)
-    provenance.add_page_argument(ap, "balance")
+    page.add_argument(ap, "balance")
     a = ap.parse_args(argv)
     made = provenance.current(PROG, argv)  # before the run: its commit
     if a.corpus is None:
@@ -130,7 +127,7 @@ def main(argv: list[str]) -> int:
     if not a.page:
         print(body)
         return 0
-    path = provenance.write_page(
+    path = page.write(
         a.page, "Load balance of packed documents", made, note(source, a.seeds, a.block, a.chunk), body
     )
     print(f"wrote {path}")

@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python benchmarks/...` finds the repo
-
-from orchestrator import provenance  # noqa: E402
-from orchestrator.calibrate import family  # noqa: E402
-from orchestrator.calibrate.published_gpu import SOURCES as GPU_SOURCES  # noqa: E402
-from orchestrator.calibrate.published_tpu import SOURCES as TPU_SOURCES  # noqa: E402
-from orchestrator.plan.steptime import SETTLED  # noqa: E402
+from benchmarks import page
+from orchestrator import provenance
+from orchestrator.calibrate import family
+from orchestrator.calibrate.published_gpu import SOURCES as GPU_SOURCES
+from orchestrator.calibrate.published_tpu import SOURCES as TPU_SOURCES
+from orchestrator.plan.steptime import SETTLED
 
 PROG = "python benchmarks/calibration.py"
 GOAL, PICK = 0.20, 0.05
@@ -62,7 +60,7 @@ Sources:
 
 
 def page_body() -> str:
-    tpu, gpu = family.calibrate(family.TPU), family.calibrate(family.GPU)
+    tpu, gpu, chip = (family.calibrate(f) for f in (family.TPU, family.GPU, family.CHIP))
     return f"""\
 ## TPU: v5p and Ironwood
 
@@ -75,17 +73,24 @@ per-strategy cells are TPU ones, so no GPU pick is scored. The shared constants 
 replay, per-call, per-layer and collective fixed costs) are the TPU family's v5p values.
 
 {section(gpu, GPU_SOURCES)}
+
+## Our own runs on a TPU v5e chip
+
+Each point is its own table (leave one point out), and the band holds every held-out point: it is the spread of
+those errors. The points, the kernel sweep and the verdicts: [a real TPU v5e chip](v5e.md).
+
+{section(chip, {"chip": "orchestrator/calibrate/chip_v5e_1.json, measured by benchmarks/chip.py on the chip"})}
 """
 
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    provenance.add_page_argument(ap, "calibration")
+    page.add_argument(ap, "calibration")
     a = ap.parse_args(argv)
     body = page_body()
     if a.page:
         made = provenance.current(PROG, argv)
-        print(f"wrote {provenance.write_page(a.page, 'Step-time calibration', made, NOTE, body)}")
+        print(f"wrote {page.write(a.page, 'Step-time calibration', made, NOTE, body)}")
         return 0
     print(body)
     return 0

@@ -11,25 +11,25 @@ One MLflow server (sqlite) for all runs; one JAX compilation cache, so only the 
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import re
 import signal
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+from mlflow import MlflowClient
 
-from mlflow import MlflowClient  # noqa: E402
-from servers import start_mlflow_server  # noqa: E402
+from benchmarks import page
+from orchestrator import REPO, provenance
 
-from orchestrator import provenance  # noqa: E402
-from orchestrator.ui import markdown  # noqa: E402
+# The suite's own helpers, which are no package: the driver in a subprocess (tests/drivers.py), a throwaway
+# MLflow server (tests/servers.py), the store read back (tests/mlflow_lookup.py).
+sys.path.append(str(REPO / "tests"))
+import drivers
+import mlflow_lookup
+import servers
 
 GRID = [
     "-m",
@@ -43,44 +43,7 @@ GRID = [
 ]
 STEPS = 4
 PLACED = re.compile(r"\] (.+?): attempt \d+ on (?:\S+: )?0=pid (\d+)@")
-
-
-class Driver:
-    """`python -m orchestrator` in the background, its output read line by line."""
-
-    def __init__(self, args: list[str], cwd: Path, env: dict[str, str]):
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator", *args],
-            cwd=cwd,
-            env=env,
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        self.lines: list[str] = []
-        self.pos = 0
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip())
-
-    def wait_for(self, pattern: str, timeout: float = 1200) -> re.Match:
-        rx, deadline = re.compile(pattern), time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            while self.pos < len(self.lines):
-                self.pos += 1
-                if m := rx.search(self.lines[self.pos - 1]):
-                    return m
-            if self.proc.poll() is not None and self.pos == len(self.lines):
-                break
-            time.sleep(0.1)  # polling the reader's list, not waiting for a duration
-        raise RuntimeError(f"no line matching {pattern!r}:\n" + "\n".join(self.lines[-40:]))
-
-    def finish(self, timeout: float = 1800) -> int:
-        code = self.proc.wait(timeout)
-        time.sleep(0.5)  # let the reader drain the pipe
-        return code
+WAIT_S = 1200  # for one event on a driver's output
 
 
 def schedule(seed: int) -> dict:
@@ -92,13 +55,10 @@ def schedule(seed: int) -> dict:
 
 
 def losses(client: MlflowClient, sweep_id: str) -> dict[str, list]:
-    exp = client.get_experiment_by_name("cp_scaling")
-    runs = client.search_runs([exp.experiment_id], f"tags.sweep_id = '{sweep_id}' and tags.kind = 'trial'")
     out: dict[str, list] = {}
-    for r in runs:
-        hist = client.get_metric_history(r.info.run_id, "loss")
+    for r in mlflow_lookup.runs(client, sweep_id, "trial"):
         out.setdefault(r.data.tags["trial_id"], []).append(
-            (r.data.tags.get("status"), r.info.status, sorted((m.step, m.value) for m in hist))
+            (r.data.tags.get("status"), r.info.status, mlflow_lookup.history(client, r))
         )
     return out
 
@@ -106,21 +66,22 @@ def losses(client: MlflowClient, sweep_id: str) -> dict[str, list]:
 def soak(seed: int, args: list[str], cwd: Path, env: dict, server) -> dict:
     at = schedule(seed)
     t0 = time.monotonic()
-    (cwd / "faults").mkdir()
-    env = env | {"CP_ORCH_INJECT_FAULTS": f"kill:0:{at['worker']}", "CP_ORCH_INJECT_DIR": str(cwd / "faults")}
-    d = Driver(args, cwd, env)
-    d.wait_for(r"preempted: retrying")  # 1. the first trial's host, at its seeded point of the step loop
+    env = env | drivers.fault_env(cwd, f"kill:0:{at['worker']}")
+    d = drivers.Driver(args, cwd, env)
+    d.wait_for(
+        r"preempted: retrying", WAIT_S
+    )  # 1. the first trial's host, at its seeded point of the step loop
     placed = sum(bool(PLACED.search(line)) for line in d.lines[: d.pos])
     while placed < at["driver"]:  # 2. the driver itself, as a trial starts
-        d.wait_for(PLACED.pattern)
+        d.wait_for(PLACED.pattern, WAIT_S)
         placed += 1
     d.proc.send_signal(signal.SIGKILL)
     d.finish()
-    d = Driver(args, cwd, env)  # the rerun resumes the sweep
+    d = drivers.Driver(args, cwd, env)  # the rerun resumes the sweep
     for _ in range(at["server"]):  # 3. the tracking server, until the rerun notices it is gone
-        d.wait_for(r": done loss=")
+        d.wait_for(r": done loss=", WAIT_S)
     server.stop()
-    d.wait_for(r"tracking store unavailable")
+    d.wait_for(r"tracking store unavailable", WAIT_S)
     server.start()
     code = d.finish()
     return {"seed": seed, **at, "exit": code, "s": time.monotonic() - t0}
@@ -163,21 +124,20 @@ and per trial the same losses as the undisturbed run (relative 1e-6).
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    provenance.add_page_argument(ap, "chaos")
+    page.add_argument(ap, "chaos")
     a = ap.parse_args(argv)
     made = provenance.current("python benchmarks/chaos.py", argv, load=True)
     tmp = Path(tempfile.mkdtemp(prefix="cp-chaos-"))
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    env |= {"PYTHONPATH": str(ROOT), "JAX_COMPILATION_CACHE_DIR": str(tmp / "jax-cache")}
-    server = start_mlflow_server(tmp / "server")
+    env = {"JAX_COMPILATION_CACHE_DIR": str(tmp / "jax-cache")}  # on top of drivers.driver_env's
+    server = servers.start_mlflow_server(tmp / "server")
     rows = []
     try:
         base = [*GRID, "tracking=server", f"tracking.uri={server.url}"]
         t0 = time.monotonic()
-        ref_driver = Driver([*base, "+sweep.id=chaos-ref"], tmp, env)
+        ref_driver = drivers.Driver([*base, "+sweep.id=chaos-ref"], tmp, env)
         assert ref_driver.finish() == 0, "\n".join(ref_driver.lines[-40:])
         print(f"undisturbed run: {time.monotonic() - t0:.0f} s", flush=True)
-        client = MlflowClient(server.url)
+        client = mlflow_lookup.client(server.url)
         ref = losses(client, "chaos-ref")
         for seed in a.seeds:
             (tmp / str(seed)).mkdir()
@@ -189,10 +149,10 @@ def main(argv: list[str]) -> int:
         server.stop()
     cols = list(rows[0])
     cell = lambda v: f"{v:.0f}" if isinstance(v, float) else str(v)
-    body = markdown.table(cols, ([cell(r[c]) for c in cols] for r in rows))
+    body = page.table(cols, ([cell(r[c]) for c in cols] for r in rows))
     print(body)
     if a.page:
-        print(f"wrote {provenance.write_page(a.page, 'Chaos soak', made, NOTE, body)}")
+        print(f"wrote {page.write(a.page, 'Chaos soak', made, NOTE, body)}")
     ok = all(
         r["exit"] == 0
         and r["duplicate runs"] == 0

@@ -14,13 +14,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+from benchmarks import page
 from orchestrator import provenance
 from orchestrator.config import grid
-from orchestrator.config import load as config
+from orchestrator.config.load import load
 from orchestrator.plan import steptime, work
 from orchestrator.plan.memory import gib
 from orchestrator.plan.search import Answer, search
-from orchestrator.ui.markdown import table
 
 PROG = "python benchmarks/families.py"
 MIX_LINES = ("a strategy per layer type:", "one strategy for every layer:")
@@ -35,7 +35,7 @@ answer's, and whether their bands overlap (a tie, lost on the tie-break)."""
 
 
 def answer(model: str, cluster: str, length: int) -> Answer:
-    (spec,) = grid.expand(config.load([f"model={model}", f"cluster={cluster}", f"context_length={length}"]))
+    (spec,) = grid.expand(load([f"model={model}", f"cluster={cluster}", f"context_length={length}"]))
     return search(spec.model, spec.cluster, length, spec.train, top=5)
 
 
@@ -89,19 +89,19 @@ def markdown() -> str:
         "a strategy per layer type",
     ]
     rows = [row(m, c, n) for m in MODELS for c in CLUSTERS for n in LENGTHS]
-    return table(head, rows)
+    return page.table(head, rows)
 
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    provenance.add_page_argument(ap, "families")
+    page.add_argument(ap, "families")
     a = ap.parse_args(argv)
     body = markdown()
     if not a.page:
         print(body)
         return 0
     made = provenance.current(PROG, argv)
-    path = provenance.write_page(a.page, "Recommendations for Gemma 3 and Qwen3", made, NOTE, body)
+    path = page.write(a.page, "Recommendations for Gemma 3 and Qwen3", made, NOTE, body)
     print(f"wrote {path}")
     return 0
 

@@ -18,14 +18,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python benchmarks/...` finds the repo
+from mlflow import MlflowClient
 
-from mlflow import MlflowClient  # noqa: E402
-
-from jobs.data.buckets import bucket_labels  # noqa: E402
-from jobs.spec import TrialSpec  # noqa: E402
-from orchestrator import provenance  # noqa: E402
-from orchestrator.ui import markdown  # noqa: E402
+from benchmarks import page
+from jobs.data.buckets import bucket_labels
+from jobs.spec import TrialSpec
+from orchestrator import provenance
 
 PROG = "python benchmarks/family_positions.py"
 LAST = 8  # steps averaged at the end of each trial
@@ -97,7 +95,7 @@ def table(found: list[dict]) -> str:
         ]
         steps = here[0]["spec"].train.steps
         out.append(
-            f"### {length:,} tokens, {steps} steps, {here[0]['spec'].strategy.name}\n\n{markdown.table(head, body)}"
+            f"### {length:,} tokens, {steps} steps, {here[0]['spec'].strategy.name}\n\n{page.table(head, body)}"
         )
     return "\n\n".join(out)
 
@@ -107,7 +105,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("sweeps", nargs="+", help="sweep ids (sweep.id) in the store")
     ap.add_argument("--uri", default="sqlite:///mlflow.db")
     ap.add_argument("--experiment", default="cp_scaling")
-    provenance.add_page_argument(ap, "family-positions")
+    page.add_argument(ap, "family-positions")
     a = ap.parse_args(argv)
     client = MlflowClient(a.uri)
     found = [x for s in a.sweeps for x in rows(client, s, a.experiment)]
@@ -119,7 +117,7 @@ def main(argv: list[str]) -> int:
         print(body)
         return 0
     made = provenance.current(PROG, argv, load=True)
-    path = provenance.write_page(a.page, "Loss by position across the model families", made, NOTE, body)
+    path = page.write(a.page, "Loss by position across the model families", made, NOTE, body)
     print(f"wrote {path}")
     return 0
 

@@ -26,21 +26,20 @@ the device up, as a slow input pipeline would.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT)]
+from mlflow import MlflowClient
 
-from mlflow import MlflowClient  # noqa: E402
+from benchmarks import page
+from orchestrator import REPO, provenance
+from orchestrator.results import gate
 
-from orchestrator import provenance  # noqa: E402
-from orchestrator.results import gate as regress  # noqa: E402
-from orchestrator.ui import markdown  # noqa: E402
+# The suite's own driver in a subprocess (tests/drivers.py), which is no package.
+sys.path.append(str(REPO / "tests"))
+import drivers
 
 EXP = "cp_scaling"
 TOKENS = "final_tokens_per_s"
@@ -54,20 +53,12 @@ def sweep(
     sweep_id: str, where: Path, store: str, overrides: list[str], sleep_s: float = 0.0
 ) -> tuple[int, str]:
     """One smoke sweep through the real CLI: (exit code, its output from the gate's verdict on)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    env |= {"PYTHONPATH": str(ROOT)} | ({"CP_ORCH_INJECT_SLEEP_S": f"{sleep_s:.3f}"} if sleep_s else {})
+    env = {"CP_ORCH_INJECT_SLEEP_S": f"{sleep_s:.3f}"} if sleep_s else {}
     args = ["+sweep=smoke", f"sweep.id={sweep_id}", "progress=plain", f"tracking.uri={store}", *overrides]
-    out = subprocess.run(
-        [sys.executable, "-m", "orchestrator", *args],
-        cwd=where,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
+    out = drivers.run_cli(args, cwd=where, timeout=1800, env=env)
     lines = out.stdout.splitlines()
     start = next((i for i, ln in enumerate(lines) if "regression gate" in ln), len(lines))
-    if out.returncode not in (0, regress.EXIT_REGRESSION):
+    if out.returncode not in (0, gate.EXIT_REGRESSION):
         return out.returncode, "\n".join(lines[-20:] + out.stderr.splitlines()[-20:])
     return out.returncode, "\n".join(lines[start:])
 
@@ -86,7 +77,7 @@ def step_times(client: MlflowClient, eid: str, sweep_ids: list[str]) -> dict[str
 HEAD = ["sweep", "exit", "trial", "baseline runs", "median tokens/s", "now", "band (± spread)", "verdict"]
 
 
-def rows(sid: str, code: int, result: regress.GateResult) -> list[list[str]]:
+def rows(sid: str, code: int, result: gate.GateResult) -> list[list[str]]:
     """The table rows (HEAD's cells) of one sweep's verdict: one per compared trial."""
     if not result.changes:
         n = len(result.new)
@@ -140,28 +131,26 @@ def main(argv: list[str]) -> int:
             )
             code, text = sweep(sid, where, store, a.overrides, sleep_s)
             print(text, flush=True)
-            if code not in (0, regress.EXIT_REGRESSION):
+            if code not in (0, gate.EXIT_REGRESSION):
                 print(f"error: sweep {sid} exited {code}", file=sys.stderr)
                 return 1
             eid = client.get_experiment_by_name(EXP).experiment_id
-            table += rows(sid, code, regress.compare(client, eid, sid))
-            want = regress.EXIT_REGRESSION if slowed else 0
+            table += rows(sid, code, gate.compare(client, eid, sid))
+            want = gate.EXIT_REGRESSION if slowed else 0
             ok &= code == want
             print(f"--> exit {code}: {'as expected' if code == want else f'expected {want}'}")
             quiet += [] if slowed else [sid]
     verdict = "both hold" if ok else "NOT as expected: see the rows above"
     body = "\n".join(
         [
-            markdown.table(HEAD, table),
+            page.table(HEAD, table),
             "",
             f"Quiet reruns pass, the {a.slowdown:.0%} slowdown trips the gate: {verdict}.",
         ]
     )
     print("\n" + body)
     if a.out:
-        print(
-            f"wrote {provenance.write_page(a.out, 'The regression gate against real noise', made, NOTE, body)}"
-        )
+        print(f"wrote {page.write(a.out, 'The regression gate against real noise', made, NOTE, body)}")
     return 0 if ok else 1
 
 

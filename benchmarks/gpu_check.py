@@ -19,15 +19,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks import gpu_check_trials as trials_mod  # noqa: E402
-from benchmarks.gpu_check_common import DRY, GPU, SECTIONS, Recorder  # noqa: E402
+from benchmarks import gpu_check_trials
+from benchmarks.gpu_check_common import DRY, GPU, SECTIONS, Recorder
 
 KERNELS = Path(__file__).resolve().parent / "gpu_check_kernels.py"
 RESULT = "gpu_check.json"
@@ -68,7 +66,9 @@ def run_kernels(rec: Recorder, dry_run: bool, attempts: int = 3) -> None:
     for _ in range(attempts):
         try:
             exits.append(
-                subprocess.run(cmd, env=trials_mod.child_env(dry_run), timeout=rec.hard_left()).returncode
+                subprocess.run(
+                    cmd, env=gpu_check_trials.child_env(dry_run), timeout=rec.hard_left()
+                ).returncode
             )
         except subprocess.TimeoutExpired:
             exits.append("killed (the check's time limit)")
@@ -102,8 +102,8 @@ def check(out_dir: Path, dry_run: bool, budget_s: float, argv: list[str]) -> dic
     run_kernels(rec, dry_run)
     env = rec.data["env"].get("items", {}).get("env", {})
     api_ok = bool(env.get("private_api", {}).get("ok"))
-    trials_mod.trials(rec, DRY if dry_run else GPU, out_dir, api_ok, dry_run)
-    trials_mod.add_planner(rec)
+    gpu_check_trials.trials(rec, DRY if dry_run else GPU, out_dir, api_ok, dry_run)
+    gpu_check_trials.add_planner(rec)
     rec.data["meta"]["elapsed_s"] = round(rec.elapsed(), 1)
     rec.save()
     return rec.data
@@ -141,8 +141,10 @@ def item_line(key: str, it: dict[str, Any]) -> str:
     )
     if it.get("kernel_fallbacks"):
         line += f" (fell back: {'; '.join(it['kernel_fallbacks'])[:80]})"
-    if vs := it.get("vs_" + trials_mod.BASE):
-        line += "; vs " + trials_mod.BASE + ": " + ", ".join(f"{k} x{v:.2f}" for k, v in vs.items() if v)
+    if vs := it.get("vs_" + gpu_check_trials.BASE):
+        line += (
+            "; vs " + gpu_check_trials.BASE + ": " + ", ".join(f"{k} x{v:.2f}" for k, v in vs.items() if v)
+        )
     return line + (f"; ERROR {it['error'].splitlines()[0][:100]}" if "error" in it else "")
 
 
@@ -179,13 +181,13 @@ def compare(path: Path, out_dir: Path | None) -> int:
         "runtime peak   compiled     planner bytes"
     ]
     spec = None
-    for name, it in trials_mod.trial_items(data):
+    for name, it in gpu_check_trials.trial_items(data):
         if "spec" not in it:
             rows.append(f"{name:30} no spec ({it.get('skipped') or it.get('error', '')[:60]})")
             continue
         try:
-            spec = trials_mod.TrialSpec.from_json(it["spec"])
-            it |= trials_mod.planner_figures(spec)
+            spec = gpu_check_trials.TrialSpec.from_json(it["spec"])
+            it |= gpu_check_trials.planner_figures(spec)
         except Exception as e:  # noqa: BLE001 - say which trial the planner could not price, go on
             rows.append(f"{name:30} planner failed: {type(e).__name__}: {e}")
             continue

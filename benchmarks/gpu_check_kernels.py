@@ -16,14 +16,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
+import jax
+import jax.numpy as jnp
 
-from benchmarks.gpu_check_common import BLOCK, DRY, GPU, Recorder, Sizes  # noqa: E402
-from jobs import flops  # noqa: E402
-from jobs.attention.kernels import flash as flash_kernel  # noqa: E402
-from jobs.attention.kernels import get_kernel  # noqa: E402
+from benchmarks.gpu_check_common import BLOCK, DRY, GPU, Recorder, Sizes
+from jobs import flops
+from jobs.attention.kernels import flash, get_kernel
+from jobs.attention.kernels.mask import Mask
 
 PEAK = flops.PEAK_TFLOPS_PER_DEVICE["h200"]  # dense bf16, the MFU denominator of every figure here
 BWD_OVER_FWD = 2.5  # causal backward FLOPs per forward FLOP (the brief's count; cuDNN's bwd reads the stats)
@@ -77,7 +76,7 @@ def env() -> dict[str, Any]:
         jaxlib_version = jaxlib.__version__
     except (ImportError, AttributeError) as e:  # a figure to record, not a reason to lose the API check
         jaxlib_version = f"unknown ({type(e).__name__})"
-    fa, dev = flash_kernel._fa, jax.devices()[0]
+    fa, dev = flash._fa, jax.devices()[0]
     out: dict[str, Any] = {
         "jax": jax.__version__,
         "jaxlib": jaxlib_version,
@@ -112,23 +111,21 @@ def time_kernel(kernel: str, phase: str, L: int, heads: tuple[int, int, int]) ->
     q, k, v, do = (
         jax.random.normal(r, (1, L, h, D), jnp.bfloat16) for r, h in zip(keys, (H, K, K, H), strict=True)
     )
-    kw = dict(causal=True, block_q=min(BLOCK, L), block_kv=min(BLOCK, L))
+    mask = lambda: Mask(jnp.arange(L), jnp.arange(L), True, min(BLOCK, L), min(BLOCK, L))
 
     def fwd(q, k, v):
-        pos = jnp.arange(L)
-        return kern.fwd(q, k, v, pos, pos, **kw)
+        return kern.fwd(q, k, v, mask())
 
     def fwd_bwd(q, k, v, do):
-        pos = jnp.arange(L)
-        o, lse = kern.fwd(q, k, v, pos, pos, **kw)
-        return kern.bwd(q, k, v, o, lse, do, pos, pos, **kw)
+        o, lse = kern.fwd(q, k, v, mask())
+        return kern.bwd(q, k, v, o, lse, do, mask())
 
     fn, args = (fwd, (q, k, v)) if phase == "fwd" else (fwd_bwd, (q, k, v, do))
-    flash_kernel.FALLBACKS.clear()
+    flash.FALLBACKS.clear()
     t = time.perf_counter()
     compiled = jax.jit(fn).lower(*args).compile()
     compile_s = time.perf_counter() - t
-    fallbacks = list(flash_kernel.FALLBACKS)
+    fallbacks = list(flash.FALLBACKS)
     for _ in range(WARMUP):
         jax.block_until_ready(compiled(*args))
     times = []

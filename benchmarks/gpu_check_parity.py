@@ -5,7 +5,7 @@ before it, merged by log-sum-exp (jobs.attention.core.merge); each hop's backwar
 dK/dV summed into their chunk. Contiguous (device r holds chunk r) and zigzag (chunks r and 2n-1-r) orders.
 (b) every registered strategy through attention(...) on a one-device mesh, both layouts. (c) head_dim 256.
 (d) a probe of cuDNN's packed layout (benchmarks/gpu_check_packed.py), which packed documents will need.
-Every item says whether cuDNN really ran (flash_kernel.FALLBACKS stayed empty) and, if not, why.
+Every item says whether cuDNN really ran (flash.FALLBACKS stayed empty) and, if not, why.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from benchmarks.gpu_check_common import BF16_TOL, BLOCK, Recorder, Sizes
 from benchmarks.gpu_check_packed import packed_probe
 from jobs import strategies
 from jobs.attention import attention, from_zigzag, merge, reference_attention, to_zigzag
-from jobs.attention.kernels import flash as flash_kernel
+from jobs.attention.kernels import flash
 from jobs.attention.kernels.flash import flash_bwd, flash_fwd
-from jobs.strategies import rules as cp_rules
+from jobs.attention.kernels.mask import Mask
+from jobs.strategies import rules
 
 NAMES = ("out", "dq", "dk", "dv")
 Hop = tuple[tuple[int, ...], tuple[int, ...], bool]  # (query chunks, key chunks, causal)
@@ -59,9 +60,9 @@ def errors(got, want) -> dict[str, Any]:
 
 def traced(fn, *args) -> tuple[Any, list[str]]:
     """fn(*args), jitted, and the fallback reasons its tracing added (empty: cuDNN ran every call)."""
-    flash_kernel.FALLBACKS.clear()
+    flash.FALLBACKS.clear()
     out = jax.block_until_ready(jax.jit(fn)(*args))
-    return out, list(flash_kernel.FALLBACKS)
+    return out, list(flash.FALLBACKS)
 
 
 def ring_hops(n: int, zigzag: bool) -> tuple[int, list[Hop]]:
@@ -88,10 +89,10 @@ def hop_merged(q, k, v, ct, chunks: int, hops: list[Hop]):
     c = q.shape[1] // chunks
     part = lambda x, ids: jnp.concatenate([x[:, i * c : (i + 1) * c] for i in ids], axis=1)
     pos = lambda ids: jnp.concatenate([jnp.arange(i * c, (i + 1) * c) for i in ids])
-    kw = dict(block_q=min(BLOCK, c), block_kv=min(BLOCK, c))
+    mask = lambda qi, ki, causal: Mask(pos(qi), pos(ki), causal, min(BLOCK, c), min(BLOCK, c))
     acc: dict[int, tuple[jax.Array, jax.Array]] = {}
     for qi, ki, causal in hops:
-        o, lse = flash_fwd(part(q, qi), part(k, ki), part(v, ki), pos(qi), pos(ki), causal=causal, **kw)
+        o, lse = flash_fwd(part(q, qi), part(k, ki), part(v, ki), mask(qi, ki, causal))
         for j, i in enumerate(qi):
             oi, li = o[:, j * c : (j + 1) * c], lse[:, j * c : (j + 1) * c]
             acc[i] = (oi, li) if i not in acc else merge(*acc[i], oi, li)
@@ -101,7 +102,7 @@ def hop_merged(q, k, v, ct, chunks: int, hops: list[Hop]):
     dk, dv = dict(dq), dict(dq)
     for qi, ki, causal in hops:  # every hop's backward reads the merged (global) out and lse
         args = (part(q, qi), part(k, ki), part(v, ki), part(out, qi), part(lse, qi), part(ct, qi))
-        gq, gk, gv = flash_bwd(*args, pos(qi), pos(ki), causal=causal, **kw)
+        gq, gk, gv = flash_bwd(*args, mask(qi, ki, causal))
         for j, i in enumerate(qi):
             dq[i] = dq[i] + gq[:, j * c : (j + 1) * c]
         for j, i in enumerate(ki):
@@ -126,7 +127,7 @@ def one_device_mesh(strategy: str) -> Mesh:
 
 def strategy_item(strategy: str, layout: str, L: int, heads: tuple[int, int, int]) -> dict[str, Any]:
     mesh = one_device_mesh(strategy)
-    ring = cp_rules.ring_size(strategy, dict(mesh.shape))
+    ring = rules.ring_size(strategy, dict(mesh.shape))
     q, k, v, ct = inputs(L, *heads)
 
     def f(q, k, v):  # natural order in and out, as tests/test_attention.py's natural_order_fn

@@ -19,11 +19,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks import page
+from orchestrator import provenance
 
-from orchestrator import provenance  # noqa: E402
-from orchestrator.ui import markdown  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def overrides(args, sweep_id: str, seeds: list[int]) -> list[str]:
@@ -243,12 +242,12 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=2)
     ap.add_argument("--length", type=int, default=256)
     ap.add_argument("--skip-tune", action="store_true")
-    provenance.add_page_argument(ap, "overhead")
+    page.add_argument(ap, "overhead")
     args = ap.parse_args()
     made = provenance.current(
         "python benchmarks/overhead.py", sys.argv[1:], load=True
     )  # before the run: its commit
-    page = provenance.page_path(args.page).resolve() if args.page else None  # before the chdir
+    out = page.path(args.page).resolve() if args.page else None  # before the chdir
     work = Path(tempfile.mkdtemp(prefix="overhead-"))
     os.chdir(work)
     # Workers inherit the driver's environment on a local Ray: one shared persistent compilation cache.
@@ -289,9 +288,9 @@ def main() -> int:
         and res["span_over_ideal"] <= 1.10
     )
     print(f"\ntargets ({TARGETS}): {'met' if ok else 'NOT met'}")
-    if page:
+    if out:
         body = page_body(args, results, ok)
-        print(f"wrote {provenance.write_page(page, 'Launch overhead', made, NOTE, body)}")
+        print(f"wrote {page.write(out, 'Launch overhead', made, NOTE, body)}")
     return 0 if ok else 1
 
 
@@ -353,7 +352,7 @@ ROWS = [
 
 def page_body(args, results: dict[str, dict], ok: bool) -> str:
     names = list(results)
-    table = markdown.table(
+    table = page.table(
         ["figure", *names, "what it is"],
         ([label, *(fmt.format(results[n][key]) for n in names), what] for label, key, fmt, what in ROWS),
     )

@@ -13,23 +13,21 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from jobs.attention import (
     attention,
-    hopcount,  # noqa: E402
+    hopcount,
 )
-from jobs.mesh import small_mesh  # noqa: E402
-from jobs.strategies import rules as cp_rules  # noqa: E402
+from jobs.mesh import small_mesh
+from jobs.strategies import rules
 
 
 def packed_row(L: int, mean_doc: float, rng: np.random.Generator, pad: int) -> np.ndarray:
@@ -52,7 +50,7 @@ def order(layout: str, seg_L: np.ndarray, P: int) -> np.ndarray:
     if layout == "contiguous":
         return np.arange(L)
     if layout == "zigzag":
-        return cp_rules.zigzag_permutation(L, P)
+        return rules.zigzag_permutation(L, P)
     from jobs.data import balance  # a colleague's module; only this layout needs it
 
     return np.asarray(balance.permutation("balanced", seg_L, P))

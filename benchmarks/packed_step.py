@@ -19,12 +19,11 @@ import sys
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jobs.train import train  # noqa: E402
-from orchestrator.config.grid import expand  # noqa: E402
-from orchestrator.config.load import load  # noqa: E402
-from orchestrator.ui import markdown  # noqa: E402
+from benchmarks import page
+from jobs.train import train
+from orchestrator.config.grid import expand
+from orchestrator.config.load import load
 
 
 def median_step_s(overrides: list[str]) -> float:
@@ -57,7 +56,7 @@ def main(argv: list[str]) -> int:
         print(f"{layout}: {', '.join(cells)}", file=sys.stderr, flush=True)  # each layout takes minutes
         rows.append([layout, *cells])
     print(f"ring, L={a.length:,}, 8 CPU devices:\n")
-    print(markdown.table(["layout", "unpacked s/step", "packed s/step", "speedup"], rows))
+    print(page.table(["layout", "unpacked s/step", "packed s/step", "speedup"], rows))
     return 0
 
 

@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from orchestrator.config import grid
 from orchestrator.config.load import load
-from orchestrator.plan import plan, rules
+from orchestrator.plan import plan, validity
 
 BUDGET_S = 2.0
 POINTS = 1000
@@ -37,7 +37,7 @@ def main() -> int:
     t1 = time.perf_counter()
     specs = grid.expand(cfg)
     t2 = time.perf_counter()
-    problems = rules.validate(specs)
+    problems = validity.validate(specs)
     t3 = time.perf_counter()
     rows = plan(specs)
     t4 = time.perf_counter()

@@ -16,11 +16,11 @@ import sys
 
 from omegaconf import OmegaConf
 
+from benchmarks import page
 from orchestrator import provenance
 from orchestrator.config import grid
 from orchestrator.config.load import load
 from orchestrator.plan import VERDICTS, PlanRow, plan, to_markdown
-from orchestrator.ui import markdown
 
 STRATEGIES = ["all_gather", "ulysses", "ring", "usp"]
 LENGTHS = [131_072, 14_680_064]
@@ -76,7 +76,7 @@ def auto_section(overrides: list[str]) -> str:
         r.verdict if r.verdict == "invalid" else f"{r.policy}: {r.verdict}, MFU {r.predicted_mfu:.2f}"
     )
     lengths = sorted({r.context_length for r in rows})
-    table = markdown.table(
+    table = page.table(
         ["context", *names], ([f"{length:,}", *(what(cell[n, length]) for n in names)] for length in lengths)
     )
     title = ", ".join(f"`{o}`" for o in [*overrides, "train.remat=auto"])
@@ -95,7 +95,7 @@ def main(argv: list[str]) -> int:
         help="with --page: one table under these space-separated overrides (repeatable; default: SECTIONS, "
         "v5p_128 remat full and offload, tpu7x_128 remat full)",
     )
-    provenance.add_page_argument(ap, "plans")
+    page.add_argument(ap, "plans")
     a = ap.parse_args(argv)
     if not a.page:
         print(to_markdown(rows_for(a.overrides)))
@@ -106,7 +106,7 @@ def main(argv: list[str]) -> int:
         parts.append(section(overrides, rows_for(overrides)))
     parts += [auto_section([*shlex.split(s), *a.overrides]) for s in AUTO]
     made = provenance.current("python benchmarks/plan_table.py", argv)
-    path = provenance.write_page(a.page, "Plan tables", made, NOTE, "\n".join(parts))
+    path = page.write(a.page, "Plan tables", made, NOTE, "\n".join(parts))
     print(f"wrote {path}")
     return 0
 

@@ -19,15 +19,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python benchmarks/...` finds the repo
+from mlflow import MlflowClient
 
-from mlflow import MlflowClient  # noqa: E402
-
-from jobs.spec import TrialSpec  # noqa: E402
-from orchestrator import provenance  # noqa: E402
-from orchestrator.plan.steptime import run_peak, step_time  # noqa: E402
-from orchestrator.results import report as rb  # noqa: E402
-from orchestrator.ui import markdown  # noqa: E402
+from benchmarks import page
+from jobs.spec import TrialSpec
+from orchestrator import provenance
+from orchestrator.plan.steptime import run_peak, step_time
+from orchestrator.results import measured_vs_predicted
 
 NOTE = """Each row is one trial of a profiled sweep on this machine (`python -m orchestrator +sweep=cp_scaling
 'sweep.axes.context_length=[1024,2048,4096]' train.steps=8 'run.profile_steps=[4]' sweep.id=prof-1`, the tiny
@@ -59,7 +57,10 @@ def rows(client: MlflowClient, sweep_id: str, experiment: str) -> list[dict]:
             )
             peak = m.get("peak_tflops_per_device")
             st = step_time(spec, peak=run_peak(spec, peak))
-            meas = {g: sum(m.get(f"measured/{c}_s", 0.0) for c in cats) for g, (_, cats) in rb.GROUPS.items()}
+            meas = {
+                g: sum(m.get(f"measured/{c}_s", 0.0) for c in cats)
+                for g, (_, cats) in measured_vs_predicted.GROUPS.items()
+            }
             hist = sorted((x.step, x.value) for x in client.get_metric_history(r.info.run_id, "step_time_s"))
             traced = _traced_step(client, r)
             before = [v for s, v in hist if 0 < s < (traced or 0)]  # step 0 is the warm-up
@@ -72,7 +73,7 @@ def rows(client: MlflowClient, sweep_id: str, experiment: str) -> list[dict]:
                     "measured": meas,
                     "measured_step": m["measured/step_s"],
                     "median": m.get("final_step_time_median_s"),
-                    "predicted": rb.predicted_groups(st),
+                    "predicted": measured_vs_predicted.predicted_groups(st),
                     "predicted_step": st.step_s,
                     "measured_limiter": r.data.tags.get("measured_limiter", ""),
                     "predicted_limiter": st.limiter,
@@ -91,7 +92,7 @@ def _traced_step(client: MlflowClient, run) -> int | None:
 
 
 def table(rs: list[dict]) -> str:
-    groups = list(rb.GROUPS)
+    groups = list(measured_vs_predicted.GROUPS)
     short = {
         "matmuls": "mm",
         "attention kernel": "attn",
@@ -118,7 +119,7 @@ def table(rs: list[dict]) -> str:
             f"{r['before']:.3f} / {r['traced']:.3f} / {r['after']:.3f}",
         ]
         lines.append(cells)
-    return markdown.table(head, lines)
+    return page.table(head, lines)
 
 
 def main(argv: list[str]) -> int:
@@ -126,14 +127,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("sweep_id")
     ap.add_argument("--uri", default="sqlite:///mlflow.db")
     ap.add_argument("--experiment", default="cp_scaling")
-    provenance.add_page_argument(ap, "profiles")
+    page.add_argument(ap, "profiles")
     a = ap.parse_args(argv)
     made = provenance.current("python benchmarks/profile_table.py", argv)
     body = table(rows(MlflowClient(a.uri), a.sweep_id, a.experiment))
     if a.page:
-        print(
-            f"wrote {provenance.write_page(a.page, 'Measured vs predicted step breakdown', made, NOTE, body)}"
-        )
+        print(f"wrote {page.write(a.page, 'Measured vs predicted step breakdown', made, NOTE, body)}")
     else:
         print(body)
     return 0

@@ -15,22 +15,22 @@ import argparse
 import sys
 from dataclasses import dataclass, replace
 
+from benchmarks import page
 from jobs.spec import REMAT_NAMES, REMAT_PRESETS, MemorySpec, TrainSpec, TrialSpec
 from orchestrator import provenance
-from orchestrator.calibrate import published_tpu as pub
+from orchestrator.calibrate import published_tpu
 from orchestrator.calibrate.tpu import check
 from orchestrator.plan import PlanRow, plan_one, steptime
 from orchestrator.plan.auto import TIE
 from orchestrator.plan.memory import gib
 from orchestrator.plan.policies import Policy
 from orchestrator.plan.search import Answer, Choice, search
-from orchestrator.ui.markdown import table
 
 PROG = "python benchmarks/published.py"
 K = 1024
 
 
-def recipe_policy(row: pub.Published) -> Policy:
+def recipe_policy(row: published_tpu.Published) -> Policy:
     """The recipe's remat and host offload as one of the recommender's policies. calibration.check prices a row
     with `offload` overriding the host traffic only; here it goes into train.memory, so the memory model sees it
     too. MaxText's custom remat with `context` offloaded is save_attn with the attention output moved to host:
@@ -43,7 +43,7 @@ def recipe_policy(row: pub.Published) -> Policy:
     return Policy("full", MemorySpec(save=keep, offload=tuple(names)))
 
 
-def recipe_spec(row: pub.Published) -> TrialSpec:
+def recipe_spec(row: published_tpu.Published) -> TrialSpec:
     s = row.spec
     return replace(s, train=recipe_policy(row).apply(s.train))
 
@@ -52,7 +52,7 @@ def recipe_spec(row: pub.Published) -> TrialSpec:
 class Recipe:
     """One published row at its point: the planner on its own configuration, and what it measured."""
 
-    row: pub.Published
+    row: published_tpu.Published
     spec: TrialSpec
     policy: Policy
     plan: PlanRow
@@ -71,26 +71,30 @@ class Point:
         return self.answer.top[0] if self.answer.top else None
 
 
-def point_key(r: pub.Published) -> tuple:
+def point_key(r: published_tpu.Published) -> tuple:
     return (r.cluster, r.model, r.length, r.chips_devices, r.batch)
 
 
-def recipe(r: pub.Published) -> Recipe:
+def recipe(r: published_tpu.Published) -> Recipe:
     spec, c = recipe_spec(r), check(r)
     return Recipe(r, spec, recipe_policy(r), plan_one(spec), c.published, c.predicted)
 
 
-def points(rows: list[pub.Published] | None = None) -> list[Point]:
+def points(rows: list[published_tpu.Published] | None = None) -> list[Point]:
     """A point per distinct (cluster, model, length, devices, batch) of the CP rows, in ROWS order."""
-    groups: dict[tuple, list[pub.Published]] = {}
-    for r in pub.ROWS if rows is None else rows:
+    groups: dict[tuple, list[published_tpu.Published]] = {}
+    for r in published_tpu.ROWS if rows is None else rows:
         if r.strategy != "none":
             groups.setdefault(point_key(r), []).append(r)
     out = []
     for key, rs in groups.items():
         cluster, model, length, devices, batch = key
         answer = search(
-            pub.model(model), pub.cluster(cluster, devices), length, TrainSpec(batch=batch), top=1
+            published_tpu.model(model),
+            published_tpu.cluster(cluster, devices),
+            length,
+            TrainSpec(batch=batch),
+            top=1,
         )
         out.append(Point(key, tuple(recipe(r) for r in rs), answer))
     return out
@@ -213,7 +217,7 @@ def cells(pt: Point) -> list[str]:
 
 
 def markdown(pts: list[Point]) -> str:
-    return table(HEAD, (cells(p) for p in pts))
+    return page.table(HEAD, (cells(p) for p in pts))
 
 
 NOTE = """\
@@ -256,14 +260,14 @@ under another memory policy at {layout - full}.
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    provenance.add_page_argument(ap, "published")
+    page.add_argument(ap, "published")
     a = ap.parse_args(argv)
     pts = points()
     if not a.page:
         print(markdown(pts))
         return 0
     made = provenance.current(PROG, argv)
-    path = provenance.write_page(a.page, "Recommender vs published runs", made, NOTE, page_body(pts))
+    path = page.write(a.page, "Recommender vs published runs", made, NOTE, page_body(pts))
     print(f"wrote {path}")
     return 0
 

@@ -20,18 +20,21 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+from mlflow import MlflowClient
+from selenium import webdriver
+from selenium.common.exceptions import TimeoutException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.actions.action_builder import ActionBuilder
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.support import expected_conditions as EC
+from selenium.webdriver.support.ui import WebDriverWait
 
-from mlflow import MlflowClient  # noqa: E402
-from selenium import webdriver  # noqa: E402
-from selenium.common.exceptions import TimeoutException  # noqa: E402
-from selenium.webdriver.chrome.service import Service  # noqa: E402
-from selenium.webdriver.common.actions.action_builder import ActionBuilder  # noqa: E402
-from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.common.keys import Keys  # noqa: E402
-from selenium.webdriver.support import expected_conditions as EC  # noqa: E402
-from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+from orchestrator import REPO
+
+# The suite's own throwaway MLflow server (tests/servers.py), which is no package.
+sys.path.append(str(REPO / "tests"))
+import servers
 
 EXPERIMENT = "cp_scaling"
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
@@ -58,8 +61,8 @@ return cards.length && drawn && keys.every(k => new RegExp(arguments[0]).test(k)
 
 def run_sweep(uri: str, workdir: Path, sweep: str = "smoke") -> None:
     """A sweep through the real CLI, in `workdir` (its journal and Ray logs stay out of the repo)."""
-    if sweep == "quickstart" and (ROOT / "data").is_dir():  # a corpus built already; else built on first use
-        (workdir / "data").symlink_to(ROOT / "data", target_is_directory=True)
+    if sweep == "quickstart" and (REPO / "data").is_dir():  # a corpus built already; else built on first use
+        (workdir / "data").symlink_to(REPO / "data", target_is_directory=True)
     cmd = [
         sys.executable,
         "-m",
@@ -69,7 +72,7 @@ def run_sweep(uri: str, workdir: Path, sweep: str = "smoke") -> None:
         f"tracking.uri={uri}",
         "progress=plain",
     ]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     log = workdir / "sweep.log"
     with open(log, "w") as f:
         code = subprocess.run(cmd, cwd=workdir, env=env, stdout=f, stderr=subprocess.STDOUT).returncode
@@ -255,7 +258,7 @@ def main() -> int:
         "--sweep", default="smoke", help="the sweep run when there is no --uri: smoke or quickstart"
     )
     ap.add_argument("--sweep-id", default="", help="with --uri: photograph this sweep, not the newest")
-    ap.add_argument("--out", default=str(ROOT / "docs" / "img"))
+    ap.add_argument("--out", default=str(REPO / "docs" / "img"))
     ap.add_argument("--size", default="1400x900", help="viewport WIDTHxHEIGHT in CSS pixels")
     a = ap.parse_args()
     width, height = (int(v) for v in a.size.split("x"))
@@ -263,9 +266,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="screenshots-") as tmp:
         server = None
         if not a.uri:
-            from servers import start_mlflow_server
-
-            server = start_mlflow_server(Path(tmp))
+            server = servers.start_mlflow_server(Path(tmp))
             a.uri = server.url
         try:
             if server:
@@ -277,7 +278,7 @@ def main() -> int:
             if server:
                 server.stop()
     for path, what in made:
-        shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+        shown = path.relative_to(REPO) if path.is_relative_to(REPO) else path
         print(f"wrote {shown}: {what}")
     print(f"screenshots: {len(made)} in {time.monotonic() - t0:.0f} s")
     return 0

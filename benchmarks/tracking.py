@@ -14,26 +14,28 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+from orchestrator import REPO
+from orchestrator.tracking.store import MlflowTracker
 
-from orchestrator.tracking.store import Tracker  # noqa: E402
+# The suite's own throwaway MLflow server (tests/servers.py), which is no package.
+sys.path.append(str(REPO / "tests"))
+import servers
 
 KEYS = [f"m{i}" for i in range(10)]
 
 
 def bench(uri: str, points: int) -> tuple[float, float, int]:
     """(seconds until stored, seconds the caller spent enqueueing, points found in the store)."""
-    t = Tracker(uri, f"bench-{time.time_ns()}")
+    t = MlflowTracker(uri, f"bench-{time.time_ns()}")
     t.start_sweep("bench", f"bench-{time.time_ns()}", "local")
     t.log_metrics("sweep", {"warmup": 0.0})  # a fresh server imports its handlers on first use
-    assert t.flush(timeout=60), "store not reachable"
+    assert t.finish(timeout=60) == 0, "store not reachable"
     steps = points // len(KEYS)
     t0 = time.perf_counter()
     for step in range(steps):
         t.log_metrics("sweep", {k: step * 0.5 for k in KEYS}, step=step)
     enqueue = time.perf_counter() - t0
-    assert t.flush(timeout=300), "store did not take the points"
+    assert t.finish(timeout=300) == 0, "store did not take the points"
     stored = time.perf_counter() - t0
     got = sum(len(t.client.get_metric_history(t.run_id("sweep"), k)) for k in KEYS)
     return stored, enqueue, got
@@ -46,9 +48,7 @@ def main() -> int:
     a = ap.parse_args()
     server = None
     if not a.uri:
-        from servers import start_mlflow_server
-
-        server = start_mlflow_server(Path(tempfile.mkdtemp(prefix="bench-mlflow-")))
+        server = servers.start_mlflow_server(Path(tempfile.mkdtemp(prefix="bench-mlflow-")))
         a.uri = server.url
     try:
         stored, enqueue, got = bench(a.uri, a.points)

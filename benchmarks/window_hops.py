@@ -19,22 +19,20 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from jobs.attention import attention, hopcount  # noqa: E402
-from jobs.mesh import small_mesh  # noqa: E402
-from jobs.strategies import rules as cp_rules  # noqa: E402
-from jobs.strategies.base import ring_steps  # noqa: E402
-from orchestrator import provenance  # noqa: E402
-from orchestrator.ui import markdown  # noqa: E402
+from benchmarks import page
+from jobs.attention import attention, hopcount
+from jobs.mesh import small_mesh
+from jobs.strategies import rules
+from jobs.strategies.base import ring_steps
+from orchestrator import provenance
 
 PROG = "python benchmarks/window_hops.py"
 
@@ -65,7 +63,7 @@ def timed(fns, args, iters: int) -> list[float]:
 
 def structural_pairs(layout: str, L: int, P: int) -> int:
     """Pairs the causal ring without a window runs per pass (brute force over chunk position ranges)."""
-    pos = (cp_rules.zigzag_permutation(L, P) if layout == "zigzag" else np.arange(L)).reshape(P, -1)
+    pos = (rules.zigzag_permutation(L, P) if layout == "zigzag" else np.arange(L)).reshape(P, -1)
     n = 2 if layout == "zigzag" else 1
     first, last = pos.reshape(P, n, -1).min(-1), pos.reshape(P, n, -1).max(-1)  # [device, chunk]
     see = first[None, :, None, :] <= last[:, None, :, None]  # [r, j, a, b]: some key at or before a query
@@ -116,12 +114,12 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--block", type=int, default=512)
     ap.add_argument("--windows", default="512,2048", help="comma-separated window sizes (tokens)")
     ap.add_argument("--iters", type=int, default=3)
-    provenance.add_page_argument(ap, "windows")
+    page.add_argument(ap, "windows")
     a = ap.parse_args(argv)
     made = provenance.current(PROG, argv, load=True)  # before the run: its commit
     rows = measure(a)
     head = ["layout", "mask", "ring steps", "chunk pairs run (fwd+bwd)", "not run", "fwd+bwd s", "vs global"]
-    body = markdown.table(head, rows)
+    body = page.table(head, rows)
     if not a.page:
         print(body)
         return 0
@@ -135,7 +133,7 @@ still travels), and in the contiguous layout the ring stops rotating after the l
 (devices x P hops x pairs per hop, forward and backward), counted on the devices by `jobs.attention.hopcount`;
 the global row's are those of the causal ring's structure. The simulated devices share the host's cores, so time
 is the sum of all devices' work."""
-    path = provenance.write_page(a.page, "Sliding windows on the ring: hops skipped", made, note, body)
+    path = page.write(a.page, "Sliding windows on the ring: hops skipped", made, note, body)
     print(f"wrote {path}")
     return 0
 

@@ -1,8 +1,9 @@
-"""Shared test setup: 8 simulated CPU devices for in-process JAX, a fresh MLflow store per test (a copy of one
-migrated per session)."""
+"""The suite's fixtures and hooks: 8 simulated CPU devices for in-process JAX, the in-process CLI, the session's
+Ray, a fresh MLflow store per test (a copy of one migrated per session). What a test imports lives in modules
+of its own: tests/drivers.py (the driver in a subprocess), mlflow_lookup.py, rays.py, servers.py, stores.py,
+postgres.py."""
 
 import atexit
-import json
 import logging
 import os
 import secrets
@@ -12,8 +13,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-# Before any jax backend starts (conftest is imported before test modules).
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The session's environment, set here at import and not in a helper module or a hook: pytest imports this file
+# before it collects (imports) any test module, and jax reads JAX_PLATFORMS and XLA_FLAGS once, when it is first
+# imported and its backend starts; every process the suite starts inherits the rest from this one.
+# The TPU tier (tests/test_tpu.py, docs/howto/tpu-vm.md) runs with CP_TEST_TPU=1 on a TPU VM: JAX then finds the
+# chip itself (and keeps the CPU beside it for the dense reference); everywhere else the suite runs on CPU.
+if os.environ.get("CP_TEST_TPU") != "1":
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
@@ -68,7 +74,7 @@ os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
 
 # XLA:CPU without LLVM's expensive passes in the processes the suite starts (Ray workers, CLI subprocesses), as
 # in this one (_xla_cpu_effort below): their trials compile the step and run it two to a dozen times, so
-# compiling dominates (tests/test_multislice.py, test_scheduler.py, test_multihost.py: 245 s with the full
+# compiling dominates (tests/test_multislice.py, test_launch.py, test_multihost.py: 245 s with the full
 # optimisation, 206 s without). The numbers are the same programs' (the parity tolerances are unchanged).
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
@@ -79,6 +85,7 @@ os.environ.setdefault("CP_PLAN_CPU_TFLOPS", "0.01")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
+from drivers import ROOT  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -109,87 +116,14 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     return True
 
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def run_cli(args: list[str], cwd: Path, timeout: float = 600, env: dict | None = None):
-    """The real CLI in a subprocess, as a user runs it: where the process is the subject (a SIGKILLed or
-    interrupted driver, two drivers racing, what a bad input imports); elsewhere the `cli` fixture."""
-    full_env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    full_env |= {"PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "orchestrator", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=full_env,
-    )
-
-
-# Each argv through main() in turn, its output captured apart; a traceback is output like any other.
-_EACH = """
-import contextlib, io, json, logging, sys, traceback
-from orchestrator.__main__ import main
-
-results = []
-for args in json.loads(sys.stdin.read()):
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main(args)
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-    logging.getLogger().handlers.clear()  # main's basicConfig binds the next run's stderr, not this one's
-    results.append({"code": code, "stdout": out.getvalue(), "stderr": err.getvalue()})
-print(json.dumps(results))
-"""
-
-
-def run_cli_each(
-    arg_lists: list[list[str]], cwd: Path, env: dict | None = None, timeout: float = 600
-) -> list[subprocess.CompletedProcess]:
-    """Several CLI runs in ONE fresh interpreter (python -m orchestrator's main, one argv after another), as
-    run_cli would give them: what a whole list of inputs imports, for the price of one process start."""
-    full_env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    full_env |= {"PYTHONPATH": str(ROOT), **(env or {})}
-    res = subprocess.run(
-        [sys.executable, "-c", _EACH],
-        input=json.dumps(arg_lists),
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=full_env,
-        check=True,
-    )
-    runs = json.loads(res.stdout.splitlines()[-1])
-    return [
-        subprocess.CompletedProcess(a, r["code"], r["stdout"], r["stderr"])
-        for a, r in zip(arg_lists, runs, strict=True)
-    ]
-
-
-def _forget_relative_stores() -> None:
-    """MLflow keeps one store, and one SQLAlchemy engine, per tracking URI for the life of the process, and
-    tracking=local's sqlite:///mlflow.db is relative: without this, every in-process driver after the first
-    would write into the first one's ./mlflow.db. Absolute URIs (each test's own tmp_path) need no forgetting."""
-    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
-    from mlflow.tracking._tracking_service.registry import TrackingStoreRegistry
-
-    TrackingStoreRegistry._get_store_with_resolved_uri.cache_clear()
-    for uri in [u for u in SqlAlchemyStore._engine_map if u.startswith("sqlite:///") and u[10:11] != "/"]:
-        SqlAlchemyStore._engine_map.pop(uri).dispose()
-
-
 @pytest.fixture
 def cli(capsys):
     """The CLI in this process: `cli(args, cwd, env)` calls orchestrator.__main__.main(args) in `cwd` with `env`
-    added and returns what run_cli returns (a CompletedProcess: exit code, stdout, stderr with the log lines).
-    A driver's trials run on the Ray of the test's `local_ray`/`fake_tpu`/`fake_gpu` fixture (connect() joins
-    the Ray that is up). The call leaves nothing behind: cwd, os.environ, the root logger and MLflow's store for
-    a relative URI are restored."""
+    added and returns what drivers.run_cli returns (a CompletedProcess: exit code, stdout, stderr with the log
+    lines). A driver's trials run on the Ray of the test's `local_ray`/`fake_tpu`/`fake_gpu` fixture (connect()
+    joins the Ray that is up). The call leaves nothing behind: cwd, os.environ and the root logger are restored;
+    tracking=local's relative sqlite:///mlflow.db is opened as the absolute path it names in `cwd`
+    (orchestrator/tracking/store.py), so each call has a store of its own."""
     from orchestrator.__main__ import main
 
     def call(args: list[str], cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -201,10 +135,8 @@ def cli(capsys):
         try:
             os.chdir(cwd)
             os.environ.update(env or {})
-            _forget_relative_stores()
             code = main(list(args))
         finally:
-            _forget_relative_stores()
             root.removeHandler(logs)
             os.chdir(saved_cwd)
             os.environ.clear()
@@ -251,38 +183,37 @@ def no_ray(rays):
     rays.release()
 
 
-RAY_FIXTURES = ("no_ray", "local_ray", "fake_tpu", "fake_gpu")  # the order their tests run in
-
-
-def _uses_ray(item) -> bool:
-    """A test on the session's Ray (a Ray fixture), or one that starts a Ray of its own (marked `ray`)."""
-    return item.get_closest_marker("ray") is not None or "rays" in item.fixturenames
-
-
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook turns the groups below into node ids
 def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
-    """Each Ray kind starts once: modules without a Ray first, then by the kinds they use (a module that uses
-    two kinds runs between the two groups), and within a module its tests by kind; otherwise in file order.
+    """The session's Ray switches kinds seldom: modules without a Ray first, then by the last kind they use and
+    then the first (a module that uses several kinds runs just before the modules of only its last kind), and
+    within a module its tests by kind; otherwise in file order.
 
     Under pytest-xdist (`--dist loadgroup`, pyproject.toml) a module runs wholly on one worker, in that order (its
     module-scoped fixtures are made once), and every module with a test on Ray runs on the same worker, one after
     another: two Rays on one machine clash (ports, and Ray's native code crashed under it), and the session's Ray
     starts each kind once. The other worker takes the modules without Ray meanwhile."""
 
+    ray_fixtures = ("no_ray", "local_ray", "fake_tpu", "fake_gpu")  # the order their tests run in
+
     def kind(item) -> int:
-        return next((i for i, f in enumerate(RAY_FIXTURES) if f in item.fixturenames), -1)
+        return next((i for i, f in enumerate(ray_fixtures) if f in item.fixturenames), -1)
+
+    def uses_ray(item) -> bool:  # the session's Ray (a Ray fixture), or a Ray of its own (marked `ray`)
+        return item.get_closest_marker("ray") is not None or "rays" in item.fixturenames
 
     modules: dict[Path, list[int]] = {}
     for item in items:
         modules.setdefault(item.path, []).append(kind(item))
     rank = {
-        m: (min(k for k in ks if k >= 0), max(ks)) if max(ks) >= 0 else (-1, -1) for m, ks in modules.items()
+        m: (max(ks), min(k for k in ks if k >= 0)) if max(ks) >= 0 else (-1, -1) for m, ks in modules.items()
     }
     order = {m: i for i, m in enumerate(modules)}
     items.sort(key=lambda it: (rank[it.path], order[it.path], kind(it)))
-    # An xdist worker runs with dist "no" and keeps --dist loadgroup as option.loadgroup (xdist/remote.py).
-    if getattr(config.option, "loadgroup", False):
-        on_ray = {item.path for item in items if _uses_ray(item)}
+    # xdist's public grouping mark: under `--dist loadgroup` a worker takes each group whole; without xdist's
+    # workers (`-n 0`) the mark does nothing.
+    if config.pluginmanager.hasplugin("xdist"):
+        on_ray = {item.path for item in items if uses_ray(item)}
         for item in items:
             item.add_marker(pytest.mark.xdist_group("ray" if item.path in on_ray else item.path.stem))
 

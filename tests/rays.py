@@ -15,8 +15,8 @@ import os
 import ray
 
 from jobs.spec import ClusterSpec
-from orchestrator.launch import cluster as clusters
 from orchestrator.launch import placement
+from orchestrator.launch.cluster import connect, shutdown
 from orchestrator.plan import hardware
 
 KINDS = ("local", "fake_tpu", "fake_gpu")  # the order conftest.py runs their tests in
@@ -47,12 +47,10 @@ class PlacementGroups:
     test's trials hold or release meanwhile."""
 
     def __init__(self) -> None:
-        self.before = set(placement._reserved)
+        self.before = placement.reserved()
 
     def live(self) -> int:
-        table = ray.util.placement_group_table()
-        new = placement._reserved - self.before
-        return sum(table.get(pg.hex(), {}).get("state", "REMOVED") != "REMOVED" for pg in new)
+        return placement.live_placement_groups(placement.reserved() - self.before)
 
 
 class Rays:
@@ -72,7 +70,7 @@ class Rays:
         saved = dict(os.environ)
         os.environ.update(stale)  # the fake nodes' raylets start with this process's environment
         try:
-            clusters.connect(spec)
+            connect(spec)
         finally:
             os.environ.clear()
             os.environ.update(saved)
@@ -80,8 +78,8 @@ class Rays:
         return spec
 
     def release(self) -> None:
-        """No Ray up in this process: ours shut down, and one a test or the AOT pool started too."""
-        clusters.shutdown()
+        """No Ray up in this process: ours shut down, and one a test started too (join_or_start's)."""
+        shutdown()
         self.kind, self.address = None, ""
 
     @staticmethod

@@ -4,85 +4,38 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
-import threading
 import time
 
+import mlflow_lookup
 import pytest
-from conftest import ROOT
-from mlflow import MlflowClient
+from drivers import Driver, fault_env
 from servers import start_mlflow_server
 
 from jobs.records import StartRecord, StepRecord
 from jobs.train import train
 from orchestrator.config.grid import expand
 from orchestrator.config.load import load
-from orchestrator.tracking.layout import LOG_ARTIFACT, parse_trial_log
+from orchestrator.tracking.trial_log import LOG_ARTIFACT, parse_trial_log
 
 PLACED = re.compile(r"attempt (\d+) on (?:\S+: )?0=pid (\d+)@\S+?(?:, 1=pid (\d+)@\S+)?$")
-
-
-class Driver:
-    """The CLI in the background, its stdout read line by line (run_cli waits for the end)."""
-
-    def __init__(self, args: list[str], cwd, env: dict | None = None):
-        env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")} | (env or {})
-        env["PYTHONPATH"] = str(ROOT)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator", *args],
-            cwd=cwd,
-            env=env,
-            text=True,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        self.lines: list[str] = []
-        self.pos = 0  # wait_for looks after its previous match
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip())
-
-    def wait_for(self, pattern: str, timeout: float = 600) -> re.Match:
-        rx, deadline = re.compile(pattern), time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            while self.pos < len(self.lines):
-                line = self.lines[self.pos]
-                self.pos += 1
-                if m := rx.search(line):
-                    return m
-            if self.proc.poll() is not None and self.pos == len(self.lines):
-                break
-            time.sleep(0.2)
-        raise AssertionError(f"no line matching {pattern!r}:\n" + "\n".join(self.lines[-60:]))
-
-
-def _trials(tmp_path, sweep_id: str) -> tuple:
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    exp = client.get_experiment_by_name("cp_scaling")
-    return client, client.search_runs([exp.experiment_id], f"tags.sweep_id = '{sweep_id}'")
 
 
 def _store_shows(tmp_path, sweep_id: str, seen, timeout: float = 600) -> None:
     """Wait until the store's runs of the sweep satisfy `seen` (an event the driver's writer thread makes)."""
     deadline = time.monotonic() + timeout
-    while not seen(_trials(tmp_path, sweep_id)[1]):
+    while not seen(mlflow_lookup.runs(mlflow_lookup.client(tmp_path), sweep_id)):
         assert time.monotonic() < deadline, f"the store never showed the awaited state of sweep {sweep_id}"
         time.sleep(0.2)
 
 
 def _one_trial(tmp_path) -> tuple:
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    exp = client.get_experiment_by_name("cp_scaling")
-    (run,) = client.search_runs([exp.experiment_id], "tags.kind = 'trial'")
-    return client, run
+    client = mlflow_lookup.client(tmp_path)
+    return client, mlflow_lookup.trial(client)
 
 
 def _assert_every_step_once(client, run, steps: int) -> None:
     """Each step's loss is in the store exactly once (a lost record or a duplicate fails)."""
-    got = sorted(m.step for m in client.get_metric_history(run.info.run_id, "loss"))
+    got = mlflow_lookup.steps(client, run)
     assert got == list(range(steps)), got
 
 
@@ -96,16 +49,11 @@ KILL_ARGS = [
 ]
 
 
-def _faults(tmp_path, spec: str) -> dict[str, str]:
-    (tmp_path / "faults").mkdir(exist_ok=True)
-    return {"CP_ORCH_INJECT_FAULTS": spec, "CP_ORCH_INJECT_DIR": str(tmp_path / "faults")}
-
-
 @pytest.mark.slow
 def test_killed_host_is_preempted_and_the_trial_resumes(tmp_path, stdlib_corpus, local_ray, store, cli):
     """Host 1 (not the one reporting) dies after step 4's record; host 0 loses its peer mid-collective.
     On packed documents: the retry restores the loader's state, so its steps equal an uninterrupted run's."""
-    env = _faults(tmp_path, "kill:1:4:after_report")
+    env = fault_env(tmp_path, "kill:1:4:after_report")
     data = ["train.data.kind=documents", f"train.data.sources=[{stdlib_corpus}]", "model.vocab=512"]
     args = ["cluster=local_multihost", *KILL_ARGS, *data, "+sweep.id=kill-host"]
     res = cli(args, cwd=tmp_path, env=env)
@@ -114,13 +62,13 @@ def test_killed_host_is_preempted_and_the_trial_resumes(tmp_path, stdlib_corpus,
     client, run = _one_trial(tmp_path)
     # attempts: 2, or more when gloo timed out a CPU-starved host (retried as a preemption; the data holds)
     assert run.data.tags["status"] == "finished" and int(run.data.tags["attempts"]) >= 2
-    resumed = [m.value for m in client.get_metric_history(run.info.run_id, "resumed_from_step")]
+    resumed = mlflow_lookup.values(client, run, "resumed_from_step")
     assert 3 in resumed, resumed  # the retry after the kill started from the checkpoint after step 2
     _assert_every_step_once(client, run, 12)
     # a fresh loader would have fed batches 0, 1, ... again from step 3; fp32, gloo sums in its own order
     (spec,) = expand(load([*KILL_ARGS[:3], *data, "cluster=local"]))
     whole = [r.loss for r in train(spec) if r.kind == "step"]
-    got = [m.value for m in sorted(client.get_metric_history(run.info.run_id, "loss"), key=lambda m: m.step)]
+    got = mlflow_lookup.values(client, run)
     assert got == pytest.approx(whole, rel=1e-5, abs=1e-6), (got, whole)
 
 
@@ -129,7 +77,7 @@ def test_host_killed_at_each_point_of_the_step_loop_loses_no_step(tmp_path, loca
     """Process 0 (the one reporting) is killed before a save, between a save and its step's report, and
     after a report: every step's loss reaches the store exactly once. One host: what is killed is the
     reporting process's step loop, the same on every layout (a multi-host kill is the test above)."""
-    env = _faults(tmp_path, "kill:0:2:before_save,kill:0:5:after_save,kill:0:8:after_report")
+    env = fault_env(tmp_path, "kill:0:2:before_save,kill:0:5:after_save,kill:0:8:after_report")
     args = ["cluster=local", *KILL_ARGS, "retries.preemption=6", "+sweep.id=kill-points"]
     res = cli(args, cwd=tmp_path, env=env)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
@@ -138,13 +86,12 @@ def test_host_killed_at_each_point_of_the_step_loop_loses_no_step(tmp_path, loca
     attempts = int(run.data.tags["attempts"])  # 4; more if gloo timed out a CPU-starved host (a preemption)
     assert run.data.tags["status"] == "finished" and attempts >= 4
     _assert_every_step_once(client, run, 12)
-    history = lambda key: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
     # no checkpoint before the first kill; then the saves after steps 5 and 8
-    resumed = [v for _, v in history("resumed_from_step")]
+    resumed = mlflow_lookup.values(client, run, "resumed_from_step")
     assert resumed[:2] == [0, 0] and resumed[-1] == 9 and 6 in resumed, resumed
     # per attempt, not per step: one point per attempt that compiled (an attempt whose peer missed gloo's
     # window can die before its start record, so its number may be absent; none is repeated or out of range)
-    compiled = [s for s, _ in history("compile_s")]
+    compiled = mlflow_lookup.steps(client, run, "compile_s")
     assert compiled == sorted(set(compiled)) and len(compiled) >= 4 and compiled[-1] == attempts, compiled
     assert set(compiled) <= set(range(1, attempts + 1)) and len(compiled) == len(resumed), (compiled, resumed)
     assert run.data.tags["summary_covers"] == f"steps 10-11 of attempt {attempts} (resumed at step 9)"
@@ -154,7 +101,7 @@ def test_host_killed_at_each_point_of_the_step_loop_loses_no_step(tmp_path, loca
 def test_driver_killed_mid_trial_then_rerun_logs_every_step_once(tmp_path, local_ray, store, cli):
     """The driver dies while a checkpointing trial runs; the rerun resumes the trial from its checkpoint,
     re-sends what the checkpoint holds, and the store ends with each step once."""
-    env = _faults(tmp_path, "hold:0:8:after_report")  # the job stops after step 8's save and report
+    env = fault_env(tmp_path, "hold:0:8:after_report")  # the job stops after step 8's save and report
     args = ["cluster=local", *KILL_ARGS, "+sweep.id=kill-driver"]
     drv = Driver(args, tmp_path, env)
     marker = tmp_path / "faults" / "hold-0-8-after_report"
@@ -169,12 +116,10 @@ def test_driver_killed_mid_trial_then_rerun_logs_every_step_once(tmp_path, local
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     client, run = _one_trial(tmp_path)
     assert run.data.tags["status"] == "finished"
-    assert [m.value for m in client.get_metric_history(run.info.run_id, "resumed_from_step")][-1] == 9
+    assert mlflow_lookup.values(client, run, "resumed_from_step")[-1] == 9
     _assert_every_step_once(client, run, 12)
     # the trial log, read back for plots, holds both drivers' records: the killed one's steps too, each once
-    logged = parse_trial_log(
-        open(client.download_artifacts(run.info.run_id, LOG_ARTIFACT, str(tmp_path))).read()
-    )
+    logged = parse_trial_log(mlflow_lookup.artifact_text(client, run, LOG_ARTIFACT, tmp_path))
     assert [r.step for r in logged if isinstance(r, StepRecord)] == list(range(12))
     starts = [r.resumed_from_step for r in logged if isinstance(r, StartRecord)]
     assert starts[0] == 0 and starts[-1] == 9, starts
@@ -201,15 +146,15 @@ def test_driver_sigkill_then_rerun_finishes_without_repeats(tmp_path, local_ray,
     )
     drv.proc.send_signal(signal.SIGKILL)
     drv.proc.wait(timeout=60)
-    client, runs = _trials(tmp_path, "resume-me")
+    runs = mlflow_lookup.runs(mlflow_lookup.client(tmp_path), "resume-me")
     finished_before = {r.data.tags["trial_id"] for r in runs if r.data.tags.get("status") == "finished"}
     assert 1 <= len(finished_before) < 3
     res = cli(args, cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert f"{len(finished_before)} skipped" in res.stdout
-    client, runs = _trials(tmp_path, "resume-me")
-    parents = [r for r in runs if r.data.tags["kind"] == "sweep"]
-    children = [r for r in runs if r.data.tags["kind"] == "trial"]
+    client = mlflow_lookup.client(tmp_path)
+    parents = mlflow_lookup.runs(client, "resume-me", "sweep")
+    children = mlflow_lookup.runs(client, "resume-me", "trial")
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     # the rerun's plots cover the trials the killed driver finished too, read back from their runs
     assert parents[0].data.tags["plots_trials"] == "3"
@@ -244,8 +189,7 @@ def test_ctrl_c_cancels_running_trials_and_frees_their_slices(tmp_path, store):
     drv.wait_for(r"placement groups still reserved: 0")
     time.sleep(3)
     assert not _alive(int(m.group(2))) and not _alive(int(m.group(3)))  # no host process left behind
-    client, runs = _trials(tmp_path, "ctrl-c")
-    (trial,) = [r for r in runs if r.data.tags["kind"] == "trial"]
+    trial = mlflow_lookup.trial(mlflow_lookup.client(tmp_path), "ctrl-c")
     assert trial.data.tags["status"] == "cancelled" and trial.info.status == "KILLED"
 
 
@@ -279,16 +223,15 @@ def test_driver_sigkill_before_the_queue_drains_loses_no_write(tmp_path, postgre
         files = [json.loads(line)["write"].get("file") for line in text.splitlines() if '"file"' in line]
         assert any(f.endswith("/trial_log.txt") and os.path.isfile(f) for f in files), files
         server.start()
-        c = MlflowClient(server.url)
-        exp = c.get_experiment_by_name("cp_scaling")
-        (run,) = c.search_runs([exp.experiment_id], "tags.kind = 'trial'")
+        c = mlflow_lookup.client(server.url)
+        run = mlflow_lookup.trial(c)
         assert run.data.tags["status"] != "finished"  # the store never heard of the end
         res = cli(args, cwd=tmp_path)
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
         assert "replaying" in res.stderr and "0 finished, 0 failed, 1 skipped" in res.stdout, res.stdout[
             -2000:
         ]
-        (run,) = c.search_runs([exp.experiment_id], "tags.kind = 'trial'")
+        run = mlflow_lookup.trial(c)
         assert run.data.tags["status"] == "finished" and run.info.status == "FINISHED"
         _assert_every_step_once(c, run, 6)
         assert len(c.get_metric_history(run.info.run_id, "final_loss")) == 1

@@ -1,21 +1,19 @@
 """GPU nodes through Ray: a node is a one-host slice, a trial reserves its nodes whole (one STRICT_SPREAD
 placement group, a bundle of every GPU of a node per host), and cluster.env reaches every host. On CPU through
-`local_fake_gpu`: 2 local Ray nodes advertising 4 GPUs each, 4 simulated CPU devices per host process."""
+`local_fake_gpu`: 2 local Ray nodes advertising 4 GPUs each, 4 simulated CPU devices per host process. A trial
+over both nodes across a lost node is one of the two-slice trials in tests/test_multislice.py."""
 
 import dataclasses
-import json
 from types import SimpleNamespace
 
 import pytest
-from mlflow import MlflowClient
 from rays import PlacementGroups
 
 from jobs.mesh import _knows_slice
 from jobs.spec import ClusterSpec, TrialSpec
-from jobs.train import train
 from orchestrator.config.grid import expand
 from orchestrator.config.load import ConfigError, load
-from orchestrator.launch import cluster as clusters
+from orchestrator.launch import cluster
 from orchestrator.launch.placement import gpu_bundles
 from orchestrator.plan import hardware
 
@@ -28,7 +26,7 @@ LATENCY_HIDING = "--xla_gpu_enable_latency_hiding_scheduler=true"
 def test_a_gpu_node_is_a_one_host_slice_and_a_trial_reserves_whole_nodes(monkeypatch):
     c = FAKE_GPU
     # the configured arithmetic, before any Ray is up (the session's Ray may be another test's cluster)
-    monkeypatch.setattr(clusters.ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(cluster.ray, "is_initialized", lambda: False)
     assert (c.kind, c.platform, c.hosts, c.devices_per_host, c.slices, c.slices_per_trial) == (
         "fake_gpu",
         "cpu",
@@ -37,9 +35,9 @@ def test_a_gpu_node_is_a_one_host_slice_and_a_trial_reserves_whole_nodes(monkeyp
         2,
         1,
     )
-    assert (c.hosts_per_trial, c.devices, clusters.concurrency(c)) == (1, 4, 2)  # Ray not up: slices // 1
+    assert (c.hosts_per_trial, c.devices, cluster.concurrency(c)) == (1, 4, 2)  # Ray not up: slices // 1
     two = dataclasses.replace(c, slices_per_trial=2)
-    assert (two.hosts_per_trial, two.devices, clusters.concurrency(two)) == (2, 8, 1)
+    assert (two.hosts_per_trial, two.devices, cluster.concurrency(two)) == (2, 8, 1)
     assert gpu_bundles(two) == ([{"GPU": 4, "CPU": 1}] * 2, "STRICT_SPREAD")
     h200s = ClusterSpec(kind="gpu", platform="gpu", hosts=1, devices_per_host=8, slices=4, slices_per_trial=3)
     assert gpu_bundles(h200s) == ([{"GPU": 8, "CPU": 1}] * 3, "STRICT_SPREAD")
@@ -59,7 +57,7 @@ def test_cluster_env_round_trips_through_the_spec_and_reaches_the_hosts():
         "NCCL_SOCKET_IFNAME": "eth0",
         "XLA_FLAGS": f"--xla_force_host_platform_device_count=4 {LATENCY_HIDING}",
     }
-    assert clusters.worker_env(spec.cluster)["NCCL_SOCKET_IFNAME"] == "eth0"  # each host task's runtime_env
+    assert cluster.worker_env(spec.cluster)["NCCL_SOCKET_IFNAME"] == "eth0"  # each host task's runtime_env
     gpu = dataclasses.replace(spec.cluster, platform="gpu")
     assert gpu.host_env() == {"NCCL_SOCKET_IFNAME": "eth0", "XLA_FLAGS": LATENCY_HIDING}
 
@@ -94,8 +92,8 @@ def test_gpu_nodes_are_reserved_whole_on_distinct_nodes_or_not_at_all(fake_gpu):
     assert fake_gpu.name == FAKE_GPU.name  # the session's fake GPU cluster is conf/cluster/local_fake_gpu
     two = dataclasses.replace(FAKE_GPU, slices_per_trial=2)
     ours = PlacementGroups()  # the session's other tests' trials may hold or release theirs meanwhile
-    assert clusters.gpu_nodes(4) == 2 and clusters.gpu_nodes(5) == 0
-    assert clusters.concurrency(two) == 1 and clusters.concurrency(FAKE_GPU) == 2
+    assert cluster.gpu_nodes(4) == 2 and cluster.gpu_nodes(5) == 0
+    assert cluster.concurrency(two) == 1 and cluster.concurrency(FAKE_GPU) == 2
     with pytest.raises(ValueError, match="needs 3 GPU nodes of 4 GPUs .* but the cluster has 2; lower"):
         Reservation(dataclasses.replace(two, slices_per_trial=3), lambda: None).place()
     both = Reservation(two, lambda: None)
@@ -122,74 +120,3 @@ def test_gpu_nodes_are_reserved_whole_on_distinct_nodes_or_not_at_all(fake_gpu):
     assert ours.live() == 1
     both.release()
     assert ours.live() == 0
-
-
-# --- the trial over two fake GPU nodes, through the CLI ----------------------------------------------------
-
-TRIAL = [
-    "strategy=ring",
-    "context_length=512",
-    "train.steps=3",
-    "train.dtype=float32",
-    "progress=plain",
-    "gate.enabled=false",
-]
-
-
-def _artifact(client: MlflowClient, run, path: str, tmp_path) -> str:
-    return open(client.download_artifacts(run.info.run_id, path, str(tmp_path))).read()
-
-
-@pytest.mark.slow
-def test_two_node_gpu_trial_trains_like_one_process_across_a_lost_node(tmp_path, fake_gpu, store, cli):
-    """local_fake_gpu with slices_per_trial=2: one trial over both fake nodes (2 processes x 4 devices), ring
-    over context 8 with the context axis across the nodes. Process 1 (the second node's host) is SIGKILLed
-    after step 1: preempted, re-queued, both nodes reserved again, and the loss curve is the 8-device single
-    process run's in fp32, every step once. The nodes started with a stale JAX_COORDINATOR_ADDRESS and
-    JAX_LOCAL_DEVICE_IDS (tests/rays.py): an attempt must not see them."""
-    (tmp_path / "faults").mkdir()
-    faults = {
-        "CP_ORCH_INJECT_FAULTS": "kill:1:1:after_report",
-        "CP_ORCH_INJECT_DIR": str(tmp_path / "faults"),
-    }
-    args = [
-        *TRIAL,
-        "cluster=local_fake_gpu",
-        "cluster.slices_per_trial=2",
-        "mesh.dcn=context",
-        "retries.preemption=6",
-        "+sweep.id=fake-gpu",
-    ]
-    res = cli(args, cwd=tmp_path, env=faults)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert "preempted: retrying" in res.stdout and (tmp_path / "faults" / "kill-1-1-after_report").exists()
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    exp = client.get_experiment_by_name("cp_scaling")
-    (run,) = client.search_runs([exp.experiment_id], "tags.sweep_id = 'fake-gpu' and tags.kind = 'trial'")
-    assert run.data.tags["status"] == "finished" and run.data.params["mesh"] == "context8/dcn:context"
-    attempts = json.loads(_artifact(client, run, "attempts.json", tmp_path))
-    # the kill, then the finish; more preemptions only if gloo timed out a CPU-starved host
-    assert attempts[0]["outcome"] == "preempted" and attempts[-1]["outcome"] == "finished"
-    assert all(a["outcome"] == "preempted" for a in attempts[:-1])
-    for att in attempts:
-        hosts = sorted(att["hosts"], key=lambda h: h["process_id"])
-        assert (att["n_hosts"], att["n_slices"]) == (2, 2)
-        assert [(h["process_id"], h["slice_id"]) for h in hosts] == [(0, 0), (1, 1)]  # a node per slice
-        assert len({h["node_id"] for h in hosts}) == 2  # both fake nodes, every attempt
-        assert att["slice"] == "+".join(f"node-{h['node_id'][:8]}" for h in hosts)
-        assert all(len(h["gpus"]) == 4 for h in hosts), hosts  # each host task holds its node's GPU bundle
-        assert all(h["scrubbed"] == ["JAX_COORDINATOR_ADDRESS"] for h in hosts), hosts  # inherited: removed
-    coordinators = [a["coordinator"] for a in attempts]  # probed per attempt on process 0's node
-    assert len(set(coordinators)) == len(coordinators), coordinators
-    steps = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss"))
-    assert [s for s, _ in steps] == [0, 1, 2]  # every step once across the attempts
-    log = _artifact(client, run, "trial_log.txt", tmp_path)
-    start = next(json.loads(ln) for ln in log.splitlines() if ln.startswith('{"kind": "start"'))
-    assert start["processes"] == 2 and start["slices"] == 2
-    assert start["dcn_processes"] == [[0]] * 4 + [[1]] * 4  # context 0..3 on node 0's host, 4..7 on node 1's
-    # the reference: the same trial without the dcn axis on this process's 8 devices, no Ray
-    (spec,) = expand(load([*TRIAL, "cluster=local"]))
-    assert spec.mesh.label() == "context8"
-    want = [r.loss for r in train(spec) if r.kind == "step"]
-    got = [v for _, v in steps]  # fp32; gloo may sum across processes in another order than in-process
-    assert len(want) == 3 and got == pytest.approx(want, rel=1e-5, abs=1e-5), (want, got)

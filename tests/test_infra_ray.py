@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from drivers import ROOT
 from servers import free_port
 
 pytestmark = pytest.mark.ray  # a `ray start --head` of its own
@@ -174,7 +174,7 @@ def test_submission_propagates_the_orchestrator_exit_code(ray_head, tmp_path):
 
 @pytest.mark.slow
 def test_nightly_submission_runs_once_per_slot_and_resumes(ray_head, tmp_path):
-    from mlflow import MlflowClient
+    import mlflow_lookup
 
     url, gcs, env = ray_head
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -196,14 +196,10 @@ def test_nightly_submission_runs_once_per_slot_and_resumes(ray_head, tmp_path):
     assert first["status"] == "SUCCEEDED" and first["exit_code"] == 0
     assert first["sweep_id"] == "smoke-20250101"
     assert first["result"].startswith("sweep smoke-20250101: 2 finished")
-    client = MlflowClient(store)
-    exp = client.get_experiment_by_name("cp_scaling")
+    client = mlflow_lookup.client(store)
 
     def runs() -> tuple[list, list]:
-        rs = client.search_runs([exp.experiment_id])
-        return [x for x in rs if x.data.tags.get("kind") == "sweep"], [
-            x for x in rs if x.data.tags.get("kind") == "trial"
-        ]
+        return mlflow_lookup.runs(client, kind="sweep"), mlflow_lookup.runs(client, kind="trial")
 
     parents, trials = runs()
     assert len(trials) == 2 and all(t.data.tags["status"] == "finished" for t in trials)

@@ -1,7 +1,7 @@
 """Two JAX processes x 4 CPU devices (jax.distributed, gloo) train exactly like one process with 8 devices."""
 
+import mlflow_lookup
 import pytest
-from mlflow import MlflowClient
 
 from jobs.train import train
 from orchestrator.config.grid import expand
@@ -18,23 +18,17 @@ GRID = [
 ]
 
 
-def losses_by_trial(client: MlflowClient, sweep_id: str) -> dict[str, list[float]]:
-    exp = client.get_experiment_by_name("cp_scaling")
-    runs = client.search_runs([exp.experiment_id], f"tags.sweep_id = '{sweep_id}' and tags.kind = 'trial'")
-    out = {}
-    for r in runs:
-        hist = sorted(client.get_metric_history(r.info.run_id, "loss"), key=lambda m: m.step)
-        out[r.data.tags["trial_id"]] = [m.value for m in hist]
-    return out
-
-
 @pytest.mark.slow
 def test_local_multihost_matches_local_loss_curves(tmp_path, local_ray, store, cli):
     res = cli([*GRID, "cluster=local_multihost", "sweep.id=mh"], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     # both processes of every multi-host attempt were placed and reported in
     assert res.stdout.count(", 1=pid ") == 2, res.stdout
-    multi = losses_by_trial(MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}"), "mh")
+    client = mlflow_lookup.client(tmp_path)
+    multi = {
+        r.data.tags["trial_id"]: mlflow_lookup.values(client, r)
+        for r in mlflow_lookup.runs(client, "mh", "trial")
+    }
     # the reference: the same grid on one process with 8 devices (this one), no Ray; the cluster is
     # execution, not identity, so its trials have the multi-host ones' ids
     single = {

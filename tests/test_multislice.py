@@ -1,13 +1,15 @@
 """One trial over two slices: the hybrid mesh (mesh.dcn across slices), the gang of every slice's hosts, and the
-two-slice trial on CPU (2 fake slices x 2 processes x 2 devices) training exactly like one process."""
+two-slice trial across a lost host on CPU: 2 fake slices x 2 processes x 2 devices training exactly like one
+process, 2 fake TPU slices, and 2 fake GPU nodes (a GPU node is a one-host slice)."""
 
 import dataclasses
 import json
 import os
 
+import mlflow_lookup
 import numpy as np
 import pytest
-from mlflow import MlflowClient
+from drivers import fault_env
 from rays import PlacementGroups
 from servers import jax_processes
 
@@ -124,7 +126,7 @@ def test_hosts_are_numbered_slice_major_by_tpu_worker_id():
     }
 
 
-# --- the two-slice trial on CPU -------------------------------------------------------------------------------
+# --- a trial over two slices, through the CLI, across a lost host -----------------------------------------------
 
 TRIAL = [
     "strategy=ring",
@@ -136,22 +138,38 @@ TRIAL = [
 ]
 
 
-def _trial(client: MlflowClient, sweep_id: str):
-    exp = client.get_experiment_by_name("cp_scaling")
-    (run,) = client.search_runs([exp.experiment_id], f"tags.sweep_id = '{sweep_id}' and tags.kind = 'trial'")
-    return run
+def _two_slice_trial(cli, tmp_path, cluster: list[str], process: int, sweep_id: str) -> tuple:
+    """One trial over two slices (`cluster`), ring over the context axis across the slices; process
+    `process`'s host is SIGKILLed after step 1 (an injected fault, once), so the trial is preempted as a whole,
+    re-queued and gang-started again. Returns (client, the trial's run, its attempts, its log's start record),
+    once the trial finished with every step in the store once across its attempts."""
+    fault = f"kill:{process}:1:after_report"
+    args = [*TRIAL, *cluster, "mesh.dcn=context", f"+sweep.id={sweep_id}"]
+    res = cli(args, cwd=tmp_path, env=fault_env(tmp_path, fault))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    marker = tmp_path / "faults" / fault.replace(":", "-")
+    assert "preempted: retrying" in res.stdout and marker.exists()
+    client = mlflow_lookup.client(tmp_path)
+    run = mlflow_lookup.trial(client, sweep_id)
+    assert run.data.tags["status"] == "finished"
+    attempts = json.loads(mlflow_lookup.artifact_text(client, run, "attempts.json", tmp_path))
+    # the kill, then the finish; more preemptions only if gloo timed out a CPU-starved host
+    assert attempts[0]["outcome"] == "preempted" and attempts[-1]["outcome"] == "finished"
+    assert all(a["outcome"] == "preempted" for a in attempts[:-1])
+    assert mlflow_lookup.steps(client, run) == [0, 1, 2]  # every step once across the attempts
+    log = mlflow_lookup.artifact_text(client, run, "trial_log.txt", tmp_path)
+    start = next(json.loads(ln) for ln in log.splitlines() if ln.startswith('{"kind": "start"'))
+    return client, run, attempts, start
 
 
-def _artifact(client: MlflowClient, run, path: str, tmp_path) -> str:
-    return open(client.download_artifacts(run.info.run_id, path, str(tmp_path))).read()
-
-
-def _steps(client: MlflowClient, run) -> list[tuple[int, float]]:
-    return sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "loss"))
-
-
-def _losses(client: MlflowClient, run) -> list[float]:
-    return [v for _, v in _steps(client, run)]
+def _trains_like_one_process(client, run) -> None:
+    """The run's loss curve is the same trial's without the dcn axis on this process's 8 devices, no Ray."""
+    (spec,) = expand(load([*TRIAL, "cluster=local"]))
+    assert spec.mesh.label() == "context8"
+    want = [r.loss for r in train(spec) if r.kind == "step"]
+    # fp32; gloo's cross-process reductions may sum in another order than in-process ones
+    got = mlflow_lookup.values(client, run)
+    assert len(want) == 3 and got == pytest.approx(want, rel=1e-5, abs=1e-5), (want, got)
 
 
 @pytest.mark.slow
@@ -160,19 +178,10 @@ def test_two_slice_trial_trains_like_one_process_across_a_lost_host(tmp_path, lo
     axis across the slices. Process 3 (slice 1, not the reporting one) is SIGKILLed after step 1: the trial is
     preempted as a whole, re-queued, the retry gang-starts all four processes again, and the loss curve is the
     8-device single-process run's, in fp32, every step once."""
-    (tmp_path / "faults").mkdir()
-    env = {"CP_ORCH_INJECT_FAULTS": "kill:3:1:after_report", "CP_ORCH_INJECT_DIR": str(tmp_path / "faults")}
-    args = [*TRIAL, "cluster=local_multislice", "mesh.dcn=context", "+sweep.id=two-slices"]
-    res = cli(args, cwd=tmp_path, env=env)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert "preempted: retrying" in res.stdout and (tmp_path / "faults" / "kill-3-1-after_report").exists()
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    two = _trial(client, "two-slices")
-    assert two.data.tags["status"] == "finished" and two.data.params["mesh"] == "context8/dcn:context"
-    attempts = json.loads(_artifact(client, two, "attempts.json", tmp_path))
-    # 2 attempts; more if gloo timed out a CPU-starved host (also a preemption)
-    assert attempts[0]["outcome"] == "preempted" and attempts[-1]["outcome"] == "finished"
-    assert all(a["outcome"] == "preempted" for a in attempts[:-1])
+    client, run, attempts, start = _two_slice_trial(
+        cli, tmp_path, ["cluster=local_multislice"], 3, "two-slices"
+    )
+    assert run.data.params["mesh"] == "context8/dcn:context"
     # all four processes of every attempt, numbered slice-major
     for att in attempts:
         assert att["n_hosts"] == 4 and att["n_slices"] == 2
@@ -183,20 +192,9 @@ def test_two_slice_trial_trains_like_one_process_across_a_lost_host(tmp_path, lo
             (3, 1),
         ]
     # the job's own report of its mesh: context positions 0..3 on slice 0's processes, 4..7 on slice 1's
-    log = _artifact(client, two, "trial_log.txt", tmp_path)
-    start = next(json.loads(ln) for ln in log.splitlines() if ln.startswith('{"kind": "start"'))
     assert start["processes"] == 4 and start["slices"] == 2
     assert start["dcn_processes"] == [[0], [0], [1], [1], [2], [2], [3], [3]]
-    # the reference: the same trial without the dcn axis on this process's 8 devices, no Ray
-    (spec,) = expand(load([*TRIAL, "cluster=local"]))
-    assert spec.mesh.label() == "context8"
-    want = [r.loss for r in train(spec) if r.kind == "step"]
-    # fp32; gloo's cross-process reductions may sum in another order than in-process ones
-    got = _losses(client, two)
-    assert len(want) == 3 and got == pytest.approx(want, rel=1e-5, abs=1e-5), (want, got)
-
-
-# --- two fake TPU slices --------------------------------------------------------------------------------------
+    _trains_like_one_process(client, run)
 
 
 @pytest.mark.slow
@@ -206,30 +204,10 @@ def test_fake_tpu_trial_spans_two_slices_and_its_retry_starts_clean(tmp_path, fa
     The nodes inherit stale per-attempt variables (Ray #62893, tests/rays.py), and host 3 is SIGKILLed after
     step 1: the retry gang-starts all four again, and every attempt's hosts see only that attempt's MEGASCALE_*
     and coordinator."""
-    (tmp_path / "faults").mkdir()
-    faults = {
-        "CP_ORCH_INJECT_FAULTS": "kill:3:1:after_report",
-        "CP_ORCH_INJECT_DIR": str(tmp_path / "faults"),
-    }
-    args = [
-        *TRIAL,
-        "cluster=local_fake_tpu",
-        "cluster.slices_per_trial=2",
-        "mesh.dcn=context",
-        "retries.preemption=6",
-        "+sweep.id=fake-two-slices",
-    ]
-    res = cli(args, cwd=tmp_path, env=faults)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert "preempted: retrying" in res.stdout and (tmp_path / "faults" / "kill-3-1-after_report").exists()
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    run = _trial(client, "fake-two-slices")
-    assert run.data.tags["status"] == "finished" and run.data.params["mesh"] == "context16/dcn:context"
+    cluster = ["cluster=local_fake_tpu", "cluster.slices_per_trial=2", "retries.preemption=6"]
+    _, run, attempts, start = _two_slice_trial(cli, tmp_path, cluster, 3, "fake-two-slices")
+    assert run.data.params["mesh"] == "context16/dcn:context"
     assert run.data.tags["slices"] == "fake-slice-0,fake-slice-1"
-    attempts = json.loads(_artifact(client, run, "attempts.json", tmp_path))
-    # the kill, then the finish; more preemptions only if gloo timed out a CPU-starved host
-    assert attempts[0]["outcome"] == "preempted" and attempts[-1]["outcome"] == "finished"
-    assert all(a["outcome"] == "preempted" for a in attempts[:-1])
     for att in attempts:
         hosts = sorted(att["hosts"], key=lambda h: h["process_id"])
         assert [h["process_id"] for h in hosts] == [0, 1, 2, 3] and len({h["node_id"] for h in hosts}) == 4
@@ -251,10 +229,33 @@ def test_fake_tpu_trial_spans_two_slices_and_its_retry_starts_clean(tmp_path, fa
     coordinators = [a["coordinator"] for a in attempts]
     assert all(c.rpartition(":")[2].isdigit() for c in coordinators), coordinators
     assert len(set(coordinators)) == len(coordinators), coordinators
-    assert [s for s, _ in _steps(client, run)] == [0, 1, 2]  # every step once across the attempts
-    log = _artifact(client, run, "trial_log.txt", tmp_path)
-    start = next(json.loads(ln) for ln in log.splitlines() if ln.startswith('{"kind": "start"'))
     assert start["dcn_processes"] == [[p] for p in range(4) for _ in range(4)]  # 4 devices per host
+
+
+@pytest.mark.slow
+def test_two_node_gpu_trial_trains_like_one_process_across_a_lost_node(tmp_path, fake_gpu, store, cli):
+    """local_fake_gpu (tests/test_gpu_cluster.py) with slices_per_trial=2: one trial over both fake nodes, each
+    a one-host slice (2 processes x 4 devices), ring over context 8 with the context axis across the nodes.
+    Process 1 (the second node's host) is SIGKILLed after step 1: preempted, re-queued, both nodes reserved
+    again, and the loss curve is the 8-device single process run's in fp32, every step once. The nodes started
+    with a stale JAX_COORDINATOR_ADDRESS and JAX_LOCAL_DEVICE_IDS (tests/rays.py): an attempt must not see
+    them."""
+    cluster = ["cluster=local_fake_gpu", "cluster.slices_per_trial=2", "retries.preemption=6"]
+    client, run, attempts, start = _two_slice_trial(cli, tmp_path, cluster, 1, "fake-gpu")
+    assert run.data.params["mesh"] == "context8/dcn:context"
+    for att in attempts:
+        hosts = sorted(att["hosts"], key=lambda h: h["process_id"])
+        assert (att["n_hosts"], att["n_slices"]) == (2, 2)
+        assert [(h["process_id"], h["slice_id"]) for h in hosts] == [(0, 0), (1, 1)]  # a node per slice
+        assert len({h["node_id"] for h in hosts}) == 2  # both fake nodes, every attempt
+        assert att["slice"] == "+".join(f"node-{h['node_id'][:8]}" for h in hosts)
+        assert all(len(h["gpus"]) == 4 for h in hosts), hosts  # each host task holds its node's GPU bundle
+        assert all(h["scrubbed"] == ["JAX_COORDINATOR_ADDRESS"] for h in hosts), hosts  # inherited: removed
+    coordinators = [a["coordinator"] for a in attempts]  # probed per attempt on process 0's node
+    assert len(set(coordinators)) == len(coordinators), coordinators
+    assert start["processes"] == 2 and start["slices"] == 2
+    assert start["dcn_processes"] == [[0]] * 4 + [[1]] * 4  # context 0..3 on node 0's host, 4..7 on node 1's
+    _trains_like_one_process(client, run)
 
 
 @pytest.mark.slow
@@ -297,9 +298,9 @@ def test_two_slice_reservation_is_all_or_nothing(fake_tpu):
 
 def test_local_multislice_config_is_two_slices_of_two_hosts():
 
-    from orchestrator.launch import cluster as clusters
+    from orchestrator.launch.cluster import concurrency
     from orchestrator.plan import hardware
 
     c = hardware.load("local_multislice")[0]
     assert (c.kind, c.platform, c.hosts, c.slices_per_trial) == ("local_multihost", "cpu", 2, 2)
-    assert (c.hosts_per_trial, c.devices, clusters.concurrency(c)) == (4, 8, 1)
+    assert (c.hosts_per_trial, c.devices, concurrency(c)) == (4, 8, 1)

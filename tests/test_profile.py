@@ -15,7 +15,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jobs.profile import breakdown as tb
+from jobs.profile import breakdown
 from jobs.profile.trace import PERFETTO
 from jobs.records import ProfileRecord, parse
 from jobs.train import train
@@ -47,7 +47,7 @@ def _traced(f, *args):
         wall = time.perf_counter() - t0
         jax.profiler.stop_trace()
         (path,) = [os.path.join(r, PERFETTO) for r, _, names in os.walk(d) if PERFETTO in names]
-        return tb.load(path), compiled.as_text(), wall
+        return breakdown.load(path), compiled.as_text(), wall
 
 
 def test_a_real_trace_of_a_gather_a_matmul_and_attention_adds_up_to_its_wall_time():
@@ -57,23 +57,23 @@ def test_a_real_trace_of_a_gather_a_matmul_and_attention_adds_up_to_its_wall_tim
     def step(x):
         full = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P()))  # an all-gather over 8 devices
         y = x @ full.T[:, :128]
-        with jax.named_scope(tb.ATTENTION_SCOPE):  # as jobs/attention/api.py marks its kernels
+        with jax.named_scope(breakdown.ATTENTION_SCOPE):  # as jobs/attention/api.py marks its kernels
             y = jax.nn.softmax(y @ y.T, axis=-1) @ y
         return y
 
     trace, hlo, wall = _traced(step, x)
-    module, cats = tb.hlo_categories(hlo)
+    module, cats = breakdown.hlo_categories(hlo)
     assert module == "jit_step" and "all_gather" in cats.values() and "attention" in cats.values()
-    b = tb.breakdown(trace, hlo)
+    b = breakdown.breakdown(trace, hlo)
     print({k: f"{v * 1e3:.3f} ms" for k, v in b.seconds.items()}, f"step {b.step_s * 1e3:.3f} ms")
-    assert b.devices == 8 and b.steps == 1 and set(b.seconds) == set(tb.CATEGORIES)
+    assert b.devices == 8 and b.steps == 1 and set(b.seconds) == set(breakdown.CATEGORIES)
     assert b.seconds["all_gather"] > 0 and b.seconds["matmul"] > 0 and b.seconds["attention"] > 0
     assert abs(sum(b.seconds.values()) - b.step_s) <= 1e-9 + 1e-6 * b.step_s  # idle closes the sum
     assert 0 < b.step_s <= wall  # the device ops of one call fit inside the host's wall time of it
-    collectives = sum(b.seconds[c] for c in tb.COLLECTIVES)
+    collectives = sum(b.seconds[c] for c in breakdown.COLLECTIVES)
     assert 0 < collectives <= b.collective_exposed_s + b.collective_overlapped_s + 1e-9
     assert b.limiter().endswith("of the step")
-    by_name = tb.breakdown(trace)  # without the module's text: the op names alone
+    by_name = breakdown.breakdown(trace)  # without the module's text: the op names alone
     assert by_name.seconds["all_gather"] == pytest.approx(b.seconds["all_gather"])
     assert by_name.seconds["attention"] == 0  # the named scope lives only in the module's metadata
 
@@ -93,7 +93,7 @@ def test_exposed_and_overlapped_collective_time_on_one_device():
         }
         for n, ts, dur in ops
     ]
-    b = tb.breakdown({"traceEvents": events})
+    b = breakdown.breakdown({"traceEvents": events})
     s = {k: v * 1e6 for k, v in b.seconds.items() if v * 1e6 > 1e-6}  # µs, the categories that got any
     assert s == pytest.approx({"all_gather": 5 + 1.5 + 2, "matmul": 1.5, "other_compute": 2 + 2 + 6})
     assert b.collective_exposed_s * 1e6 == pytest.approx(
@@ -114,7 +114,7 @@ def test_profile_keys_are_checked_and_stay_out_of_the_trial_id():
 
 
 def test_every_category_and_planner_term_has_its_metric_name():
-    assert set(tb.CATEGORIES) <= set(layout.MEASURED)
+    assert set(breakdown.CATEGORIES) <= set(layout.MEASURED)
     assert all(
         name == f"measured/{k}" + ("" if k.endswith("_s") else "_s") for k, name in layout.MEASURED.items()
     )
@@ -160,29 +160,28 @@ def test_a_profiled_trial_traces_its_step_and_resumes_without_the_trace(tmp_path
 
 @pytest.mark.slow
 def test_a_profiled_cli_trial_puts_its_trace_and_breakdown_on_its_run(tmp_path, local_ray, store, cli):
-    from mlflow import MlflowClient
+    import mlflow_lookup
 
     res = cli([*TRIAL, "progress=plain", "gate.enabled=false"], cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    exp = client.get_experiment_by_name("cp_scaling")
-    (run,) = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("kind") == "trial"]
+    client = mlflow_lookup.client(tmp_path)
+    run = mlflow_lookup.trial(client)
     rid, metrics, tags = run.info.run_id, run.data.metrics, run.data.tags
     folder = "profile/plugins/profile/steps_2-2.process_0"
     names = {os.path.basename(a.path) for a in client.list_artifacts(rid, folder)}
     assert PERFETTO in names and any(n.endswith(".xplane.pb") for n in names), names
     assert {"measured/step_s", "measured/all_gather_s", "measured/idle_s"} <= set(metrics)
-    assert [m.step for m in client.get_metric_history(rid, "measured/step_s")] == [2]
+    assert mlflow_lookup.steps(client, rid, "measured/step_s") == [2]
     assert metrics["measured/all_gather_s"] > 0 and metrics["measured/attention_s"] > 0
-    assert sum(metrics[layout.MEASURED[c]] for c in tb.CATEGORIES) == pytest.approx(
+    assert sum(metrics[layout.MEASURED[c]] for c in breakdown.CATEGORIES) == pytest.approx(
         metrics["measured/step_s"]
     )
     assert metrics["predicted/step_s"] == pytest.approx(metrics["predicted_step_time_s"])
     assert set(layout.PREDICTED.values()) <= set(metrics)
     assert tags["measured_limiter"].endswith("of the step") and "of the step" in tags["predicted_limiter"]
-    log = client.download_artifacts(rid, "trial_log.txt", str(tmp_path))
+    log = mlflow_lookup.artifact_text(client, run, "trial_log.txt", tmp_path)
     # the breakdown joins the trial's records (the end-of-sweep plot reads it); its files went to artifacts only
-    (prof,) = [json.loads(ln) for ln in open(log) if ln.startswith('{"kind": "profile"')]
+    (prof,) = [json.loads(ln) for ln in log.splitlines() if ln.startswith('{"kind": "profile"')]
     assert prof["files"] == {} and prof["seconds"]["all_gather"] == pytest.approx(
         metrics["measured/all_gather_s"]
     )

@@ -1,28 +1,11 @@
 """Two drivers on one sweep id and one tracking server: every trial runs once, one child run per trial."""
 
-import os
-import subprocess
-import sys
-
+import mlflow_lookup
 import pytest
-from conftest import ROOT
-from mlflow import MlflowClient
+from drivers import Driver
 from servers import start_mlflow_server
 
 pytestmark = pytest.mark.ray  # each driver starts a local Ray of its own
-
-
-def _driver(args: list[str], cwd) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_PLATFORMS")}
-    env["PYTHONPATH"] = str(ROOT)
-    return subprocess.Popen(
-        [sys.executable, "-m", "orchestrator", *args],
-        cwd=cwd,
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
 
 
 @pytest.mark.slow
@@ -44,18 +27,15 @@ def test_two_drivers_started_together_run_each_trial_once(tmp_path, postgres):
         dirs = [tmp_path / "a", tmp_path / "b"]
         for d in dirs:
             d.mkdir()
-        procs = [_driver(args, d) for d in dirs]
-        outs = [p.communicate(timeout=900)[0] for p in procs]
-        for p, out in zip(procs, outs, strict=True):
-            assert p.returncode == 0, out[-4000:]
-        c = MlflowClient(server.url)
-        exp = c.get_experiment_by_name("cp_scaling")
-        runs = c.search_runs([exp.experiment_id], "tags.sweep_id = 'race'")
-        parents = [r for r in runs if r.data.tags["kind"] == "sweep"]
-        trials = [r for r in runs if r.data.tags["kind"] == "trial"]
-        points = {
-            r.info.run_id: sorted(m.step for m in c.get_metric_history(r.info.run_id, "loss")) for r in trials
-        }
+        drivers = [Driver(args, d) for d in dirs]
+        codes = [d.finish(timeout=900) for d in drivers]
+        outs = ["\n".join(d.lines) for d in drivers]
+        for code, out in zip(codes, outs, strict=True):
+            assert code == 0, out[-4000:]
+        c = mlflow_lookup.client(server.url)
+        parents = mlflow_lookup.runs(c, "race", "sweep")
+        trials = mlflow_lookup.runs(c, "race", "trial")
+        points = {r.info.run_id: mlflow_lookup.steps(c, r) for r in trials}
         print(
             f"two drivers: {len(parents)} parent runs, {len(trials)} child runs for "
             f"{len({r.data.tags['trial_id'] for r in trials})} trial ids, loss steps per child {list(points.values())}, "
@@ -70,7 +50,7 @@ def test_two_drivers_started_together_run_each_trial_once(tmp_path, postgres):
         assert len(trials) == 2
         for r in trials:
             assert r.data.tags["status"] == "finished" and r.data.tags["attempts"] == "1", r.data.tags
-            steps = sorted(m.step for m in c.get_metric_history(r.info.run_id, "loss"))
+            steps = mlflow_lookup.steps(c, r)
             assert steps == [0, 1, 2], (r.data.tags["trial_id"], steps)
             assert r.data.params["lease_1"] and "lease_2" not in r.data.params  # one holder, never taken over
             assert r.data.tags["mlflow.parentRunId"] == parents[0].info.run_id

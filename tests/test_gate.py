@@ -2,13 +2,13 @@
 
 import time
 
+import mlflow_lookup
 import pytest
 from mlflow import MlflowClient
 from rich.console import Console
 
-from orchestrator.results import gate as regress
+from orchestrator.results import gate
 
-EXP = "cp_scaling"
 POINTS = [("all_gather", 512, "t-ag-512"), ("ring", 512, "t-ring-512"), ("ring", 1024, "t-ring-1024")]
 
 
@@ -23,8 +23,8 @@ def log_sweep(
 ):
     """A parent run and finished child runs as the Tracker writes them; `scale` slows chosen trials down (a
     float: all of them), `tags` go on each child (planned="true")."""
-    exp = client.get_experiment_by_name(EXP)
-    eid = exp.experiment_id if exp else client.create_experiment(EXP)
+    exp = client.get_experiment_by_name(mlflow_lookup.EXPERIMENT)
+    eid = exp.experiment_id if exp else client.create_experiment(mlflow_lookup.EXPERIMENT)
     parent = client.create_run(eid, tags={"kind": "sweep", "sweep_id": sweep_id}, run_name=sweep_id)
     for strategy, length, tid in POINTS:
         s = scale if isinstance(scale, float) else scale.get(tid, 1.0)
@@ -53,7 +53,7 @@ def log_sweep(
 
 @pytest.fixture
 def client(store):
-    return MlflowClient(store)
+    return mlflow_lookup.client(store)
 
 
 def quiet() -> Console:
@@ -62,19 +62,19 @@ def quiet() -> Console:
 
 def test_first_sweep_has_no_baseline(client, store):
     log_sweep(client, "s1")
-    res = regress.compare(client, client.get_experiment_by_name(EXP).experiment_id, "s1")
+    res = gate.compare(client, mlflow_lookup.experiment_id(client), "s1")
     assert res.changes == [] and len(res.new) == 3 and not res.regressions
-    assert regress.gate(store, EXP, "s1", console=quiet()) == 0
+    assert gate.gate(store, mlflow_lookup.EXPERIMENT, "s1", console=quiet()) == 0
 
 
-def gate_text(result: regress.GateResult) -> str:
+def gate_text(result: gate.GateResult) -> str:
     console = Console(record=True, width=220, file=open("/dev/null", "w"))  # noqa: SIM115
-    regress.render(result, console)
+    gate.render(result, console)
     return console.export_text()
 
 
 def test_all_new_sweep_prints_one_line():
-    result = regress.GateResult("s1", 0.10, [], new=[f"ring L={512 * 2**i} context8" for i in range(20)])
+    result = gate.GateResult("s1", 0.10, [], new=[f"ring L={512 * 2**i} context8" for i in range(20)])
     text = gate_text(result)
     assert text.strip().splitlines() == [
         "regression gate: no earlier run of any of the 20 trials to compare with; this sweep is the baseline"
@@ -83,19 +83,19 @@ def test_all_new_sweep_prints_one_line():
 
 
 def test_new_trials_are_counted_under_the_table():
-    ok = regress.Change("t1", "ring L=512 context8", "s1", {"final_mfu": (0.2, 0.21)})
-    result = regress.GateResult("s2", 0.10, [ok], new=["ring L=1024 context8", "ring L=2048 context8"])
+    ok = gate.Change("t1", "ring L=512 context8", "s1", {"final_mfu": (0.2, 0.21)})
+    result = gate.GateResult("s2", 0.10, [ok], new=["ring L=1024 context8", "ring L=2048 context8"])
     text = gate_text(result)
     assert "ring L=512 context8" in text and "ok" in text  # the compared trial keeps its table row
     assert "2 new trials not compared" in text and "L=1024" not in text and "L=2048" not in text
 
 
 def test_trials_with_other_baseline_runs_name_them_in_their_row():
-    one = regress.Change("t1", "ring L=512 context8", "s1", {"final_mfu": (0.2, 0.21)})
-    two = regress.Change(
+    one = gate.Change("t1", "ring L=512 context8", "s1", {"final_mfu": (0.2, 0.21)})
+    two = gate.Change(
         "t2", "ring L=1024 context8", "s2", {"final_mfu": (0.2, 0.2)}, baseline_sweeps=("s2", "s1")
     )
-    result = regress.GateResult("s3", 0.10, [one, two])
+    result = gate.GateResult("s3", 0.10, [one, two])
     text = gate_text(result)
     assert "1: s1" in text and "2: s2, s1" in text and "newest first" not in text
     assert result.summary(detail=False).endswith(
@@ -107,10 +107,10 @@ def test_trials_with_other_baseline_runs_name_them_in_their_row():
 def test_the_drivers_trials_are_compared_and_only_their_baselines_read(client, monkeypatch):
     """The driver passes the trials it holds: the store is asked for their baseline runs, never for them."""
     log_sweep(client, "s1")
-    eid = client.get_experiment_by_name(EXP).experiment_id
+    eid = mlflow_lookup.experiment_id(client)
     now = int(time.time() * 1000) + 1
     measured = [
-        regress.Measured(
+        gate.Measured(
             tid,
             "s2",
             strategy,
@@ -125,7 +125,7 @@ def test_the_drivers_trials_are_compared_and_only_their_baselines_read(client, m
     filters = []
     search = client.search_runs
     monkeypatch.setattr(client, "search_runs", lambda ids, f, **kw: filters.append(f) or search(ids, f, **kw))
-    res = regress.compare(client, eid, "s2", 0.10, measured=measured)  # no run of sweep s2 in the store
+    res = gate.compare(client, eid, "s2", 0.10, measured=measured)  # no run of sweep s2 in the store
     assert [c.label for c in res.regressions] == ["ring L=1024 context8"]
     assert [c.baseline_sweep for c in res.changes] == ["s1"] * 3
     assert len(filters) == 3 and all("tags.sweep_id != 's2'" in f for f in filters)
@@ -134,7 +134,7 @@ def test_the_drivers_trials_are_compared_and_only_their_baselines_read(client, m
 def test_unchanged_sweep_passes_and_is_tagged(client, store):
     log_sweep(client, "s1")
     parent = log_sweep(client, "s2", {"t-ring-512": 0.95})  # a 5% wobble is under the 10% threshold
-    assert regress.gate(store, EXP, "s2", max_drop=0.10, console=quiet()) == 0
+    assert gate.gate(store, mlflow_lookup.EXPERIMENT, "s2", max_drop=0.10, console=quiet()) == 0
     tags = client.get_run(parent).data.tags
     assert tags["regression"] == "false" and "no drop beyond 10%" in tags["regression_summary"]
 
@@ -142,23 +142,27 @@ def test_unchanged_sweep_passes_and_is_tagged(client, store):
 def test_slowdown_trips_gate_and_tags_parent(client, store):
     log_sweep(client, "s1")
     parent = log_sweep(client, "s2", {"t-ring-1024": 0.7})
-    res = regress.compare(client, client.get_experiment_by_name(EXP).experiment_id, "s2", 0.10)
+    res = gate.compare(client, mlflow_lookup.experiment_id(client), "s2", 0.10)
     [bad] = res.regressions
     assert bad.trial_id == "t-ring-1024" and bad.baseline_sweep == "s1"
     assert set(bad.dropped) == {"final_mfu", "final_tokens_per_s"}
     assert bad.delta("final_mfu") == pytest.approx(-0.3)
-    assert regress.gate(store, EXP, "s2", 0.10, console=quiet()) == regress.EXIT_REGRESSION == 3
+    assert (
+        gate.gate(store, mlflow_lookup.EXPERIMENT, "s2", 0.10, console=quiet()) == gate.EXIT_REGRESSION == 3
+    )
     tags = client.get_run(parent).data.tags
     assert tags["regression"] == "true" and "ring L=1024" in tags["regression_summary"]
-    assert regress.gate(store, EXP, "s2", max_drop=0.5, console=quiet()) == 0  # the threshold is configurable
+    assert (
+        gate.gate(store, mlflow_lookup.EXPERIMENT, "s2", max_drop=0.5, console=quiet()) == 0
+    )  # the threshold is configurable
 
 
 def test_baseline_is_the_median_of_the_window(client):
     for i, s in enumerate([1.0, 0.9, 1.1, 0.95, 1.05, 0.5], 1):  # s1 falls out of the window of 5
         log_sweep(client, f"s{i}", {"t-ring-512": s})
     log_sweep(client, "s7", {"t-ring-512": 0.97})
-    eid = client.get_experiment_by_name(EXP).experiment_id
-    res = regress.compare(client, eid, "s7", 0.10, window=5)
+    eid = mlflow_lookup.experiment_id(client)
+    res = gate.compare(client, eid, "s7", 0.10, window=5)
     ring = next(c for c in res.changes if c.trial_id == "t-ring-512")
     assert ring.baseline_sweeps == ("s6", "s5", "s4", "s3", "s2") and ring.baseline_sweep == "s6"
     assert ring.values["final_tokens_per_s"] == (pytest.approx(950.0), pytest.approx(970.0))  # median of 5
@@ -175,15 +179,13 @@ def test_window_takes_the_last_n_measured_runs_one_per_sweep(client):
     log_sweep(client, "s4", 0.2)  # a retried sweep's second finished run: its newest speaks for it
     log_sweep(client, "s4-plan", 0.1, planned="true")  # a prediction, never a measurement
     log_sweep(client, "s5", 0.6)
-    eid = client.get_experiment_by_name(EXP).experiment_id
-    two = regress.compare(client, eid, "s5", 0.10, window=2)
+    eid = mlflow_lookup.experiment_id(client)
+    two = gate.compare(client, eid, "s5", 0.10, window=2)
     assert {c.baseline_sweeps for c in two.changes} == {("s4", "s2")}
     assert two.changes[0].values["final_mfu"][0] == pytest.approx((0.2 * 0.2 + 0.2) / 2)
-    assert {c.baseline_sweeps for c in regress.compare(client, eid, "s5", 0.10).changes} == {
-        ("s4", "s2", "s1")
-    }
+    assert {c.baseline_sweeps for c in gate.compare(client, eid, "s5", 0.10).changes} == {("s4", "s2", "s1")}
     # an older sweep compares with what came before it, not after
-    assert {c.baseline_sweeps for c in regress.compare(client, eid, "s2", 0.10).changes} == {("s1",)}
+    assert {c.baseline_sweeps for c in gate.compare(client, eid, "s2", 0.10).changes} == {("s1",)}
 
 
 NOISY = [1.15, 0.85, 1.0, 1.075, 0.925]  # five quiet reruns spread ±15 % about their median
@@ -193,19 +195,19 @@ def test_noise_widens_the_band_a_dip_inside_it_passes_a_real_drop_trips(client, 
     for i, s in enumerate(NOISY, 1):
         log_sweep(client, f"s{i}", s)
     parent = log_sweep(client, "s6", {"t-ring-512": 0.88, "t-ring-1024": 0.70})  # a 12 % dip, a 30 % drop
-    eid = client.get_experiment_by_name(EXP).experiment_id
-    res = regress.compare(client, eid, "s6", 0.10, window=5, noise_k=1.5)
+    eid = mlflow_lookup.experiment_id(client)
+    res = gate.compare(client, eid, "s6", 0.10, window=5, noise_k=1.5)
     dip, drop = (next(c for c in res.changes if c.trial_id == t) for t in ("t-ring-512", "t-ring-1024"))
     assert dip.noise["final_tokens_per_s"] == pytest.approx(0.15)
     assert dip.bands == {"final_mfu": pytest.approx(0.225), "final_tokens_per_s": pytest.approx(0.225)}
     assert dip.delta("final_tokens_per_s") == pytest.approx(-0.12) and not dip.dropped
     assert [c.trial_id for c in res.regressions] == ["t-ring-1024"]
-    assert set(drop.dropped) == set(regress.GATED) and drop.delta("final_mfu") == pytest.approx(-0.30)
+    assert set(drop.dropped) == set(gate.GATED) and drop.delta("final_mfu") == pytest.approx(-0.30)
     # the old gate, max_drop alone, cries wolf at the dip
-    assert len(regress.compare(client, eid, "s6", 0.10, noise_k=0).regressions) == 2
+    assert len(gate.compare(client, eid, "s6", 0.10, noise_k=0).regressions) == 2
     # a quieter history keeps the band at max_drop: the same dip trips
-    assert regress.band([1.0, 1.02, 0.98], 0.10, 1.5) == (pytest.approx(0.02), 0.10)
-    assert regress.gate(store, EXP, "s6", console=quiet()) == regress.EXIT_REGRESSION
+    assert gate.band([1.0, 1.02, 0.98], 0.10, 1.5) == (pytest.approx(0.02), 0.10)
+    assert gate.gate(store, mlflow_lookup.EXPERIMENT, "s6", console=quiet()) == gate.EXIT_REGRESSION
     summary = client.get_run(parent).data.tags["regression_summary"]
     assert summary.startswith("1 of 3 trials dropped beyond 22%: ring L=1024 context8: MFU -30% (band 22%)")
     assert "each vs the median of 5 runs (sweeps s5, s4, s3, s2, s1)" in summary
@@ -215,9 +217,9 @@ def test_noise_widens_the_band_a_dip_inside_it_passes_a_real_drop_trips(client, 
 def test_a_single_earlier_run_uses_max_drop_and_says_so(client, store):
     log_sweep(client, "s1")
     log_sweep(client, "s2", {"t-ring-512": 0.88})
-    res = regress.compare(client, client.get_experiment_by_name(EXP).experiment_id, "s2", 0.10)
+    res = gate.compare(client, mlflow_lookup.experiment_id(client), "s2", 0.10)
     [bad] = res.regressions
-    assert bad.trial_id == "t-ring-512" and bad.bands == {m: 0.10 for m in regress.GATED}
+    assert bad.trial_id == "t-ring-512" and bad.bands == {m: 0.10 for m in gate.GATED}
     assert bad.baseline() == "1 run (sweep s1, band max_drop)"
     text = gate_text(res)
     assert "baseline runs, newest first: s1" in text and "10.0% (1 run)" in text
@@ -229,7 +231,7 @@ def test_the_verdict_names_the_compared_sweeps(client, store):
         log_sweep(client, f"s{i}", s)
     parent = log_sweep(client, "s4")
     console = Console(record=True, width=250, file=open("/dev/null", "w"))  # noqa: SIM115
-    assert regress.gate(store, EXP, "s4", console=console) == 0
+    assert gate.gate(store, mlflow_lookup.EXPERIMENT, "s4", console=console) == 0
     text = console.export_text()
     assert "baseline runs, newest first: s3, s2, s1" in text and text.count("15.0% (±10.0%)") == 3
     assert "1000 → 1000 (+0.0%)" in text  # the median of 1000, 1100 and 900
@@ -245,7 +247,7 @@ def test_table_shows_changes(client, store):
     log_sweep(client, "s1")
     log_sweep(client, "s2", {"t-ag-512": 0.5})
     console = Console(record=True, width=220)
-    regress.gate(store, EXP, "s2", console=console, tag=False)
+    gate.gate(store, mlflow_lookup.EXPERIMENT, "s2", console=console, tag=False)
     text = console.export_text()
     assert "REGRESSED" in text and "all_gather L=512" in text and "-50.0%" in text
 
@@ -253,14 +255,14 @@ def test_table_shows_changes(client, store):
 def test_standalone_cli(client, store, capsys):
     log_sweep(client, "s1")
     log_sweep(client, "s2", {"t-ring-512": 0.8})
-    assert regress.main(["s2", "--uri", store, "--no-tag"]) == 3
+    assert gate.main(["s2", "--uri", store, "--no-tag"]) == 3
     assert "REGRESSED" in capsys.readouterr().out
-    assert regress.main(["s2", "--uri", store, "--max-drop", "0.3"]) == 0
+    assert gate.main(["s2", "--uri", store, "--max-drop", "0.3"]) == 0
     log_sweep(client, "s3", {"t-ring-512": 0.76})  # vs s1 (1.0) and s2 (0.8): median 0.9, ±11 %
-    assert regress.main(["s3", "--uri", store, "--no-tag"]) == 0  # a 15.6 % drop, band 1.5 × 11 % = 16.7 %
-    assert regress.main(["s3", "--uri", store, "--no-tag", "--noise-k", "1"]) == 3  # band 11 %
+    assert gate.main(["s3", "--uri", store, "--no-tag"]) == 0  # a 15.6 % drop, band 1.5 × 11 % = 16.7 %
+    assert gate.main(["s3", "--uri", store, "--no-tag", "--noise-k", "1"]) == 3  # band 11 %
     assert (
-        regress.main(["s3", "--uri", store, "--no-tag", "--noise-k", "1", "--window", "1"]) == 0
+        gate.main(["s3", "--uri", store, "--no-tag", "--noise-k", "1", "--window", "1"]) == 0
     )  # vs s2: -5 %
 
 
@@ -281,29 +283,27 @@ def test_cli_gate_exit_code(tmp_path, local_ray, store, cli):
     slow = cli(ONE_TRIAL + ["sweep.id=slow"], cwd=tmp_path, env={"CP_ORCH_INJECT_SLEEP_S": "2"})
     assert slow.returncode == 3, slow.stdout[-3000:] + slow.stderr[-3000:]
     assert "REGRESSED" in slow.stdout
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    eid = client.get_experiment_by_name(EXP).experiment_id
-    [parent] = client.search_runs([eid], "tags.sweep_id = 'slow' and tags.kind = 'sweep'")
+    [parent] = mlflow_lookup.runs(mlflow_lookup.client(tmp_path), "slow", "sweep")
     assert parent.data.tags["regression"] == "true"
 
 
 def test_mfu_over_a_peak_each_run_measured_is_shown_not_gated(client):
-    eid = lambda: client.get_experiment_by_name(EXP).experiment_id  # noqa: E731
+    eid = lambda: mlflow_lookup.experiment_id(client)  # noqa: E731
     log_sweep(client, "s1", peak=0.10)
     log_sweep(client, "s2", peak=0.05, mfu=0.5)  # the CPU probe ran on a busy host: MFU halves, tokens/s not
-    res = regress.compare(client, eid(), "s2")
+    res = gate.compare(client, eid(), "s2")
     assert not res.regressions and all(c.unpegged for c in res.changes)
     assert all(
         "final_mfu" not in c.bands and c.delta("final_mfu") == pytest.approx(-0.5) for c in res.changes
     )
     assert "MFU not gated for 3 trials" in gate_text(res)
     log_sweep(client, "s3", peak=0.05, scale=0.6)  # a real slowdown still trips on tokens/s
-    assert {tuple(c.dropped) for c in regress.compare(client, eid(), "s3", window=1).regressions} == {
+    assert {tuple(c.dropped) for c in gate.compare(client, eid(), "s3", window=1).regressions} == {
         ("final_tokens_per_s",)
     }
     log_sweep(client, "s4", peak=459.0)  # a chip's spec-sheet peak, the same every run: MFU is gated
     log_sweep(client, "s5", peak=459.0, mfu=0.5)
-    res = regress.compare(client, eid(), "s5", window=1)
+    res = gate.compare(client, eid(), "s5", window=1)
     assert [c.dropped for c in res.regressions] == [["final_mfu"]] * 3 and not any(
         c.unpegged for c in res.changes
     )

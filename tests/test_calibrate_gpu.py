@@ -10,8 +10,7 @@ import pytest
 
 from jobs.flops import PEAK_TFLOPS_PER_DEVICE
 from jobs.spec import ClusterSpec, MeshSpec, StrategySpec, TrainSpec, TrialSpec
-from orchestrator.calibrate import family
-from orchestrator.calibrate import gpu as cal
+from orchestrator.calibrate import family, gpu
 from orchestrator.calibrate.published_gpu import (
     CHECKS,
     FLOP_TOLERANCE,
@@ -27,7 +26,7 @@ from orchestrator.calibrate.published_gpu import (
 )
 from orchestrator.calibrate.published_tpu import model
 from orchestrator.calibrate.tpu import check
-from orchestrator.plan import hardware, plan_one, rules
+from orchestrator.plan import hardware, plan_one, validity
 from orchestrator.plan.search import recommend
 from orchestrator.plan.steptime import step_time
 
@@ -47,7 +46,7 @@ def two_nodes(name: str = "dgx_h100") -> ClusterSpec:
 @pytest.mark.parametrize("row", ROWS, ids=lambda r: r.label.replace(" ", "_"))
 def test_every_row_builds_a_valid_spec_and_prices(row):
     s = row.spec
-    assert rules.problems(s) == [], row.label
+    assert validity.problems(s) == [], row.label
     assert s.cluster.platform == "gpu" and s.cluster.hosts == 1 and s.mesh.size == row.chips_devices
     assert (s.cluster.slices_per_trial > 1) == bool(s.mesh.dcn)  # a replica over nodes lays context across
     st = step_time(s, offload=row.offload)
@@ -112,7 +111,7 @@ def test_configs_hold_the_gpu_fit_and_h200_is_h100s(result):
         have = hardware.load(chip)[1]
         for k, v in values.items():
             assert getattr(have, k) == pytest.approx(v, rel=2e-3, abs=1e-9), (chip, k)
-        for k in cal.BORROWED:
+        for k in gpu.BORROWED:
             assert getattr(have, k) == getattr(v5p, k), (chip, k)
     assert result.constants["dgx_h200"] == result.constants["dgx_h100"]
 

@@ -1,11 +1,11 @@
-"""Markdown tables (orchestrator/ui/markdown.py, on tabulate) and reading them back (benchmarks/aot_page.py)."""
+"""A results page's Markdown tables (benchmarks/page.py, on tabulate), and reading them back
+(benchmarks/aot_page.py)."""
 
-from benchmarks import aot_page
-from orchestrator.ui import markdown
+from benchmarks import aot_page, page
 
 
 def test_cells_are_kept_as_given_and_columns_line_up():
-    got = markdown.table(["strategy", "ratio", "peak"], [["ring", "0.500", "≥ 150.6 GiB"], ["usp", 12, None]])
+    got = page.table(["strategy", "ratio", "peak"], [["ring", "0.500", "≥ 150.6 GiB"], ["usp", 12, None]])
     assert got.splitlines() == [
         "| strategy   | ratio   | peak        |",
         "|------------|---------|-------------|",

@@ -5,13 +5,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import mlflow_lookup
 import pytest
 import ray
-from mlflow import MlflowClient
 from rays import FAKE_TPU_STALE_ENV
 
 from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, RunSpec, StrategySpec, TrialSpec
-from orchestrator.launch import cluster as clusters
+from orchestrator.launch import cluster
 from orchestrator.launch.attempt import classify, combine
 from orchestrator.launch.executor import placement_note, with_checkpoint_dir
 from orchestrator.ui.progress import SweepProgress
@@ -56,7 +56,7 @@ def test_combine_prefers_the_lost_host_over_its_peers_errors():
 def test_rays_private_address_hook_is_still_there():
     """cluster._no_address_file swaps this private Ray function (no public switch): fail loudly if it moves."""
     assert callable(ray._private.utils.write_ray_address)
-    with clusters._no_address_file():
+    with cluster._no_address_file():
         assert ray._private.utils.write_ray_address("x") is None
 
 
@@ -99,7 +99,7 @@ def test_fake_slice_env_matches_gke():
     c = ClusterSpec(
         kind="fake_tpu", accelerator="v5p", hosts=2, devices_per_host=4, slices=2, topology="2x2x2"
     )
-    env = clusters.fake_slice_env(c, 1, 0)
+    env = cluster.fake_slice_env(c, 1, 0)
     assert env == {
         "TPU_ACCELERATOR_TYPE": "v5p-16",
         "TPU_TOPOLOGY": "2x2x2",
@@ -146,15 +146,13 @@ def test_fake_tpu_slices_gang_schedule_trials(tmp_path, fake_tpu, store, cli):
     ]
     res = cli(args, cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    exp = client.get_experiment_by_name("cp_scaling")
-    trials = client.search_runs([exp.experiment_id], "tags.kind = 'trial'")
+    client = mlflow_lookup.client(tmp_path)
+    trials = mlflow_lookup.runs(client, kind="trial")
     assert len(trials) == 3
     spans = []
     for r in trials:
         assert r.data.tags["status"] == "finished", r.data.tags
-        path = client.download_artifacts(r.info.run_id, "attempts.json", str(tmp_path))
-        (att,) = json.loads(open(path).read())
+        (att,) = json.loads(mlflow_lookup.artifact_text(client, r, "attempts.json", tmp_path))
         assert att["outcome"] == "finished"
         assert sorted(h["process_id"] for h in att["hosts"]) == [0, 1]
         # gang: both hosts on the same slice, one per TPU worker id, process id = TPU_WORKER_ID

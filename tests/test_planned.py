@@ -1,17 +1,9 @@
 """dry_run=true record=true: the plan as planned MLflow runs, marked as such, never gated as measured ones."""
 
+import mlflow_lookup
 import pytest
-from mlflow import MlflowClient
 
-from orchestrator.results import gate as regress
-
-
-def _runs(tmp_path, sweep_id: str) -> tuple[MlflowClient, str, list, list]:
-    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
-    eid = client.get_experiment_by_name("cp_scaling").experiment_id
-    runs = client.search_runs([eid], f"tags.sweep_id = '{sweep_id}'", max_results=1000)
-    parents = [r for r in runs if r.data.tags["kind"] == "sweep"]
-    return client, eid, parents, [r for r in runs if r.data.tags["kind"] == "trial"]
+from orchestrator.results import gate
 
 
 def test_planned_sweep_to_14m_on_tpu7x_without_a_tpu(tmp_path, store, cli):
@@ -27,7 +19,9 @@ def test_planned_sweep_to_14m_on_tpu7x_without_a_tpu(tmp_path, store, cli):
     res = cli(args, cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "recorded the plan as sweep plan14m-plan" in res.stdout
-    client, _, (parent,), children = _runs(tmp_path, "plan14m-plan")
+    client = mlflow_lookup.client(tmp_path)
+    (parent,) = mlflow_lookup.runs(client, "plan14m-plan", "sweep")
+    children = mlflow_lookup.runs(client, "plan14m-plan", "trial")
     assert parent.data.tags["planned"] == "true" and parent.data.tags["status"] == "planned"
     assert len(children) == int(parent.data.tags["points"]) and all(
         r.data.tags["planned"] == "true" for r in children
@@ -45,7 +39,7 @@ def test_planned_sweep_to_14m_on_tpu7x_without_a_tpu(tmp_path, store, cli):
     m = ring14[0].data.metrics  # the band from tpu7x's fit, around the point: low < step < high
     assert m["predicted_step_time_low_s"] < m["predicted_step_time_s"] < m["predicted_step_time_high_s"]
     assert m["predicted_mfu_low"] < m["predicted_mfu"] < m["predicted_mfu_high"]
-    steps = {m.step for m in client.get_metric_history(parent.info.run_id, "predicted_mfu/ring")}
+    steps = set(mlflow_lookup.steps(client, parent, "predicted_mfu/ring"))
     assert 14680064 in steps and min(steps) <= 131072  # stepped by context length, up to 14M
     assert {a.path for a in client.list_artifacts(parent.info.run_id, "plots")} == {
         "plots/planned_mfu_vs_context.png",
@@ -65,14 +59,15 @@ def test_planned_runs_are_never_a_regression_baseline(tmp_path, local_ray, store
     assert plan.returncode == 0, plan.stdout[-2000:] + plan.stderr[-2000:]
     real = cli([*one, "sweep.id=s"], cwd=tmp_path)
     assert real.returncode == 0, real.stdout[-2000:] + real.stderr[-2000:]
-    client, eid, _, planned = _runs(tmp_path, "s-plan")
-    _, _, _, measured = _runs(tmp_path, "s")
+    client = mlflow_lookup.client(tmp_path)
+    planned = mlflow_lookup.runs(client, "s-plan", "trial")
+    measured = mlflow_lookup.runs(client, "s", "trial")
     assert (
         planned[0].data.tags["trial_id"] == measured[0].data.tags["trial_id"]
     )  # same point, two kinds of run
     assert measured[0].info.run_id != planned[0].info.run_id  # the real sweep did not reuse the planned run
-    gate = regress.compare(client, eid, "s")
-    assert gate.changes == [] and len(gate.new) == 1  # the planned run is no baseline
+    result = gate.compare(client, mlflow_lookup.experiment_id(client), "s")
+    assert result.changes == [] and len(result.new) == 1  # the planned run is no baseline
 
 
 def test_a_planned_point_logs_the_compilers_peak_beside_the_sum():
