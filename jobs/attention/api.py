@@ -14,7 +14,7 @@ from jobs.attention.reference import reference_attention
 from jobs.attention.sharding import Options, mesh_shape, qkv_spec, sinks_spec
 from jobs.attention.span import Span
 from jobs.profile.breakdown import ATTENTION_SCOPE
-from jobs.strategies import rules as cp_rules
+from jobs.strategies import rules
 
 
 def _check_shapes(q, k, v) -> None:
@@ -46,7 +46,7 @@ def attention(
 ) -> jax.Array:
     """Attention of global q [B, L, Hq, D] over k, v [B, L, Hkv, D]; out like q, in the same token order.
 
-    layout="zigzag": inputs are already permuted by cp_rules.zigzag_permutation(L, cp_rules.ring_size(strategy,
+    layout="zigzag": inputs are already permuted by rules.zigzag_permutation(L, rules.ring_size(strategy,
     mesh)) (every strategy accepts it; the mask uses true positions). Works eagerly and inside an outer jit.
 
     Packed documents: segment_ids int32 [B, L] in the same (permuted) order as q; a query sees a key only when
@@ -72,10 +72,10 @@ def attention(
     _check_shapes(q, k, v)
     B, L, Hq, _ = q.shape
     shape = mesh_shape(mesh)
-    cp_rules.validate(
+    rules.validate(
         strategy, context_length=L, q_heads=Hq, kv_heads=k.shape[2], mesh=shape, layout=layout, batch=B
     )
-    cp_rules.validate_tokens(
+    rules.validate_tokens(
         layout,
         kernel,
         positions=positions is not None,
@@ -85,7 +85,7 @@ def attention(
         shapes=[tuple(x.shape) for x in (positions, segment_ids) if x is not None],
     )
     sinks_shape = None if sinks is None else tuple(jnp.shape(sinks))
-    cp_rules.validate_masks(
+    rules.validate_masks(
         causal=causal,
         kernel=kernel,
         q_heads=Hq,
@@ -109,7 +109,7 @@ def _tokens(B: int, L: int, strategy: str, mesh: Mesh | None, o: Options, segmen
     if segment_ids is None and positions is None:
         return ()
     if positions is None:
-        positions = global_positions(L, o.layout, cp_rules.ring_size(strategy, mesh_shape(mesh)))
+        positions = global_positions(L, o.layout, rules.ring_size(strategy, mesh_shape(mesh)))
     pos_BxL = jnp.broadcast_to(jnp.asarray(positions, jnp.int32), (B, L))
     seg_BxL = jnp.zeros((B, L), jnp.int32) if segment_ids is None else jnp.asarray(segment_ids, jnp.int32)
     return pos_BxL, seg_BxL
@@ -122,7 +122,7 @@ def _reference(q, k, v, strategy: str, mesh: Mesh | None, o: Options, toks: tupl
         return reference_attention(
             q, k, v, q_pos=pos_BxL, kv_pos=pos_BxL, q_seg=seg_BxL, kv_seg=seg_BxL, **kw
         )
-    pos = global_positions(q.shape[1], o.layout, cp_rules.ring_size(strategy, mesh_shape(mesh)))
+    pos = global_positions(q.shape[1], o.layout, rules.ring_size(strategy, mesh_shape(mesh)))
     return reference_attention(q, k, v, q_pos=pos, kv_pos=pos, **kw)
 
 

@@ -5,25 +5,25 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jobs.strategies import rules as cp_rules
+from jobs.strategies import rules
 
 
 def to_zigzag(x_BxLx___: jax.Array, ring_size: int) -> jax.Array:
     """Natural order -> zigzag layout along axis 1 (what the training job does to tokens/targets/positions)."""
-    perm = cp_rules.zigzag_permutation(x_BxLx___.shape[1], ring_size)
+    perm = rules.zigzag_permutation(x_BxLx___.shape[1], ring_size)
     return jnp.take(x_BxLx___, jnp.asarray(perm), axis=1)
 
 
 def from_zigzag(x_BxLx___: jax.Array, ring_size: int) -> jax.Array:
     """Zigzag layout -> natural order along axis 1."""
-    inv = cp_rules.inverse_permutation(cp_rules.zigzag_permutation(x_BxLx___.shape[1], ring_size))
+    inv = rules.inverse_permutation(rules.zigzag_permutation(x_BxLx___.shape[1], ring_size))
     return jnp.take(x_BxLx___, jnp.asarray(inv), axis=1)
 
 
 def global_positions(length: int, layout: str, ring_size: int) -> jax.Array:
     """True position of every token of the (possibly permuted) global sequence."""
     if layout == "zigzag":
-        return jnp.asarray(cp_rules.zigzag_permutation(length, ring_size), dtype=jnp.int32)
+        return jnp.asarray(rules.zigzag_permutation(length, ring_size), dtype=jnp.int32)
     return jnp.arange(length, dtype=jnp.int32)
 
 

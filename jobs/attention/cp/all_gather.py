@@ -19,7 +19,7 @@ from jax.sharding import Mesh
 from jobs import strategies
 from jobs.attention.core import match_varying
 from jobs.attention.kernels import attend
-from jobs.attention.kernels.hop import MONOTONIC, Order
+from jobs.attention.kernels.mask import MONOTONIC, Mask, Order
 from jobs.attention.layout import global_positions
 from jobs.attention.sharding import Options, axis_size
 from jobs.strategies.all_gather import halo_tokens
@@ -57,16 +57,17 @@ def all_gather_local(mesh: Mesh, L: int, o: Options) -> Callable:
     P = axis_size(mesh, axis)
     Ll = L // P
     h = halo_length(o, P, Ll)
-    run = lambda q, k, v, qpos, kpos, order, segs, sinks: attend(
-        q, k, v, qpos, kpos, o.causal, o.kernel, o.block_q, o.block_kv, order, segs, o.span, sinks
-    )
+
+    def run(q, k, v, qpos, kpos, order: Order, segs: tuple, sinks):
+        mask = Mask(qpos, kpos, o.causal, o.block_q, o.block_kv, order, o.span, *segs)
+        return attend(q, k, v, mask, o.kernel, sinks)
 
     def local(q_BxLlxHxD, k_BxLlxKxD, v_BxLlxKxD, pos_BxLl=None, seg_BxLl=None, sinks=None):
         sinks = None if sinks is None else match_varying(sinks, q_BxLlxHxD)
         packed = seg_BxLl is not None
         pos_L = global_positions(L, o.layout, P)
         if P == 1:
-            segs = (seg_BxLl, seg_BxLl) if packed else None
+            segs = (seg_BxLl, seg_BxLl) if packed else ()
             pos = pos_BxLl if packed else pos_L
             return run(q_BxLlxHxD, k_BxLlxKxD, v_BxLlxKxD, pos, pos, Order(o.layout, P), segs, sinks)
         qpos = pos_BxLl if packed else jax.lax.dynamic_slice_in_dim(pos_L, jax.lax.axis_index(axis) * Ll, Ll)
@@ -79,10 +80,9 @@ def all_gather_local(mesh: Mesh, L: int, o: Options) -> Callable:
             # Autodiff turns these gathers into reduce-scatters of dK/dV in the backward pass.
             k, v, *toks = (jax.lax.all_gather(x, axis, axis=1, tiled=True) for x in xs)
             kpos = toks[0] if packed else pos_L
-            order = Order(
-                o.layout, P
-            )  # keys: the whole sequence in layout order (static-mask kernels need it)
-        segs = (seg_BxLl, toks[1]) if packed else None
+            # keys: the whole sequence in layout order (static-mask kernels need it)
+            order = Order(o.layout, P)
+        segs = (seg_BxLl, toks[1]) if packed else ()
         return run(q_BxLlxHxD, k, v, qpos, kpos, order, segs, sinks)
 
     return local

@@ -16,14 +16,14 @@ import jax.numpy as jnp
 from jobs.attention import hopcount
 from jobs.attention.core import NEG_INF, match_varying
 from jobs.attention.kernels import get_kernel
-from jobs.attention.kernels.hop import MONOTONIC, Order
+from jobs.attention.kernels.mask import ALL, MONOTONIC, Mask, Order
 from jobs.attention.tokens import Tokens, block_sees
 
-ALL = slice(None)
 
-
-def _order(cfg) -> Order:
-    return Order("balanced", cfg.size) if cfg.layout == "balanced" else MONOTONIC
+def _mask(cfg, qt: Tokens, kt: Tokens) -> Mask:
+    """The hop's mask by segment ids and true positions; its causal flag is set per part (_causal)."""
+    order = Order("balanced", cfg.size) if cfg.layout == "balanced" else MONOTONIC
+    return Mask(qt.pos, kt.pos, cfg.causal, cfg.block_q, cfg.block_kv, order, cfg.span, qt.seg, kt.seg)
 
 
 def _causal(cfg, own: bool) -> bool:
@@ -42,15 +42,11 @@ def _sees(cfg, qt: Tokens, kt: Tokens) -> jax.Array:
 
 def hop_fwd(cfg, j, r, q, k, v, qt: Tokens, kt: Tokens, *, own: bool):
     """(out fp32, lse fp32) of the local queries (Tokens qt) against the K/V block of ring position j (kt)."""
-    kern = get_kernel(cfg.kernel)
-    kw = dict(block_q=cfg.block_q, block_kv=cfg.block_kv, order=_order(cfg), span=cfg.span)
+    kern, mask = get_kernel(cfg.kernel), _mask(cfg, qt, kt)
     refs = (q, k, v, qt.pos, kt.pos)
 
     def fwd(qs, ks, causal):
-        segs = dict(q_seg=qt.seg[:, qs], kv_seg=kt.seg[:, ks])
-        return kern.fwd(
-            q[:, qs], k[:, ks], v[:, ks], qt.pos[:, qs], kt.pos[:, ks], causal=causal, **kw, **segs
-        )
+        return kern.fwd(q[:, qs], k[:, ks], v[:, ks], mask.cut(qs, ks, causal=causal))
 
     def empty(n):
         shape = (q.shape[0], n, q.shape[2])
@@ -77,14 +73,12 @@ def hop_fwd(cfg, j, r, q, k, v, qt: Tokens, kt: Tokens, *, own: bool):
 
 def hop_bwd(cfg, j, r, q, k, v, o, lse, do, qt: Tokens, kt: Tokens, *, own: bool):
     """(dq, dk, dv) fp32 of one hop (as hop_fwd), recomputed from the saved global out and lse."""
-    kern = get_kernel(cfg.kernel)
-    kw = dict(block_q=cfg.block_q, block_kv=cfg.block_kv, order=_order(cfg), span=cfg.span)
+    kern, mask = get_kernel(cfg.kernel), _mask(cfg, qt, kt)
     refs = (q, k, v, o, lse, do, qt.pos, kt.pos)
 
     def bwd(qs, ks, causal):
-        segs = dict(q_seg=qt.seg[:, qs], kv_seg=kt.seg[:, ks])
-        args = (q[:, qs], k[:, ks], v[:, ks], o[:, qs], lse[:, qs], do[:, qs], qt.pos[:, qs], kt.pos[:, ks])
-        return kern.bwd(*args, causal=causal, **kw, **segs)
+        args = (q[:, qs], k[:, ks], v[:, ks], o[:, qs], lse[:, qs], do[:, qs])
+        return kern.bwd(*args, mask.cut(qs, ks, causal=causal))
 
     def zeros(x):
         return match_varying(jnp.zeros(x.shape, jnp.float32), *refs)

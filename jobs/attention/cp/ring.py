@@ -26,6 +26,7 @@ from jobs import strategies
 from jobs.attention.core import add_sinks, empty_like, match_varying, merge, sinks_grad
 from jobs.attention.cp import packed_hop, span_hop
 from jobs.attention.kernels import get_kernel
+from jobs.attention.kernels.mask import Mask
 from jobs.attention.layout import block_positions
 from jobs.attention.sharding import Options, axis_size
 from jobs.attention.span import GLOBAL, Span
@@ -65,6 +66,12 @@ def block(k, v, tok: Tokens | None) -> tuple:
     return (k, v) if tok is None else (k, v, tok)
 
 
+def _mask(cfg: RingConfig, pos, own: bool) -> Mask:
+    """A hop's mask (unpacked, global causal): only our own block needs the causal one; any other block is wholly
+    in the past (or, contiguous, wholly in the future and skipped) of the queries that see it."""
+    return Mask(pos, pos, cfg.causal and own, cfg.block_q, cfg.block_kv)
+
+
 def _hop_fwd(cfg: RingConfig, s, r, q, blk, pos, qt):
     """(out, lse) of local queries against the K/V block that started on device (r - s) mod R."""
     return hop_fwd(cfg, (r - s) % cfg.size, r, q, blk, pos, own=isinstance(s, int) and s == 0, qt=qt)
@@ -80,12 +87,10 @@ def hop_fwd(cfg: RingConfig, j, r, q, blk, pos, *, own: bool = False, qt: Tokens
     k, v = blk
     if cfg.span.limited:
         return span_hop.hop_fwd(cfg, j, q, k, v, pos)
-    kern = get_kernel(cfg.kernel)
-    fwd = partial(kern.fwd, block_q=cfg.block_q, block_kv=cfg.block_kv)
-    if own:
-        return fwd(q, k, v, pos, pos, causal=cfg.causal)
-    if not cfg.causal:
-        return fwd(q, k, v, pos, pos, causal=False)
+    fwd = get_kernel(cfg.kernel).fwd
+    mask = _mask(cfg, pos, own)
+    if own or not cfg.causal:
+        return fwd(q, k, v, mask)
     refs = (q, k, v, pos, r)
     Ll = q.shape[1]
     shape = ((q.shape[0], Ll, q.shape[2], q.shape[3]), (q.shape[0], Ll, q.shape[2]))
@@ -93,17 +98,17 @@ def hop_fwd(cfg: RingConfig, j, r, q, blk, pos, *, own: bool = False, qt: Tokens
         c = Ll // 2
 
         def early():  # j < r: both query chunks see all of KV chunk j, none of chunk 2R-1-j
-            return fwd(q, k[:, :c], v[:, :c], pos, pos[:c], causal=False)
+            return fwd(q, k[:, :c], v[:, :c], mask.cut(ks=slice(None, c)))
 
         def late():  # j > r: only query chunk 2R-1-r sees KV, and sees both of its chunks
-            o1, lse1 = fwd(q[:, c:], k, v, pos[c:], pos, causal=False)
+            o1, lse1 = fwd(q[:, c:], k, v, mask.cut(qs=slice(c, None)))
             o0, lse0 = empty_like(o1, lse1)
             return jnp.concatenate([o0, o1], 1), jnp.concatenate([lse0, lse1], 1)
 
         return jax.lax.cond(j < r, early, late)
 
     def full():
-        return fwd(q, k, v, pos, pos, causal=False)
+        return fwd(q, k, v, mask)
 
     def skip():  # contiguous: a block from a later device is entirely in the future
         o = match_varying(jnp.zeros(shape[0], jnp.float32), *refs)
@@ -125,12 +130,10 @@ def hop_bwd(cfg: RingConfig, j, r, q, blk, o, lse, do, pos, *, own: bool = False
     k, v = blk
     if cfg.span.limited:
         return span_hop.hop_bwd(cfg, j, q, k, v, o, lse, do, pos)
-    kern = get_kernel(cfg.kernel)
-    bwd = partial(kern.bwd, block_q=cfg.block_q, block_kv=cfg.block_kv)
-    if own:
-        return bwd(q, k, v, o, lse, do, pos, pos, causal=cfg.causal)
-    if not cfg.causal:
-        return bwd(q, k, v, o, lse, do, pos, pos, causal=False)
+    bwd = get_kernel(cfg.kernel).bwd
+    mask = _mask(cfg, pos, own)
+    if own or not cfg.causal:
+        return bwd(q, k, v, o, lse, do, mask)
     refs = (q, k, v, o, lse, do, pos, r)
 
     def zeros(x):
@@ -140,17 +143,17 @@ def hop_bwd(cfg: RingConfig, j, r, q, blk, o, lse, do, pos, *, own: bool = False
         c = q.shape[1] // 2
 
         def early():
-            dq, dk0, dv0 = bwd(q, k[:, :c], v[:, :c], o, lse, do, pos, pos[:c], causal=False)
+            dq, dk0, dv0 = bwd(q, k[:, :c], v[:, :c], o, lse, do, mask.cut(ks=slice(None, c)))
             return dq, jnp.concatenate([dk0, zeros(dk0)], 1), jnp.concatenate([dv0, zeros(dv0)], 1)
 
         def late():
-            dq1, dk, dv = bwd(q[:, c:], k, v, o[:, c:], lse[:, c:], do[:, c:], pos[c:], pos, causal=False)
+            dq1, dk, dv = bwd(q[:, c:], k, v, o[:, c:], lse[:, c:], do[:, c:], mask.cut(qs=slice(c, None)))
             return jnp.concatenate([zeros(dq1), dq1], 1), dk, dv
 
         return jax.lax.cond(j < r, early, late)
 
     def full():
-        return bwd(q, k, v, o, lse, do, pos, pos, causal=False)
+        return bwd(q, k, v, o, lse, do, mask)
 
     return jax.lax.cond(j < r, full, lambda: (zeros(q), zeros(k), zeros(v)))
 

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from jobs.attention import hopcount
 from jobs.attention.core import empty_like, match_varying, merge
 from jobs.attention.kernels import get_kernel
+from jobs.attention.kernels.mask import Mask
 from jobs.attention.layout import block_positions
 
 
@@ -28,28 +29,28 @@ def _pairs(cfg, q_len: int) -> list[tuple[slice, slice]]:
     return [(a, b) for a in cuts for b in cuts]
 
 
-def _sees(cfg, q_pos, k_pos, qs: slice, ks: slice) -> jax.Array:
-    qc, kc = q_pos[qs], k_pos[ks]
+def _sees(cfg, mask: Mask, qs: slice, ks: slice) -> jax.Array:
+    qc, kc = mask.q_pos[qs], mask.kv_pos[ks]
     return cfg.span.ranges_see(qc[0], qc[-1], kc[0], kc[-1])
 
 
-def _key_positions(cfg, j, n: int) -> jax.Array:
-    return block_positions(n * cfg.size, cfg.layout, cfg.size, j)
+def _mask(cfg, j, q_pos) -> Mask:
+    """The hop's causal and span mask by true positions: the queries' and those of ring block j's keys."""
+    k_pos = block_positions(q_pos.shape[-1] * cfg.size, cfg.layout, cfg.size, j)
+    return Mask(q_pos, k_pos, True, cfg.block_q, cfg.block_kv, span=cfg.span)
 
 
 def hop_fwd(cfg, j, q, k, v, q_pos):
     """(out fp32, lse fp32) of the local queries (true positions q_pos) against the K/V block of ring
     position j, pair by pair, merged per query chunk."""
-    kern = get_kernel(cfg.kernel)
-    k_pos = _key_positions(cfg, j, q.shape[1])
-    kw = dict(causal=True, block_q=cfg.block_q, block_kv=cfg.block_kv, span=cfg.span)
-    refs = (q, k, v, q_pos, k_pos)
+    kern, mask = get_kernel(cfg.kernel), _mask(cfg, j, q_pos)
+    refs = (q, k, v, q_pos, mask.kv_pos)
     per_chunk: dict[int, tuple] = {}
     for qs, ks in _pairs(cfg, q.shape[1]):
 
         def run(qs=qs, ks=ks):
             hopcount.note("fwd")
-            return kern.fwd(q[:, qs], k[:, ks], v[:, ks], q_pos[qs], k_pos[ks], **kw)
+            return kern.fwd(q[:, qs], k[:, ks], v[:, ks], mask.cut(qs, ks))
 
         def skip(qs=qs):
             hopcount.note("fwd" + hopcount.SKIPPED)
@@ -57,7 +58,7 @@ def hop_fwd(cfg, j, q, k, v, q_pos):
             o = match_varying(jnp.zeros((B, n, H, D), jnp.float32), *refs)
             return empty_like(o, match_varying(jnp.zeros((B, n, H), jnp.float32), *refs))
 
-        part = jax.lax.cond(_sees(cfg, q_pos, k_pos, qs, ks), run, skip)
+        part = jax.lax.cond(_sees(cfg, mask, qs, ks), run, skip)
         prev = per_chunk.get(qs.start)
         per_chunk[qs.start] = part if prev is None else merge(*prev, *part)
     chunks = [per_chunk[s] for s in sorted(per_chunk)]
@@ -66,10 +67,8 @@ def hop_fwd(cfg, j, q, k, v, q_pos):
 
 def hop_bwd(cfg, j, q, k, v, o, lse, do, q_pos):
     """(dq, dk, dv) fp32 of one hop (as hop_fwd), recomputed from the saved global out and lse."""
-    kern = get_kernel(cfg.kernel)
-    k_pos = _key_positions(cfg, j, q.shape[1])
-    kw = dict(causal=True, block_q=cfg.block_q, block_kv=cfg.block_kv, span=cfg.span)
-    refs = (q, k, v, o, lse, do, q_pos, k_pos)
+    kern, mask = get_kernel(cfg.kernel), _mask(cfg, j, q_pos)
+    refs = (q, k, v, o, lse, do, q_pos, mask.kv_pos)
     dq = match_varying(jnp.zeros(q.shape, jnp.float32), *refs)
     dk = match_varying(jnp.zeros(k.shape, jnp.float32), *refs)
     dv = match_varying(jnp.zeros(v.shape, jnp.float32), *refs)
@@ -77,8 +76,8 @@ def hop_bwd(cfg, j, q, k, v, o, lse, do, q_pos):
 
         def run(qs=qs, ks=ks):
             hopcount.note("bwd")
-            args = (q[:, qs], k[:, ks], v[:, ks], o[:, qs], lse[:, qs], do[:, qs], q_pos[qs], k_pos[ks])
-            return kern.bwd(*args, **kw)
+            args = (q[:, qs], k[:, ks], v[:, ks], o[:, qs], lse[:, qs], do[:, qs])
+            return kern.bwd(*args, mask.cut(qs, ks))
 
         def skip(qs=qs, ks=ks):
             hopcount.note("bwd" + hopcount.SKIPPED)
@@ -86,7 +85,7 @@ def hop_bwd(cfg, j, q, k, v, o, lse, do, q_pos):
                 match_varying(jnp.zeros(x.shape, jnp.float32), *refs) for x in (q[:, qs], k[:, ks], v[:, ks])
             )
 
-        g_q, g_k, g_v = jax.lax.cond(_sees(cfg, q_pos, k_pos, qs, ks), run, skip)
+        g_q, g_k, g_v = jax.lax.cond(_sees(cfg, mask, qs, ks), run, skip)
         dq = dq.at[:, qs].add(g_q)
         dk, dv = dk.at[:, ks].add(g_k), dv.at[:, ks].add(g_v)
     return dq, dk, dv

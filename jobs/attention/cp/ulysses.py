@@ -17,7 +17,7 @@ from jax.sharding import Mesh
 from jobs import strategies
 from jobs.attention.core import match_varying
 from jobs.attention.kernels import attend
-from jobs.attention.kernels.hop import Order
+from jobs.attention.kernels.mask import Mask, Order
 from jobs.attention.layout import global_positions
 from jobs.attention.sharding import Options, axis_size
 
@@ -64,7 +64,7 @@ def ulysses_exchange(
         Hu = q_BxLlxHxD.shape[2] // size
         sinks_H = jax.lax.dynamic_slice_in_dim(sinks_H, jax.lax.axis_index(axis) * Hu, Hu)
     K = k_BxLlxKxD.shape[2]
-    if K < size:  # cp_rules guarantees size % K == 0: device u then gets (a copy of) KV head u // (size/K)
+    if K < size:  # size % K == 0 (strategies.rules): device u then gets (a copy of) KV head u // (size/K)
         k_BxLlxKxD = jnp.repeat(k_BxLlxKxD, size // K, axis=2)
         v_BxLlxKxD = jnp.repeat(v_BxLlxKxD, size // K, axis=2)
     q, k, v = (seq_to_heads(x, axis) for x in (q_BxLlxHxD, k_BxLlxKxD, v_BxLlxKxD))
@@ -75,29 +75,15 @@ def ulysses_local(mesh: Mesh, L: int, o: Options) -> Callable:
     """Per-device body over A[B, L_context, H, D] (natural or zigzag order)."""
     axis = strategies.get("ulysses").ulysses_axis
     P = axis_size(mesh, axis)
+    order = Order(o.layout, P, whole=True)  # the whole sequence in layout order (static-mask kernels need it)
 
     def full_sequence(q_BxLxHuxD, k_BxLxKuxD, v_BxLxKuxD, pos_BxL=None, seg_BxL=None, sinks=None):
         packed = seg_BxL is not None  # packed documents: masks from the gathered positions and segment ids
         pos = pos_BxL if packed else global_positions(L, o.layout, P)  # every device holds all tokens
-        segs = (seg_BxL, seg_BxL) if packed else None
+        segs = (seg_BxL, seg_BxL) if packed else ()
+        mask = Mask(pos, pos, o.causal, o.block_q, o.block_kv, order, o.span, *segs)
         sinks = None if sinks is None else match_varying(sinks, q_BxLxHuxD)
-        return attend(
-            q_BxLxHuxD,
-            k_BxLxKuxD,
-            v_BxLxKuxD,
-            pos,
-            pos,
-            o.causal,
-            o.kernel,
-            o.block_q,
-            o.block_kv,
-            Order(
-                o.layout, P, whole=True
-            ),  # the whole sequence in layout order (static-mask kernels need it)
-            segs,
-            o.span,
-            sinks,
-        )
+        return attend(q_BxLxHuxD, k_BxLxKuxD, v_BxLxKuxD, mask, o.kernel, sinks)
 
     return lambda q, k, v, pos=None, seg=None, sinks=None: ulysses_exchange(
         q, k, v, axis=axis, size=P, inner=full_sequence, pos_BxLl=pos, seg_BxLl=seg, sinks_H=sinks

@@ -24,10 +24,9 @@ import logging
 import jax
 import jax.numpy as jnp
 
-from jobs.attention.kernels.hop import MONOTONIC, Order
+from jobs.attention.kernels.mask import Mask
 from jobs.attention.kernels.xla import xla_bwd, xla_fwd
-from jobs.attention.span import GLOBAL, Span
-from jobs.strategies import rules as cp_rules
+from jobs.strategies import rules
 
 try:  # a private module: absent or moved means "no flash kernel", never an import error for the project
     from jax._src.cudnn import fused_attention_stablehlo as _fa
@@ -63,83 +62,54 @@ def refusal(
     return ""
 
 
-def _falls_back(q, k, v, causal: bool, q_seg, span: Span) -> bool:
-    why = refusal(q, k, v, causal, q_seg is not None, span.limited)
+def _falls_back(q, k, v, mask: Mask) -> bool:
+    why = refusal(q, k, v, mask.causal, mask.segmented, mask.span.limited)
     if why and why not in FALLBACKS:
         FALLBACKS[why] = None
         log.warning("flash attention kernel: %s; running the xla kernel", why)
     return bool(why)
 
 
-def _mask(causal: bool):
-    return _fa.MaskType.CAUSAL if causal else _fa.MaskType.NO_MASK
+def _mask_type(mask: Mask):
+    return _fa.MaskType.CAUSAL if mask.causal else _fa.MaskType.NO_MASK
 
 
-def _perm(k: jax.Array, causal: bool, order: Order):
+def _perm(k: jax.Array, mask: Mask):
     """Zigzag whole sequences go to natural order (the cuDNN causal mask is by index)."""
-    if not (causal and order.permuted):
+    if not (mask.causal and mask.order.permuted):
         return None, None
-    perm = cp_rules.zigzag_permutation(k.shape[1], order.ring)
-    return jnp.asarray(perm, jnp.int32), jnp.asarray(cp_rules.inverse_permutation(perm), jnp.int32)
+    perm = rules.zigzag_permutation(k.shape[1], mask.order.ring)
+    return jnp.asarray(perm, jnp.int32), jnp.asarray(rules.inverse_permutation(perm), jnp.int32)
 
 
 def _take(x: jax.Array, idx) -> jax.Array:
     return x if idx is None else jnp.take(x, idx, axis=1)
 
 
-def flash_fwd(
-    q,
-    k,
-    v,
-    q_pos,
-    kv_pos,
-    *,
-    causal: bool,
-    block_q: int,
-    block_kv: int,
-    order: Order = MONOTONIC,
-    q_seg=None,
-    kv_seg=None,
-    span: Span = GLOBAL,
-):
-    """(out fp32 [B, Lq, H, D], lse fp32 [B, Lq, H])."""
-    if _falls_back(q, k, v, causal, q_seg, span):
-        segs = {} if q_seg is None else {"q_seg": q_seg, "kv_seg": kv_seg}
-        kw = dict(causal=causal, block_q=block_q, block_kv=block_kv, span=span, **segs)
-        return xla_fwd(q, k, v, q_pos, kv_pos, **kw)
-    perm, inv = _perm(k, causal, order)
+def flash_fwd(q, k, v, mask: Mask):
+    """(out fp32 [B, Lq, H, D], lse fp32 [B, Lq, H]); positions and blocks serve only the xla fallback."""
+    if _falls_back(q, k, v, mask):
+        return xla_fwd(q, k, v, mask)
+    perm, inv = _perm(k, mask)
     q, k, v = (_take(x, inv) for x in (q, k, v))
     out, stats_BxHxL = _fa.dot_product_attention(
-        q, k, v, scale=q.shape[-1] ** -0.5, mask_type=_mask(causal), qkv_layout="BTNH", return_residual=True
+        q,
+        k,
+        v,
+        scale=q.shape[-1] ** -0.5,
+        mask_type=_mask_type(mask),
+        qkv_layout="BTNH",
+        return_residual=True,
     )
     lse = jnp.swapaxes(stats_BxHxL.astype(jnp.float32), 1, 2)
     return _take(out.astype(jnp.float32), perm), _take(lse, perm)
 
 
-def flash_bwd(
-    q,
-    k,
-    v,
-    o,
-    lse,
-    do,
-    q_pos,
-    kv_pos,
-    *,
-    causal: bool,
-    block_q: int,
-    block_kv: int,
-    order: Order = MONOTONIC,
-    q_seg=None,
-    kv_seg=None,
-    span: Span = GLOBAL,
-):
+def flash_bwd(q, k, v, o, lse, do, mask: Mask):
     """dq, dk, dv (fp32) from the given (global) out and lse."""
-    if _falls_back(q, k, v, causal, q_seg, span):
-        segs = {} if q_seg is None else {"q_seg": q_seg, "kv_seg": kv_seg}
-        kw = dict(causal=causal, block_q=block_q, block_kv=block_kv, span=span, **segs)
-        return xla_bwd(q, k, v, o, lse, do, q_pos, kv_pos, **kw)
-    perm, inv = _perm(k, causal, order)
+    if _falls_back(q, k, v, mask):
+        return xla_bwd(q, k, v, o, lse, do, mask)
+    perm, inv = _perm(k, mask)
     q, k, v, do = (_take(x, inv) for x in (q, k, v, do.astype(q.dtype)))
     o, lse = _take(o.astype(q.dtype), inv), _take(lse.astype(jnp.float32), inv)
     unused = jnp.zeros(0, q.dtype)
@@ -161,7 +131,7 @@ def flash_bwd(
         seed=42,  # the public API's default; no dropout, so unused
         dropout_rate=0.0,
         variadic_args=(False, False),  # (has_bias, has_dbias)
-        mask_type=_mask(causal),
+        mask_type=_mask_type(mask),
         layout=_fa.AttentionLayout.BTNH.value,
         sliding_window_length=None,
     )

@@ -1,6 +1,6 @@
 """TPU kernel: Pallas splash attention behind the (out, lse) / (dq, dk, dv) kernel interface.
 
-Splash masks are static, so a call is cut into pieces that each use a prebuilt mask (jobs.attention.kernels.hop.Order
+Splash masks are static, so a call is cut into pieces that each use a prebuilt mask (jobs.attention.kernels.mask.Order
 says how the keys are laid out): a full hop is FullMask; a causal call over one monotonic sequence (every ring
 hop, zigzag blocks included) is CausalMask; a zigzag-ordered whole sequence (ulysses) is put back in natural
 order first; a device's query block against the whole sequence (all_gather) picks CausalMask(offset=start)
@@ -15,7 +15,7 @@ so kernel=splash refuses it with a ValueError (kernel=auto runs xla there, see j
 A sliding window or chunk runs where the call holds the whole sequence (Order.whole: ulysses, none): after
 the natural-order reordering it is one static LocalMask or ChunkedCausalMask. Elsewhere (a ring hop, a
 device block against the gathered keys, a halo) the mask moves with a traced offset: kernel=splash refuses
-it before any trace (cp_rules.validate_masks) and kernel=auto runs xla there. Sinks need nothing here (the
+it before any trace (rules.validate_masks) and kernel=auto runs xla there. Sinks need nothing here (the
 caller corrects the merged (out, lse), jobs.attention.core).
 """
 
@@ -29,11 +29,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jobs import tuning
 from jobs.attention.kernels import splash_private
-from jobs.attention.kernels.hop import MONOTONIC, Order
+from jobs.attention.kernels.mask import Mask, Order
 from jobs.attention.kernels.xla import xla_bwd, xla_fwd
 from jobs.attention.span import GLOBAL, Span
-from jobs.strategies import rules as cp_rules
+from jobs.strategies import rules
 
 log = logging.getLogger(__name__)
 # The block map (data_next, block_mask: 3 bytes an entry) is scalar-prefetched into TPU SMEM, so it stays small:
@@ -74,10 +75,10 @@ def _fit(length: int, block: int) -> int | None:
 def _plan(
     Lq: int, Lk: int, causal: bool, order: Order, block_q: int, block_kv: int, span: Span = GLOBAL
 ) -> _Plan | None:
-    perm = cp_rules.zigzag_permutation(Lk, order.ring) if causal and order.permuted else None
+    perm = rules.zigzag_permutation(Lk, order.ring) if causal and order.permuted else None
     if not causal:
         pieces: tuple[_Piece, ...] = (_Piece(0, Lq, "full"),)
-    elif span.limited:  # the whole sequence (_refuse saw Order.whole): one static mask
+    elif span.limited:  # the whole sequence (_planned saw Order.whole): one static mask
         kind, size = ("local", span.window) if span.window is not None else ("chunked", span.chunk)
         pieces = (_Piece(0, Lq, kind, size),)
     elif Lq == Lk:
@@ -116,10 +117,12 @@ def _heads(x_BxLxHxD: jax.Array) -> jax.Array:
 
 
 def _on_platform(kind: str, offset: int, shape, heads: int, bq: int, bk: int, body, *args, size: int = 0):
-    """Run body(kernel, *args) with the Mosaic kernel on TPU, the interpreted one elsewhere."""
+    """Run body(kernel, *args) with the Mosaic kernel on TPU, the interpreted one elsewhere; args[0] is q."""
+    q = args[0]
+    fused = tuning.fused_backward(q.shape[0], heads, shape[0], shape[1], bk, q.shape[-1])
 
     def branch(interpret: bool):
-        kern = splash_private.make(kind, offset, shape, heads, bq, bk, interpret, size)
+        kern = splash_private.make(kind, offset, shape, heads, bq, bk, interpret, size, fused)
         return lambda *a: body(kern, *a)
 
     return jax.lax.platform_dependent(*args, tpu=branch(False), default=branch(True))
@@ -141,21 +144,34 @@ def _bwd_body(kern, q, k, v, o, lse, do, segs):
     return tuple(_heads(g).astype(jnp.float32) for g in (dq, dk, dv))
 
 
-def _refuse(order: Order, span: Span) -> None:
-    if order.layout == "balanced":
+def _planned(q, k, mask: Mask) -> _Plan | None:
+    """The plan of this call (None: the xla kernel runs it), after refusing what no static mask can say."""
+    if mask.order.layout == "balanced":
         raise ValueError(
             "kernel=splash cannot run layout=balanced (its masks are static, balanced positions are data); "
             "use kernel=xla or kernel=auto (xla for balanced)"
         )
-    if span.limited and not order.whole:
-        raise ValueError(cp_rules.SPLASH_SPAN)
+    if mask.span.limited and not mask.order.whole:
+        raise ValueError(rules.SPLASH_SPAN)
+    return _plan(q.shape[1], k.shape[1], mask.causal, mask.order, mask.block_q, mask.block_kv, mask.span)
 
 
-def _piece_segs(plan: _Plan, i: int, q_seg, kv_seg):
-    if q_seg is None:
+def _inverses(plan: _Plan) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """(queries', keys') index maps from the layout's order into the plan's natural order (None: as they are)."""
+    inv = None if plan.perm is None else rules.inverse_permutation(plan.perm)
+    return (inv if plan.q_reordered else None), inv
+
+
+def _segs(mask: Mask, q_inv, inv) -> tuple | None:
+    """Packed documents' (q_seg, kv_seg) in the plan's order (None without segment ids)."""
+    return (_take(mask.q_seg, q_inv), _take(mask.kv_seg, inv)) if mask.segmented else None
+
+
+def _piece_segs(plan: _Plan, i: int, segs: tuple | None):
+    if segs is None:
         return None
     p = plan.pieces[i]
-    return q_seg[:, p.q0 : p.q0 + p.length], kv_seg
+    return segs[0][:, p.q0 : p.q0 + p.length], segs[1]
 
 
 def _run_piece(plan: _Plan, i: int, body, q_pos, q, k, *rest):
@@ -180,36 +196,16 @@ def _split(plan: _Plan, x: jax.Array) -> list[jax.Array]:
     return [x[:, p.q0 : p.q0 + p.length] for p in plan.pieces]
 
 
-def splash_fwd(
-    q,
-    k,
-    v,
-    q_pos,
-    kv_pos,
-    *,
-    causal: bool,
-    block_q: int,
-    block_kv: int,
-    order: Order = MONOTONIC,
-    q_seg=None,
-    kv_seg=None,
-    span: Span = GLOBAL,
-):
+def splash_fwd(q, k, v, mask: Mask):
     """(out fp32 [B, Lq, H, D], lse fp32 [B, Lq, H]); positions only pick the mask (see module doc)."""
-    _refuse(order, span)
-    plan = _plan(q.shape[1], k.shape[1], causal, order, block_q, block_kv, span)
+    plan = _planned(q, k, mask)
     if plan is None:
-        segs = {} if q_seg is None else {"q_seg": q_seg, "kv_seg": kv_seg}
-        return xla_fwd(q, k, v, q_pos, kv_pos, causal=causal, block_q=block_q, block_kv=block_kv, **segs)
-    inv = None if plan.perm is None else cp_rules.inverse_permutation(plan.perm)
-    q_inv = inv if plan.q_reordered else None
-    q_s = (q * q.shape[-1] ** -0.5).astype(q.dtype)  # splash applies no softmax scale
-    q_s = _take(q_s, q_inv)
-    k, v = _take(k, inv), _take(v, inv)
-    if q_seg is not None:
-        q_seg, kv_seg = _take(q_seg, q_inv), _take(kv_seg, inv)
+        return xla_fwd(q, k, v, mask)
+    q_inv, inv = _inverses(plan)
+    q_s = _take((q * q.shape[-1] ** -0.5).astype(q.dtype), q_inv)  # splash applies no softmax scale
+    k, v, segs = _take(k, inv), _take(v, inv), _segs(mask, q_inv, inv)
     outs = [
-        _run_piece(plan, i, _fwd_body, q_pos, q_i, k, v, _piece_segs(plan, i, q_seg, kv_seg))
+        _run_piece(plan, i, _fwd_body, mask.q_pos, q_i, k, v, _piece_segs(plan, i, segs))
         for i, q_i in enumerate(_split(plan, q_s))
     ]
     o = jnp.concatenate([x[0] for x in outs], 1)
@@ -218,46 +214,22 @@ def splash_fwd(
     return _take(o, back), _take(lse, back)
 
 
-def splash_bwd(
-    q,
-    k,
-    v,
-    o,
-    lse,
-    do,
-    q_pos,
-    kv_pos,
-    *,
-    causal: bool,
-    block_q: int,
-    block_kv: int,
-    order: Order = MONOTONIC,
-    q_seg=None,
-    kv_seg=None,
-    span: Span = GLOBAL,
-):
+def splash_bwd(q, k, v, o, lse, do, mask: Mask):
     """dq, dk, dv (fp32) from the given (global) out and lse, piece by piece like the forward."""
-    _refuse(order, span)
-    plan = _plan(q.shape[1], k.shape[1], causal, order, block_q, block_kv, span)
+    plan = _planned(q, k, mask)
     if plan is None:
-        segs = {} if q_seg is None else {"q_seg": q_seg, "kv_seg": kv_seg}
-        kw = dict(causal=causal, block_q=block_q, block_kv=block_kv, **segs)
-        return xla_bwd(q, k, v, o, lse, do, q_pos, kv_pos, **kw)
+        return xla_bwd(q, k, v, o, lse, do, mask)
     scale = q.shape[-1] ** -0.5
-    inv = None if plan.perm is None else cp_rules.inverse_permutation(plan.perm)
-    q_inv = inv if plan.q_reordered else None
+    q_inv, inv = _inverses(plan)
     q_s = _take((q * scale).astype(q.dtype), q_inv)
     o, lse, do = (_take(x, q_inv) for x in (o.astype(q.dtype), lse, do.astype(q.dtype)))
-    k, v = _take(k, inv), _take(v, inv)
-    if q_seg is not None:
-        q_seg, kv_seg = _take(q_seg, q_inv), _take(kv_seg, inv)
+    k, v, segs = _take(k, inv), _take(v, inv), _segs(mask, q_inv, inv)
     dqs, dk, dv = [], 0.0, 0.0
     parts = zip(_split(plan, q_s), _split(plan, o), _split(plan, lse), _split(plan, do), strict=True)
     for i, (q_i, o_i, lse_i, do_i) in enumerate(parts):
-        segs = _piece_segs(plan, i, q_seg, kv_seg)
-        dq_i, dk_i, dv_i = _run_piece(plan, i, _bwd_body, q_pos, q_i, k, v, o_i, lse_i, do_i, segs)
+        piece = _piece_segs(plan, i, segs)
+        dq_i, dk_i, dv_i = _run_piece(plan, i, _bwd_body, mask.q_pos, q_i, k, v, o_i, lse_i, do_i, piece)
         dqs.append(dq_i)
         dk, dv = dk + dk_i, dv + dv_i
     dq = jnp.concatenate(dqs, 1) * scale  # the kernel differentiated w.r.t. the pre-scaled q
-    back = None if plan.perm is None else plan.perm
-    return _take(dq, plan.perm if plan.q_reordered else None), _take(dk, back), _take(dv, back)
+    return _take(dq, plan.perm if plan.q_reordered else None), _take(dk, plan.perm), _take(dv, plan.perm)

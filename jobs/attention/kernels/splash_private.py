@@ -79,6 +79,7 @@ def make(
     block_kv: int,
     interpret: bool,
     size: int = 0,
+    fused: bool = False,
 ) -> _sk.SplashAttentionKernel:
     """A splash MHA kernel (GQA via fewer KV heads) with a static mask: "full", "causal" at `offset`, "local"
     (a window of `size` keys ending at the query's own) or "chunked" (causal inside chunks of `size`).
@@ -91,16 +92,18 @@ def make(
         "local": lambda: BlockLocalMask(shape, window_size=(size - 1, 0), offset=offset),
         "chunked": lambda: _sm.ChunkedCausalMask(shape, chunk_size=size),
     }[kind]()
-    blocks = _sk.BlockSizes(
+    sizes = dict(
         block_q=block_q,
         block_kv=block_kv,
         block_kv_compute=min(block_kv, COMPUTE_BLOCK),
         block_q_dkv=block_q,
         block_kv_dkv=block_kv,
         block_kv_dkv_compute=min(block_kv, COMPUTE_BLOCK),
-        block_q_dq=block_q,
-        block_kv_dq=block_kv,
     )
+    if fused:  # dq inside the dK/dV kernel (jobs.tuning.fused_backward says when)
+        blocks = _sk.BlockSizes(**sizes, use_fused_bwd_kernel=True)
+    else:
+        blocks = _sk.BlockSizes(**sizes, block_q_dq=block_q, block_kv_dq=block_kv)
     # Concrete mask-info arrays even when first built inside a trace: the cache outlives that trace.
     with jax.ensure_compile_time_eval():
         return _sk.make_splash_mha(

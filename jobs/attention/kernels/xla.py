@@ -12,8 +12,8 @@ import jax
 import jax.numpy as jnp
 
 from jobs.attention.core import NEG_INF, match_varying, safe_max
+from jobs.attention.kernels.mask import Mask
 from jobs.attention.kernels.xla_mask import PositionMask, segment_mask
-from jobs.attention.span import GLOBAL, Span
 
 
 def fit_block(length: int, block: int) -> int:
@@ -59,10 +59,10 @@ def _kv_unblocks(x_NxBxKxbxD: jax.Array) -> jax.Array:
     return jnp.transpose(x_NxBxKxbxD, (1, 0, 3, 2, 4)).reshape(B, n * b, K, D)
 
 
-def _setup(q, k, qpos, kpos, block_q, block_kv, causal, q_seg=None, kv_seg=None, span: Span = GLOBAL):
+def _setup(q, k, mask: Mask):
     B, Lq, H, D = q.shape
     Lk, K = k.shape[1], k.shape[2]
-    bq, bk = fit_block(Lq, block_q), fit_block(Lk, block_kv)
+    bq, bk = fit_block(Lq, mask.block_q), fit_block(Lk, mask.block_kv)
     nq, nk = Lq // bq, Lk // bk
     # Tie the positions to q. Positions are loop-invariant in a model that scans its layers, and under autodiff
     # lax.scan hoists loop-invariant residuals out of the loop (_scan_known_hoisting / _scan_partial_eval_custom):
@@ -70,10 +70,13 @@ def _setup(q, k, qpos, kpos, block_q, block_kv, causal, q_seg=None, kv_seg=None,
     # masked scores' -inf fill -- got partially evaluated out of these loops and stacked as [nq, nk, R, bk]
     # buffers (~1-4 GiB per train step at 16K/4 devices). Through the barrier they depend on q, so they stay
     # per block, inside the loops.
-    if q_seg is not None:  # packed documents: positions and segment ids per batch row
-        qpos, kpos, q_seg, kv_seg, _ = jax.lax.optimization_barrier((qpos, kpos, q_seg, kv_seg, q))
+    causal, span = mask.causal, mask.span
+    if mask.segmented:  # packed documents: positions and segment ids per batch row
+        qpos, kpos, q_seg, kv_seg, _ = jax.lax.optimization_barrier(
+            (mask.q_pos, mask.kv_pos, mask.q_seg, mask.kv_seg, q)
+        )
         return B, H, K, D, nq, nk, bk, segment_mask(causal, qpos, q_seg, kpos, kv_seg, nq, nk, H // K, span)
-    qpos, kpos, _ = jax.lax.optimization_barrier((qpos, kpos, q))
+    qpos, kpos, _ = jax.lax.optimization_barrier((mask.q_pos, mask.kv_pos, q))
     qpos_NxR = jnp.repeat(qpos.reshape(nq, bq), H // K, axis=1)  # row r = (query i, head g) -> pos i
     return B, H, K, D, nq, nk, bk, PositionMask(causal, qpos_NxR, kpos.reshape(nk, bk), span)
 
@@ -82,30 +85,19 @@ def xla_fwd(
     q_BxLqxHxD: jax.Array,
     k_BxLkxKxD: jax.Array,
     v_BxLkxKxD: jax.Array,
-    qpos_Lq: jax.Array,
-    kpos_Lk: jax.Array,
-    *,
-    causal: bool,
-    block_q: int,
-    block_kv: int,
-    q_seg: jax.Array | None = None,
-    kv_seg: jax.Array | None = None,
-    span: Span = GLOBAL,
+    mask: Mask,
 ) -> tuple[jax.Array, jax.Array]:
     """Returns out [B, Lq, H, D] fp32 (normalised) and lse [B, Lq, H] fp32 (-inf where no key is visible).
 
-    With segment ids q_seg [B, Lq], kv_seg [B, Lk] the positions are per row too ([B, Lq], [B, Lk]).
-    span (causal only): a sliding window or chunk limits how far back a query sees, by true positions.
+    Masked by true positions (and segment ids, and a window or chunk), whatever the layout: mask.order is unused.
     """
-    B, H, K, D, nq, nk, _, mask = _setup(
-        q_BxLqxHxD, k_BxLkxKxD, qpos_Lq, kpos_Lk, block_q, block_kv, causal, q_seg, kv_seg, span
-    )
+    B, H, K, D, nq, nk, _, blocks = _setup(q_BxLqxHxD, k_BxLkxKxD, mask)
     scale = D**-0.5
     prec = _precision(q_BxLqxHxD.dtype)
     f32 = jnp.float32
     q_NxBxKxRxD = _rows(q_BxLqxHxD, nq, K)
     k_NxBxKxbxD, v_NxBxKxbxD = _kv_blocks(k_BxLkxKxD, nk), _kv_blocks(v_BxLkxKxD, nk)
-    refs = (q_BxLqxHxD, k_BxLkxKxD, v_BxLkxKxD, qpos_Lq, kpos_Lk)
+    refs = (q_BxLqxHxD, k_BxLkxKxD, v_BxLkxKxD, mask.q_pos, mask.kv_pos)
 
     def q_block(xs):
         q_b, qpos_b = xs
@@ -113,8 +105,8 @@ def xla_fwd(
         def attend(carry, k_b, v_b, kpos_b):
             m, denom, acc = carry
             s = jnp.einsum("bkrd,bksd->bkrs", q_b, k_b, preferred_element_type=f32, precision=prec) * scale
-            if mask.active:
-                s = mask.where(qpos_b, kpos_b, s)
+            if blocks.active:
+                s = blocks.where(qpos_b, kpos_b, s)
             m_new = jnp.maximum(m, s.max(-1))
             m_safe = safe_max(m_new)
             p = jnp.exp(s - m_safe[..., None])
@@ -126,9 +118,9 @@ def xla_fwd(
 
         def kv_step(carry, xs):
             k_b, v_b, kpos_b = xs
-            if not mask.active:
+            if not blocks.active:
                 return attend(carry, k_b, v_b, kpos_b), None
-            visible = mask.visible(qpos_b, kpos_b)
+            visible = blocks.visible(qpos_b, kpos_b)
             return jax.lax.cond(visible, lambda c: attend(c, k_b, v_b, kpos_b), lambda c: c, carry), None
 
         stat = q_b.shape[:3]
@@ -137,12 +129,12 @@ def xla_fwd(
             match_varying(jnp.zeros(stat, f32), *refs),
             match_varying(jnp.zeros(q_b.shape, f32), *refs),
         )
-        (m, denom, acc), _ = jax.lax.scan(kv_step, init, (k_NxBxKxbxD, v_NxBxKxbxD, mask.k))
+        (m, denom, acc), _ = jax.lax.scan(kv_step, init, (k_NxBxKxbxD, v_NxBxKxbxD, blocks.k))
         seen = denom > 0
         lse = jnp.where(seen, m + jnp.log(jnp.where(seen, denom, 1.0)), NEG_INF)
         return acc / jnp.where(seen, denom, 1.0)[..., None], lse
 
-    o_NxBxKxRxD, lse_NxBxKxR = jax.lax.map(q_block, (q_NxBxKxRxD, mask.q))
+    o_NxBxKxRxD, lse_NxBxKxR = jax.lax.map(q_block, (q_NxBxKxRxD, blocks.q))
     return _unrows(o_NxBxKxRxD, H), _unrows(lse_NxBxKxR, H)
 
 
@@ -153,20 +145,10 @@ def xla_bwd(
     o_BxLqxHxD: jax.Array,
     lse_BxLqxH: jax.Array,
     do_BxLqxHxD: jax.Array,
-    qpos_Lq: jax.Array,
-    kpos_Lk: jax.Array,
-    *,
-    causal: bool,
-    block_q: int,
-    block_kv: int,
-    q_seg: jax.Array | None = None,
-    kv_seg: jax.Array | None = None,
-    span: Span = GLOBAL,
+    mask: Mask,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """dq, dk, dv (fp32) given the final (global) out and lse; recomputes probabilities block by block."""
-    B, H, K, D, nq, nk, _, mask = _setup(
-        q_BxLqxHxD, k_BxLkxKxD, qpos_Lq, kpos_Lk, block_q, block_kv, causal, q_seg, kv_seg, span
-    )
+    B, H, K, D, nq, nk, _, blocks = _setup(q_BxLqxHxD, k_BxLkxKxD, mask)
     scale = D**-0.5
     dtype = q_BxLqxHxD.dtype
     prec = _precision(dtype)
@@ -177,7 +159,7 @@ def xla_bwd(
     lse_NxBxKxR = _rows(safe_max(lse_BxLqxH.astype(f32)), nq, K)
     delta_NxBxKxR = _rows(delta_BxLqxH, nq, K)
     k_NxBxKxbxD, v_NxBxKxbxD = _kv_blocks(k_BxLkxKxD, nk), _kv_blocks(v_BxLkxKxD, nk)
-    refs = (q_BxLqxHxD, k_BxLkxKxD, v_BxLkxKxD, o_BxLqxHxD, lse_BxLqxH, do_BxLqxHxD, qpos_Lq, kpos_Lk)
+    refs = (q_BxLqxHxD, k_BxLkxKxD, v_BxLkxKxD, o_BxLqxHxD, lse_BxLqxH, do_BxLqxHxD, mask.q_pos, mask.kv_pos)
 
     def zeros(shape):
         return match_varying(jnp.zeros(shape, f32), *refs)
@@ -187,8 +169,8 @@ def xla_bwd(
 
         def grads(dq_b, k_b, v_b, kpos_b):
             s = jnp.einsum("bkrd,bksd->bkrs", q_b, k_b, preferred_element_type=f32, precision=prec) * scale
-            if mask.active:
-                s = mask.where(qpos_b, kpos_b, s)
+            if blocks.active:
+                s = blocks.where(qpos_b, kpos_b, s)
             p = jnp.exp(s - lse_b[..., None])
             dv_b = jnp.einsum(
                 "bkrs,bkrd->bksd", p.astype(dtype), do_b, preferred_element_type=f32, precision=prec
@@ -201,19 +183,19 @@ def xla_bwd(
 
         def kv_step(dq_b, xs):
             k_b, v_b, kpos_b = xs
-            if not mask.active:
+            if not blocks.active:
                 return grads(dq_b, k_b, v_b, kpos_b)
             skip = lambda c: (c, (zeros(k_b.shape), zeros(k_b.shape)))
-            visible = mask.visible(qpos_b, kpos_b)
+            visible = blocks.visible(qpos_b, kpos_b)
             return jax.lax.cond(visible, lambda c: grads(c, k_b, v_b, kpos_b), skip, dq_b)
 
         dq_b, (dk_NxBxKxbxD, dv_NxBxKxbxD) = jax.lax.scan(
-            kv_step, zeros(q_b.shape), (k_NxBxKxbxD, v_NxBxKxbxD, mask.k)
+            kv_step, zeros(q_b.shape), (k_NxBxKxbxD, v_NxBxKxbxD, blocks.k)
         )
         return (dkv[0] + dk_NxBxKxbxD, dkv[1] + dv_NxBxKxbxD), dq_b
 
     init = (zeros(k_NxBxKxbxD.shape), zeros(v_NxBxKxbxD.shape))
     (dk, dv), dq_NxBxKxRxD = jax.lax.scan(
-        q_block, init, (q_NxBxKxRxD, do_NxBxKxRxD, lse_NxBxKxR, delta_NxBxKxR, mask.q)
+        q_block, init, (q_NxBxKxRxD, do_NxBxKxRxD, lse_NxBxKxR, delta_NxBxKxR, blocks.q)
     )
     return _unrows(dq_NxBxKxRxD, H), _kv_unblocks(dk), _kv_unblocks(dv)

@@ -22,7 +22,7 @@ class PositionMask:
     causal: bool
     q: jax.Array
     k: jax.Array
-    span: Span = GLOBAL  # only with causal (cp_rules.validate_masks)
+    span: Span = GLOBAL  # only with causal (jobs.strategies.rules.validate_masks)
 
     @property
     def active(self) -> bool:
