@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from jobs.spec import ModelSpec
 
-# Peak dense bf16 TFLOP/s per JAX device (a v5p chip is one megacore device; a tpu7x chip is two).
+# Peak dense bf16 TFLOP/s per JAX device (a v5p chip is one megacore device; a tpu7x chip is two; a v5e chip,
+# `v5litepod` as Ray names it, and a v6e chip are one TensorCore each).
 PEAK_TFLOPS_PER_DEVICE: dict[str, float] = {
     "v5p": 459.0,
+    "v5litepod": 197.0,  # v5e: docs.cloud.google.com/tpu/docs/v5e
     "v6e": 918.0,
     "tpu7x": 1153.5,
     "h100": 989.0,

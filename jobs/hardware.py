@@ -67,6 +67,17 @@ def device_memory() -> tuple[int | None, int | None]:
     return (max(now) if now else None), (max(peaks) if peaks else None)
 
 
+def program_peak_bytes(ma: Any) -> int | None:
+    """The compiled program's own high-water mark in device memory: the compiler's peak (the figure libtpu
+    refuses a program by), less what lives in host memory (train.memory's pinned-host state, which the TPU
+    compiler counts in its peak). None where the backend gives no peak (CPU reports 0)."""
+    peak = int(getattr(ma, "peak_memory_in_bytes", 0) or 0)
+    if peak <= 0:
+        return None
+    host = sum(int(getattr(ma, f"host_{k}_size_in_bytes", 0) or 0) for k in ("argument", "output", "temp"))
+    return peak - host + int(getattr(ma, "host_alias_size_in_bytes", 0) or 0)
+
+
 def compiled_bytes(ma: Any) -> int:
     """argument + output - alias + temp: donated state aliases its output, so the high-water mark is the
     arguments, the fresh outputs and the scratch."""

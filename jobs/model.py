@@ -16,11 +16,11 @@ from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jobs import strategies
+from jobs import strategies, tuning
 from jobs.attention import attention
 from jobs.data.buckets import position_buckets
 from jobs.mesh import activation_spec, param_specs, token_spec
-from jobs.spec import LOSS_CHUNK, REMAT_PRESETS, MemorySpec, ModelSpec, StrategySpec, residuals
+from jobs.spec import REMAT_PRESETS, MemorySpec, ModelSpec, StrategySpec, loss_chunk_tokens, residuals
 from jobs.strategies.base import BATCH_AXES
 
 
@@ -199,8 +199,8 @@ def forward(
             causal=True,
             layout=strategy.layout,
             kernel=strategy.kernel,
-            block_q=strategy.block_q,
-            block_kv=strategy.block_kv,
+            block_q=tuning.concrete(strategy.block_q),  # a TrialSpec's are integers already
+            block_kv=tuning.concrete(strategy.block_kv),
             segment_ids=segment_ids_BxL,
             positions=row_pos_BxL,
             window=model.window if kind == "local" else None,
@@ -272,7 +272,7 @@ def loss_fn(params: dict, batch: dict, **kw) -> tuple[jax.Array, tuple[jax.Array
     argmax predictions and the counted tokens per distance bucket.
 
     The [B, L/P, V] logits never exist whole: each device unembeds its local sequence in chunks of
-    LOSS_CHUNK tokens under remat (at 14M tokens over 64 devices they would be ~270 GiB per device)."""
+    jobs.spec.loss_chunk_tokens under remat (at 14M tokens over 64 devices they would be ~270 GiB per device)."""
     x_BxLxE = forward(
         params,
         batch["tokens"],
@@ -284,16 +284,17 @@ def loss_fn(params: dict, batch: dict, **kw) -> tuple[jax.Array, tuple[jax.Array
     B, L, E = x_BxLxE.shape
     P = strategies.get(kw["strategy"].name).cp(dict(kw["mesh"].shape))
     Ll = L // P
-    c = min(Ll, LOSS_CHUNK)
-    while Ll % c:
-        c -= 1
+    w = unembedding(params).astype(kw["dtype"])
+    axes = dict(kw["mesh"].shape)
+    # what one device holds: its rows of the (micro)batch, its share of the vocabulary
+    rows = max(B // (axes.get("data", 1) * axes.get("fsdp", 1)), 1)
+    c = loss_chunk_tokens(Ll, rows, w.shape[1] // axes.get("tensor", 1))
     k = Ll // c
 
     def local_chunks(a):  # [B, L, ...] -> [k, B, P, c, ...]: chunk i of every device's local shard
         a = a.reshape(B, P, k, c, *a.shape[2:])
         return jnp.moveaxis(a, 2, 0)
 
-    w = unembedding(params).astype(kw["dtype"])
     upper = jnp.asarray(position_buckets(L)[1:], jnp.int32)
     K = upper.shape[0] + 1
     keys = ("targets", "mask", "positions", *(("distance",) if "distance" in batch else ()))

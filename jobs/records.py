@@ -81,6 +81,8 @@ class StartRecord(_Record):
     alias_bytes: int | None = _optional()
     temp_bytes: int | None = _optional()
     compiled_bytes_per_device: int | None = _optional()
+    # the compiler's peak in device memory (jobs.hardware.program_peak_bytes): what the program needs
+    program_peak_bytes: int | None = _optional()
     # multislice trials only: slices spanned, and per position along the dcn axis the processes holding it
     slices: int | None = _optional()
     dcn_processes: list[list[int]] | None = _optional()
@@ -102,8 +104,11 @@ class StepRecord(_Record):
     tokens_per_s: float = NAN
     tflops_per_s_per_device: float = NAN
     mfu: float = NAN
-    peak_bytes_in_use: int | None = None  # runtime peak; None on CPU (and on every process but 0)
-    bytes_in_use: int | None = _optional()  # after the step, most over the host's devices; None as above
+    # The runtime allocator's counters (device.memory_stats()), most over the host's devices: a high-water mark
+    # over the process's life that on TPU does not see the program's temporaries (the start record's
+    # program_peak_bytes is what the step needs). None on CPU and on every process but 0.
+    runtime_peak_bytes: int | None = None
+    runtime_bytes_in_use: int | None = _optional()  # after the step
     # mean loss per position bucket (jobs.spec.bucket_labels -> loss), buckets with a counted token only
     loss_by_position: dict[str, float] | None = _optional()
     # the recall task: the fraction of queries answered right (argmax) per bucket of distance to their key
@@ -127,12 +132,13 @@ class SummaryRecord(_Record):
     tokens_per_s: float = NAN
     tflops_per_s_per_device: float = NAN
     mfu: float = NAN
-    peak_bytes_in_use: int | None = None
+    runtime_peak_bytes: int | None = None
     argument_bytes: int | None = _optional()
     output_bytes: int | None = _optional()
     alias_bytes: int | None = _optional()
     temp_bytes: int | None = _optional()
     compiled_bytes_per_device: int | None = _optional()
+    program_peak_bytes: int | None = _optional()
     extra: dict[str, Any] = field(default_factory=dict)
 
 

@@ -21,7 +21,7 @@ from jobs.attention.kernels import flash
 from jobs.data import Batches
 from jobs.data.buckets import bucket_labels
 from jobs.faults import Faults
-from jobs.hardware import compiled_bytes, device_memory, peak_tflops
+from jobs.hardware import compiled_bytes, device_memory, peak_tflops, program_peak_bytes
 from jobs.mesh import make_mesh
 from jobs.peers import compile_once, shares_compiles, sync_hosts
 from jobs.profile import steps_problem
@@ -29,7 +29,7 @@ from jobs.profile.trace import Profiler
 from jobs.records import ProfileRecord, Record, StartRecord, StepRecord, SummaryRecord, parse
 from jobs.spec import TrialSpec
 from jobs.step import abstract_args, batch_shardings, make_train_step
-from jobs.strategies import rules as cp_rules
+from jobs.strategies import rules
 
 Fields = dict[str, Any]  # some fields of a start or summary record
 
@@ -43,7 +43,7 @@ def configure_host(spec: TrialSpec) -> None:
             os.environ.setdefault(key, value)
 
 
-def memory_record(compiled) -> Fields:
+def memory_record(compiled, platform: str) -> Fields:
     ma = compiled.memory_analysis()
     if ma is None:
         return {}
@@ -54,6 +54,9 @@ def memory_record(compiled) -> Fields:
         "temp_bytes": ma.temp_size_in_bytes,
     }
     out["compiled_bytes_per_device"] = compiled_bytes(ma)
+    # the compiler's own peak where it is the chip's (XLA:CPU's leaves out its temporaries)
+    if platform != "cpu" and (peak := program_peak_bytes(ma)) is not None:
+        out["program_peak_bytes"] = peak
     return out
 
 
@@ -82,7 +85,7 @@ def check(spec: TrialSpec) -> None:
             f"heads not divisible by the tensor axis: q_heads {m.q_heads}, kv_heads {m.kv_heads}, tensor {t}; "
             f"use a tensor size dividing {m.kv_heads}"
         )
-    problem = cp_rules.batch_problem(spec.train.batch, spec.mesh.data, spec.mesh.fsdp, spec.train.grad_accum)
+    problem = rules.batch_problem(spec.train.batch, spec.mesh.data, spec.mesh.fsdp, spec.train.grad_accum)
     if problem:
         raise ValueError(problem)
     if why := steps_problem(spec.run.profile_steps, spec.train.steps):
@@ -117,7 +120,7 @@ def _attempt(spec: TrialSpec, lead: bool) -> Iterator[Record]:
     flash.FALLBACKS.clear()  # what this trace adds is this trial's (a cache hit still traces)
     compiled, init_fn, compile_s = _compile(spec, mesh, init_fn, step_fn)
     peak, peak_source = peak_tflops(spec)
-    mem = memory_record(compiled)
+    mem = memory_record(compiled, devices[0].platform)
     ckpt, state, first, history, restore_s = _resume(spec, mesh, init_fn, batches)
     sync_hosts("ready")  # after the init's compile too: the first step's collectives are the next thing
     steps = _Steps(spec, compiled, peak, lead, history)
@@ -213,8 +216,8 @@ class _Steps:
                 tokens_per_s=self.tokens / dt,
                 tflops_per_s_per_device=tf,
                 mfu=_mfu(tf, self.peak),
-                peak_bytes_in_use=peak_bytes,
-                bytes_in_use=in_use,
+                runtime_peak_bytes=peak_bytes,
+                runtime_bytes_in_use=in_use,
                 loss_by_position=self._buckets(m, "pos_loss", "pos_tokens"),
                 accuracy_by_distance=self._buckets(m, "dist_hits", "dist_queries"),
                 profiled=self.prof.covers(step),
@@ -302,7 +305,7 @@ def _summary(
         tokens_per_s=steps.tokens / med,
         tflops_per_s_per_device=steps.tflops / med,
         mfu=_mfu(steps.tflops / med, steps.peak),
-        peak_bytes_in_use=device_memory()[1] if lead else None,
+        runtime_peak_bytes=device_memory()[1] if lead else None,
         **mem,
     )
 

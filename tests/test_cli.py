@@ -1,11 +1,16 @@
 """Tier 3: the real CLI in a subprocess — local Ray, JAX on 8 simulated devices, a fresh sqlite MLflow store."""
 
+import json
 import math
+import subprocess
+import sys
 import time
 
 import pytest
-from conftest import run_cli, run_cli_each
+from drivers import driver_env, run_cli, run_cli_each
 from mlflow import MlflowClient
+
+from jobs.spec import TrialSpec
 
 
 @pytest.mark.slow
@@ -110,3 +115,35 @@ def test_bad_input_is_rejected_before_ray_or_mlflow_loads(tmp_path, no_ray_no_ml
     for (_, words), res in zip(BAD_INPUT, results, strict=True):
         _rejected(res, words)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_specs_writes_each_runnable_point_as_jobs_train_reads_it(tmp_path, no_ray_no_mlflow):
+    """specs=DIR, through `python -m orchestrator` with ray and mlflow failing on import: a file per runnable
+    point, named by its trial id, its policy resolved (train.remat=auto is never in a file), a line for each
+    file and for the point the planner rejects; then `python -m jobs.train FILE` runs one on CPU."""
+    out = tmp_path / "specs"
+    argv = ["-m", "context_length=256,512,1048576", "train.steps=2", "train.remat=auto", f"specs={out}"]
+    res = run_cli(argv, cwd=tmp_path, timeout=300, env=no_ray_no_mlflow)
+    assert res.returncode == 0, res.stderr
+    files = sorted(out.glob("*.json"))
+    specs = [TrialSpec.from_json(f.read_text()) for f in files]
+    assert sorted(s.context_length for s in specs) == [256, 512]
+    assert all(f.stem == s.trial_id and s.train.remat != "auto" for f, s in zip(files, specs, strict=True))
+    lines = res.stdout.splitlines()
+    assert sorted(ln.split(":")[0] for ln in lines if ln.startswith(str(out))) == [str(f) for f in files]
+    (skipped,) = [ln for ln in lines if ln.startswith("skipped ")]
+    assert "context_length=1048576" in skipped and "infeasible: predicted step" in skipped
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["specs"]  # no tracking store, nothing else
+    small = next(f for f, s in zip(files, specs, strict=True) if s.context_length == 256)
+    run = subprocess.run(
+        [sys.executable, "-m", "jobs.train", str(small)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=driver_env(),
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    records = [json.loads(ln) for ln in run.stdout.splitlines() if ln.startswith("{")]
+    assert [r["kind"] for r in records] == ["start", "step", "step", "summary"]
+    assert records[0]["trial_id"] == small.stem and math.isfinite(records[-1]["final_loss"])

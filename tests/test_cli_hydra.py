@@ -7,13 +7,14 @@ import shutil
 
 import pytest
 import yaml
-from conftest import ROOT, run_cli
+from drivers import ROOT, run_cli
 
 from orchestrator.__main__ import main
-from orchestrator.cli import args as cli
-from orchestrator.cli import help as helptext
+from orchestrator.cli.args import NO_HYDRA_NODE, Args, compose, parse_args, search_dirs
+from orchestrator.cli.help import help_text, summary, switches
 from orchestrator.config.grid import expand, points
-from orchestrator.config.load import CONF_DIR, GROUPS, load
+from orchestrator.config.load import CONF_DIR, GROUPS, group_option, load
+from orchestrator.plan import hardware, memory
 
 
 def _run(capsys, argv: list[str]) -> tuple[int, str, str]:
@@ -29,22 +30,22 @@ def _one_error(err: str) -> str:
 
 
 def test_flags_go_anywhere_and_take_their_values():
-    a = cli.parse_args(
+    a = parse_args(
         ["strategy=ring,usp", "-m", "--cfg", "job", "context_length=1", "--resolve", "-p", "model"]
     )
-    assert a == cli.Args(
+    assert a == Args(
         ("strategy=ring,usp", "context_length=1"), multirun=True, cfg="job", resolve=True, package="model"
     )
-    assert cli.parse_args(["--multirun", "-c=all"]) == cli.Args(multirun=True, cfg="all")
-    assert cli.parse_args(["--info"]).info == "all"  # Hydra's --info alone
-    assert cli.parse_args(["--info", "defaults-tree", "x=1"]) == cli.Args(("x=1",), info="defaults-tree")
-    assert cli.parse_args(["-i", "x=1"]) == cli.Args(("x=1",), info="all")  # an override is not its value
-    assert cli.parse_args(["-h", "model=nope"]).help
+    assert parse_args(["--multirun", "-c=all"]) == Args(multirun=True, cfg="all")
+    assert parse_args(["--info"]).info == "all"  # Hydra's --info alone
+    assert parse_args(["--info", "defaults-tree", "x=1"]) == Args(("x=1",), info="defaults-tree")
+    assert parse_args(["-i", "x=1"]) == Args(("x=1",), info="all")  # an override is not its value
+    assert parse_args(["-h", "model=nope"]).help
 
 
 def test_multirun_axes_keep_their_types():
-    tree = cli.compose(
-        cli.parse_args(["-m", "strategy=ring,usp", "context_length=1024,2048", "train.lr=1e-3,3e-3"])
+    tree = compose(
+        parse_args(["-m", "strategy=ring,usp", "context_length=1024,2048", "train.lr=1e-3,3e-3"])
     ).tree
     sweep = tree["sweep"]
     axes = {"strategy": ["ring", "usp"], "context_length": [1024, 2048], "train.lr": [1e-3, 3e-3]}
@@ -90,7 +91,7 @@ def test_multirun_plans_the_same_trials_as_the_sweep_file(tmp_path, capsys):
 
 def test_multirun_adds_to_and_replaces_a_sweep_files_axes():
     argv = ["+sweep=smoke", "+sweep.axes.train.steps=[4]", "-m", "strategy=ring,usp", "train.steps=2,3"]
-    tree = cli.compose(cli.parse_args(argv)).tree
+    tree = compose(parse_args(argv)).tree
     assert tree["sweep"]["name"] == "smoke" and tree["sweep"]["set"] == {"train.steps": 4}
     # strategy replaced in its place, the nested train.steps replaced by the dotted one, context_length kept
     assert tree["sweep"]["axes"] == {
@@ -100,7 +101,7 @@ def test_multirun_adds_to_and_replaces_a_sweep_files_axes():
     }
     specs = expand(tree)
     assert len(specs) == 8 and {s.train.steps for s in specs} == {2, 3}
-    fixed = cli.compose(cli.parse_args(["-m", "+sweep.id=fixed", "train.seed=0,1"]))
+    fixed = compose(parse_args(["-m", "+sweep.id=fixed", "train.seed=0,1"]))
     assert fixed.tree["sweep"]["id"] == "fixed" and fixed.options.sweep.id == "fixed"
 
 
@@ -111,22 +112,20 @@ def test_multirun_adds_to_and_replaces_a_sweep_files_axes():
 )
 def test_a_key_inside_a_group_axis_holds_for_every_option(argv):
     """Each point loads its strategy's file whole; a command-line key inside that group must survive it."""
-    specs = expand(cli.compose(cli.parse_args(argv)).tree)
+    specs = expand(compose(parse_args(argv)).tree)
     assert len({s.strategy.name for s in specs}) == 2
     assert {s.strategy.block_q for s in specs} == {128}
 
 
 def test_the_command_line_wins_over_the_sweep_files_set():
     """smoke's `set` has train.steps: 4; a command-line train.steps is the user's last word, as for any key."""
-    specs = expand(cli.compose(cli.parse_args(["+sweep=smoke", "train.steps=3"])).tree)
+    specs = expand(compose(parse_args(["+sweep=smoke", "train.steps=3"])).tree)
     assert len(specs) == 4 and {s.train.steps for s in specs} == {3}
-    assert {s.train.steps for s in expand(cli.compose(cli.parse_args(["+sweep=smoke"])).tree)} == {4}
+    assert {s.train.steps for s in expand(compose(parse_args(["+sweep=smoke"])).tree)} == {4}
 
 
 def test_a_nested_sweep_set_changes_one_key_not_its_section():
-    specs = expand(
-        cli.compose(cli.parse_args(["+sweep=smoke", "+sweep.set.train.steps=3", "train.lr=0.01"])).tree
-    )
+    specs = expand(compose(parse_args(["+sweep=smoke", "+sweep.set.train.steps=3", "train.lr=0.01"])).tree)
     assert {(s.train.steps, s.train.lr) for s in specs} == {(3, 0.01)}
 
 
@@ -138,7 +137,7 @@ def test_hydra_sweep_syntax():
         "mesh=choice(auto,cp8)",
         "train.dtype='float32',bfloat16",
     ]
-    axes = cli.compose(cli.parse_args(args)).tree["sweep"]["axes"]
+    axes = compose(parse_args(args)).tree["sweep"]["axes"]
     assert axes == {
         "train.seed": [0, 1, 2],
         "strategy": ["double_ring", "ring"],
@@ -174,6 +173,9 @@ def test_hydra_sweep_syntax():
         (["-m", "context_length=glob(*)"], "glob() picks options of a config group"),
         (["-m", "strategy=ring,usp", "model=nope"], "choose model from"),
         (["--cfg", "job", "-p", "nope"], "package 'nope' not found in the config"),
+        (["--config-dir", "/nonexistent/conf"], "--config-dir '/nonexistent/conf': no such directory"),
+        (["-cd"], "-cd needs a value"),
+        (["-cd", ".", "cluster=mine"], "Could not find 'cluster/mine'"),
     ],
     ids=lambda x: " ".join(x) if isinstance(x, list) else "",
 )
@@ -185,7 +187,7 @@ def test_bad_command_line_is_one_error_line(capsys, argv, words):
 
 def test_help_lists_groups_switches_examples_and_exit_codes(capsys):
     code, out, _ = _run(capsys, ["--help", "model=nope"])  # --help wins, as in Hydra
-    text = helptext.help_text()
+    text = help_text()
     assert code == 0 and out == text + "\n"
     lines = text.splitlines()
     assert all(len(ln) <= 110 for ln in lines)
@@ -202,21 +204,21 @@ def test_help_lists_groups_switches_examples_and_exit_codes(capsys):
         assert [o.rstrip("*") for o in row.split(maxsplit=1)[1].split("  (")[0].split(", ")] == opts
     assert "tiny*" in text and "ring*" in text and "(none by default)" in text
     # every switch, with its declared default and the first sentence of its declared meaning
-    switches = helptext.switches()
-    assert {"retries.failure", "gate.max_drop", "aot_topology", "search.batch"} <= set(switches)
+    listed = switches()
+    assert {"retries.failure", "gate.max_drop", "aot_topology", "search.batch"} <= set(listed)
     assert "  dry_run=false " in text and "  retries.preemption=3 " in text and '  aot_topology="" ' in text
-    for k, key in switches.items():
+    for k, key in listed.items():
         at = next(i for i, ln in enumerate(lines) if ln.startswith(f"  {k}="))
         more = itertools.takewhile(lambda ln: ln.startswith(" " * 28) and ln[28] != " ", lines[at + 1 :])
         meaning = " ".join([lines[at][28:], *(ln.strip() for ln in more)])
-        assert meaning == helptext.summary(key.doc) and "`" not in meaning and meaning.endswith((".", ")"))
-    assert helptext.summary("Plan it; e.g. `x`. Then more.") == "Plan it; e.g. x."
+        assert meaning == summary(key.doc) and "`" not in meaning and meaning.endswith((".", ")"))
+    assert summary("Plan it; e.g. `x`. Then more.") == "Plan it; e.g. x."
     for section in ("Config groups", "Driver switches", "Flags:", "Examples:", "Exit codes:"):
         assert section in text
     examples = [
         ln.split("python -m orchestrator ")[1] for ln in lines if ln.startswith("  python -m orchestrator ")
     ]
-    assert len(examples) == 3 and all(cli.parse_args(e.split()).overrides for e in examples)
+    assert len(examples) == 3 and all(parse_args(e.split()).overrides for e in examples)
     codes = lines[lines.index("Exit codes:") + 1 :]
     assert [ln.split()[0] for ln in codes] == ["0", "1", "2", "3"]
     assert (
@@ -235,9 +237,9 @@ def test_cfg_job_single_trial_is_resolved_yaml(capsys):
     code, out, _ = _run(capsys, ["-c", "job", "-p", "strategy", "strategy=usp"])
     assert out.startswith("# @package strategy\n") and yaml.safe_load(out)["name"] == "usp"
     code, out, _ = _run(capsys, ["--cfg", "hydra"])
-    assert code == 0 and out == cli.NO_HYDRA_NODE
+    assert code == 0 and out == NO_HYDRA_NODE
     code, out, _ = _run(capsys, ["--cfg", "all"])
-    assert out.endswith(cli.NO_HYDRA_NODE) and yaml.safe_load(out)["context_length"] == 2048
+    assert out.endswith(NO_HYDRA_NODE) and yaml.safe_load(out)["context_length"] == 2048
 
 
 def test_cfg_job_with_a_sweep_shows_the_base_and_the_grid(capsys):
@@ -275,6 +277,8 @@ def test_info_shows_search_path_groups_and_defaults(capsys):
         "cluster: local",
         "tracking: local",
         "_self_",
+        "train_keys",
+        "run_keys",
         "switches",
         "sweep: smoke",
     ]
@@ -290,6 +294,8 @@ def test_info_shows_search_path_groups_and_defaults(capsys):
         "cluster/local",
         "tracking/local",
         "config",
+        "train_keys",
+        "run_keys",
         "switches",
         "sweep/smoke",
     ]
@@ -335,3 +341,44 @@ def test_real_cli_shows_and_starts_nothing(tmp_path, no_jax_ray_mlflow, argv):
         }
     else:
         assert ("Exit codes:" if argv == ["--help"] else "Defaults tree") in res.stdout
+
+
+@pytest.fixture
+def my_conf(tmp_path):
+    """A user's own config directory beside conf/: cluster/mine.yaml, v5e_256 with 1 GiB of HBM a chip."""
+    conf = tmp_path / "my_conf"
+    (conf / "cluster").mkdir(parents=True)
+    mine = group_option("cluster", "v5e_256") | {"name": "mine", "hbm_bytes_per_device": 2**30}
+    (conf / "cluster" / "mine.yaml").write_text(yaml.safe_dump(mine))
+    return conf
+
+
+def test_config_dir_joins_the_search_path_after_conf(my_conf):
+    """Hydra's --config-dir DIR: the hydra.searchpath override the compose API reads, DIR ahead of the entries
+    the user named there and after conf/ (whose own options win a name clash)."""
+    a = parse_args(["cluster=mine", "-cd", str(my_conf), "hydra.searchpath=[pkg://elsewhere]"])
+    assert a.overrides == ("cluster=mine", f'hydra.searchpath=["file://{my_conf}","pkg://elsewhere"]')
+    assert search_dirs(a) == (CONF_DIR, my_conf)
+    assert compose(a).tree["cluster"]["name"] == "mine"
+
+
+@pytest.mark.parametrize("how", ["--config-dir", "hydra.searchpath"])
+def test_a_users_cluster_file_is_planned_by_its_own_constants(capsys, my_conf, how):
+    """cluster=mine from the user's directory, with --config-dir or hydra.searchpath: the plan holds the point to
+    mine's 1 GiB (on v5e_256's 15.7 GiB it runs), and so does every later reader of the cluster's model (the
+    report, the AOT limits: hardware.model_of), since conf/ has no mine.yaml."""
+    where = (
+        ["--config-dir", str(my_conf)] if how == "--config-dir" else [f"hydra.searchpath=[file://{my_conf}]"]
+    )
+    point = ["model=llama3_1_8b", "context_length=131072", "dry_run=true", "output=json"]
+    code, out, err = _run(capsys, [*where, "-m", "cluster=mine,v5e_256", *point])
+    assert code == 0, err
+    rows = json.loads(out)
+    assert [(r["cluster"], r["verdict"]) for r in rows] == [("mine", "infeasible"), ("v5e_256", "run")]
+    v5e = memory.gib(hardware.load("v5e_256")[1].hbm_bytes_per_device)
+    assert "has 1.0 GiB" in rows[0]["reason"] and f"of {v5e}" in rows[1]["reason"], rows
+    args = parse_args([*where, "cluster=mine"])
+    (spec,) = expand(compose(args).tree, search_dirs(args))
+    assert hardware.model_of(spec.cluster).hbm_bytes_per_device == 2**30
+    code, out, _ = _run(capsys, [*where, "--info", "searchpath"])
+    assert code == 0 and str(my_conf) in out

@@ -11,8 +11,7 @@ from rich.console import Console
 
 from jobs.spec import MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
 from orchestrator.config.load import group_option
-from orchestrator.plan import hardware, memory, plan, plan_one, render_table, to_json, to_markdown
-from orchestrator.plan import rules as validate
+from orchestrator.plan import hardware, memory, plan, plan_one, render_table, to_json, to_markdown, validity
 from orchestrator.plan.search import recommend
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,8 +79,8 @@ def rows_14m_remat(cluster: str, remat: str) -> dict:
 
 
 def test_14m_ring_and_usp_fit_tpu7x():
-    """The loss unembeds in 8K-token chunks (jobs.model.LOSS_CHUNK): ring and USP fit tpu7x-128's 128 devices."""
-    assert memory.LOSS_CHUNK_TOKENS == 8192
+    """The loss unembeds in chunks of 256 MiB of fp32 logits (jobs.spec.loss_chunk_tokens): ring and USP fit
+    tpu7x-128's 128 devices."""
     rows = rows_14m_remat("tpu7x_128", "full")
     for name in ("ring", "usp"):
         assert rows[name].verdict == "run", rows[name].reason
@@ -140,7 +139,7 @@ def test_validation_messages_name_numbers_and_fix():
         spec(length=131_136, mesh=MeshSpec(context=64)),  # zigzag needs L % 128
         spec(strategy="ulysses", mesh=MeshSpec(context=4, tensor=16)),  # tensor 16 > kv heads 8
     ]
-    msgs = [[str(p) for p in validate.problems(s)] for s in bad]
+    msgs = [[str(p) for p in validity.problems(s)] for s in bad]
     assert any("= 32 devices but cluster v5p_128 has 64" in m for m in msgs[0])
     assert any("[batch vs data*fsdp]" in m and "1 % 2 = 1" in m for m in msgs[1])
     assert any("131136 % 128 = 64" in m and "layout=contiguous" in m for m in msgs[2])
@@ -148,12 +147,12 @@ def test_validation_messages_name_numbers_and_fix():
     for s, m in zip(bad, msgs, strict=True):
         assert m and all(line.startswith(s.trial_id) and "\n" not in line for line in m)
     # every problem of every point at once, one line each
-    assert len(validate.validate(bad)) == sum(len(m) for m in msgs)
+    assert len(validity.validate(bad)) == sum(len(m) for m in msgs)
 
 
 def test_one_point_reports_every_broken_rule():
     s = spec(strategy="ulysses", length=1000, mesh=MeshSpec(context=64, fsdp=2), batch=1)
-    rules = {p.rule for p in validate.problems(s)}
+    rules = {p.rule for p in validity.problems(s)}
     assert {"mesh vs cluster", "batch vs data*fsdp", "heads per strategy", "sequence divisibility"} <= rules
     row = plan_one(s)
     assert row.verdict == "invalid" and row.reason.count(";") >= 3

@@ -54,7 +54,7 @@ STEP = {
     "tokens_per_s": 512.0,
     "tflops_per_s_per_device": 0.002,
     "mfu": 0.1,
-    "peak_bytes_in_use": None,
+    "runtime_peak_bytes": None,
 }
 SUMMARY = {
     "kind": "summary",
@@ -68,7 +68,7 @@ SUMMARY = {
     "tokens_per_s": 512.0,
     "tflops_per_s_per_device": 0.002,
     "mfu": 0.1,
-    "peak_bytes_in_use": None,
+    "runtime_peak_bytes": None,
     **MEM,
 }
 
@@ -85,7 +85,7 @@ def test_the_dict_and_json_forms_round_trip_with_the_jobs_keys_in_order(d):
 def test_what_the_job_leaves_out_stays_out():
     bare = {k: v for k, v in START.items() if k not in (*MEM, "slices", "dcn_processes")}  # CPU, one slice
     assert parse(bare).to_dict() == bare and parse(bare).compiled_bytes_per_device is None
-    assert StepRecord(step=0).to_dict()["peak_bytes_in_use"] is None  # a None the job writes is kept
+    assert StepRecord(step=0).to_dict()["runtime_peak_bytes"] is None  # a None the job writes is kept
 
 
 def test_an_old_checkpoints_step_record_loads():
@@ -130,7 +130,7 @@ def generic_points(d: dict, now: int, attempt: int) -> dict[str, tuple[float, in
     else:
         fin = ("step_time_median_s", "tokens_per_s", "tflops_per_s_per_device", "mfu")
         vals = {("final_" + k if k in fin else k): v for k, v in d.items() if k != "steps"}
-        vals["memory_bytes_per_device"] = d["peak_bytes_in_use"] or d["compiled_bytes_per_device"]
+        vals["memory_bytes_per_device"] = d.get("program_peak_bytes") or d["compiled_bytes_per_device"]
         step = 0
     nums = {k: v for k, v in vals.items() if isinstance(v, int | float) and not isinstance(v, bool)}
     return {k: (float(v), now, step) for k, v in nums.items() if v == v}

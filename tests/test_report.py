@@ -8,6 +8,7 @@ from matplotlib.figure import Figure
 
 from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
 from orchestrator.results.report import collect, make_figures
+from orchestrator.tracking.layout import memory_bytes
 
 TINY = ModelSpec(name="tiny", vocab=256, embed=64, layers=2, q_heads=4, kv_heads=2, head_dim=16, mlp=128)
 GIB = 2**30
@@ -59,7 +60,7 @@ def fake_records(spec: TrialSpec, step_s: float = 0.5, mem: int = 2**26) -> list
                 "tokens_per_s": tok / step_s,
                 "tflops_per_s_per_device": 0.01 / step_s,
                 "mfu": 0.1 / step_s,
-                "peak_bytes_in_use": None,
+                "runtime_peak_bytes": None,
             }
         )
     recs.append(
@@ -71,7 +72,7 @@ def fake_records(spec: TrialSpec, step_s: float = 0.5, mem: int = 2**26) -> list
             "tokens_per_s": tok / step_s,
             "tflops_per_s_per_device": 0.01 / step_s,
             "mfu": 0.1 / step_s,
-            "peak_bytes_in_use": None,
+            "runtime_peak_bytes": None,
             "compiled_bytes_per_device": mem,
         }
     )
@@ -113,11 +114,11 @@ def test_make_figures_plots_what_the_driver_holds(trials):
 
     mem = figs["memory_vs_context"].axes[0]
     labels = [ln.get_label() for ln in mem.get_lines()]
-    assert "ring compiled" in labels and "ring predicted" in labels
+    assert "ring program" in labels and "ring predicted" in labels
     assert not any("runtime" in x for x in labels)  # CPU reports no runtime peak
     hbm = [ln for ln in mem.get_lines() if ln.get_label().startswith("HBM")]
     assert len(hbm) == 1 and list(hbm[0].get_ydata()) == [1.0, 1.0]  # the 1 GiB device line
-    measured = next(ln for ln in mem.get_lines() if ln.get_label() == "ring compiled")
+    measured = next(ln for ln in mem.get_lines() if ln.get_label() == "ring program")
     assert list(measured.get_ydata()) == pytest.approx([512 * 2**16 / GIB, 1024 * 2**16 / GIB])
 
     st = figs["step_time_vs_context"].axes[0]
@@ -243,7 +244,7 @@ def test_profiled_trials_get_a_measured_vs_predicted_plot():
     """A trial whose records hold a profile (run.profile_steps) gets two stacked bars on the parent's
     plots/measured_vs_predicted.png: the model's terms at the trial's own peak, and the trace's seconds."""
     from orchestrator.plan.steptime import step_time
-    from orchestrator.results.report import GROUPS, predicted_groups
+    from orchestrator.results import measured_vs_predicted
 
     spec = make_spec("ring", 1024)
     seconds = {
@@ -258,25 +259,29 @@ def test_profiled_trials_get_a_measured_vs_predicted_plot():
     assert t.profile is not None and t.profile.seconds == seconds
     fig = make_figures([t])["measured_vs_predicted"]
     bars = fig.axes[0].patches
-    assert len(bars) == 2 * len(GROUPS)  # predicted then measured, one segment per group
+    assert len(bars) == 2 * len(
+        measured_vs_predicted.GROUPS
+    )  # predicted then measured, one segment per group
     heights = [b.get_height() for b in bars]
-    want = predicted_groups(step_time(spec, peak=0.1))  # the start record's measured peak
-    assert heights[: len(GROUPS)] == pytest.approx(list(want.values()))
-    assert heights[len(GROUPS) :] == pytest.approx([0.1, 0.05, 0.2, 0.0, 0.05])
+    want = measured_vs_predicted.predicted_groups(
+        step_time(spec, peak=0.1)
+    )  # the start record's measured peak
+    assert heights[: len(measured_vs_predicted.GROUPS)] == pytest.approx(list(want.values()))
+    assert heights[len(measured_vs_predicted.GROUPS) :] == pytest.approx([0.1, 0.05, 0.2, 0.0, 0.05])
     assert [tick.get_text() for tick in fig.axes[0].get_xticklabels()] == ["ring 1,024"]
 
 
-def test_a_runtime_peak_is_drawn_beside_the_compiled_and_planned_memory():
+def test_a_runtime_counter_is_drawn_beside_the_program_and_planned_memory():
     spec = make_spec("ring", 1024)
     recs = fake_records(spec, mem=2**27)
-    recs[-1]["peak_bytes_in_use"] = 3 * 2**26  # a TPU or GPU backend reports its allocator's peak
+    recs[-1]["runtime_peak_bytes"] = 3 * 2**26  # a TPU or GPU backend reports its allocator's counter
     (t,) = collect([spec], lambda tid: recs, {spec.trial_id: planned(2**28)})
     lines = {
         ln.get_label(): list(ln.get_ydata())
         for ln in make_figures([t])["memory_vs_context"].axes[0].get_lines()
     }
-    assert lines["ring compiled"] == pytest.approx([0.125])
-    assert lines["ring measured (runtime peak)"] == pytest.approx([0.1875])
+    assert lines["ring program"] == pytest.approx([0.125])
+    assert lines["ring runtime counter"] == pytest.approx([0.1875])
     assert lines["ring predicted"] == pytest.approx([0.25])
 
 
@@ -284,7 +289,7 @@ def test_the_plans_terms_are_drawn_unless_the_trial_ran_at_another_peak(monkeypa
     """A chip with a spec-sheet peak ran at the plan's rate: its breakdown bars are the PlanRow's StepTime, and
     the step-time model is not run again. A CPU trial measured its own rate: re-priced at that, once."""
     from orchestrator.plan import steptime
-    from orchestrator.results.report import predicted_groups
+    from orchestrator.results import measured_vs_predicted
 
     tpu = make_spec("ring", 1024)
     tpu = TrialSpec(**{**tpu.__dict__, "cluster": ClusterSpec(peak_tflops_per_device=459.0)})
@@ -300,5 +305,25 @@ def test_the_plans_terms_are_drawn_unless_the_trial_ran_at_another_peak(monkeypa
     assert calls == [{"peak": 0.1}]  # the CPU trial only, at the peak its start record measured
     assert got[1].terms.peak_tflops == 0.1 and got[1].predicted_step_at_run_s == got[1].terms.step_s
     bars = make_figures(got)["measured_vs_predicted"].axes[0].patches
-    heights = [b.get_height() for b in bars][: len(predicted_groups(terms[tpu.trial_id]))]
-    assert heights == pytest.approx(list(predicted_groups(terms[tpu.trial_id]).values()))
+    heights = [b.get_height() for b in bars][
+        : len(measured_vs_predicted.predicted_groups(terms[tpu.trial_id]))
+    ]
+    assert heights == pytest.approx(
+        list(measured_vs_predicted.predicted_groups(terms[tpu.trial_id]).values())
+    )
+
+
+def test_the_programs_peak_is_the_memory_figure_where_the_compiler_gives_it():
+    """On TPU the start and summary carry the compiler's peak (program_peak_bytes): the plot, the gate and the
+    dashboard's memory_bytes_per_device show it, never the runtime's counter, which misses the temporaries."""
+    spec = make_spec("ring", 1024)
+    recs = fake_records(spec, mem=2**27)
+    recs[-1]["program_peak_bytes"] = 5 * 2**26
+    recs[-1]["runtime_peak_bytes"] = 2**26
+    (t,) = collect([spec], lambda tid: recs, {spec.trial_id: planned(2**28)})
+    assert t.summary.program_peak_bytes == 5 * 2**26 and memory_bytes(t.summary) == 5 * 2**26
+    line = {
+        ln.get_label(): list(ln.get_ydata())
+        for ln in make_figures([t])["memory_vs_context"].axes[0].get_lines()
+    }
+    assert line["ring program"] == pytest.approx([0.3125])

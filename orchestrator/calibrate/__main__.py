@@ -19,13 +19,16 @@ from orchestrator.calibrate import configs, family, refit
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m orchestrator.calibrate", description=__doc__.splitlines()[0])
     ap.add_argument("--gpu", action="store_true", help="the GPU family (default: the TPU family)")
+    ap.add_argument(
+        "--chip", action="store_true", help="our own runs on a real chip (orchestrator/calibrate/chip_*.json)"
+    )
     ap.add_argument("--fit", action="store_true", help="fit on every table; print the constants and bands")
     ap.add_argument("--write", action="store_true", help="with --fit: write them into conf/cluster/*.yaml")
     refit.add_arguments(ap)
     a = ap.parse_args(argv)
     if a.from_sweep:
         return refit.main(a, argv)
-    fam = family.GPU if a.gpu else family.TPU
+    fam = family.GPU if a.gpu else family.CHIP if a.chip else family.TPU
     result = family.calibrate(fam)
     if a.fit:
         for chip, values in result.constants.items():

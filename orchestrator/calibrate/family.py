@@ -4,13 +4,15 @@ bands those errors give, and the picks a held-out fit would have made."""
 
 from __future__ import annotations
 
+import math
 import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from orchestrator.calibrate import fit, gpu, tpu
+from orchestrator.calibrate import chip, fit, gpu, tpu
 from orchestrator.calibrate.fit import Cell, Constants, Knob, Measured, Pick
 from orchestrator.plan.hardware import ClusterModel
+from orchestrator.plan.steptime import SETTLED
 
 
 @dataclass(frozen=True)
@@ -22,10 +24,23 @@ class Family:
     base: Callable[[], dict[str, ClusterModel]]
     fixed: Callable[[], Constants] = dict  # constants no fit of this family moves
     copy: dict[str, str] = field(default_factory=dict)  # a chip without rows -> whose constants it takes
+    coverage: float = 0.9  # share of the held-out cells the band holds
+    flag: str = ""  # the calibrate command's switch for it
 
 
 TPU = Family("tpu", tpu.CHIPS, tpu.KNOBS, tpu.measured, tpu.base)
-GPU = Family("gpu", gpu.CHIPS, gpu.KNOBS, gpu.measured, gpu.base, gpu.borrowed, gpu.COPY)
+GPU = Family("gpu", gpu.CHIPS, gpu.KNOBS, gpu.measured, gpu.base, gpu.borrowed, gpu.COPY, flag="--gpu")
+# our own runs on a real chip, one point per table: leave one point out, a band over every held-out point
+CHIP = Family(
+    "chip",
+    chip.CHIPS,
+    chip.KNOBS,
+    chip.measured,
+    chip.base,
+    chip.fixed,
+    coverage=chip.COVERAGE,
+    flag="--chip",
+)
 
 
 @dataclass(frozen=True)
@@ -44,14 +59,22 @@ def calibrate(f: Family) -> Result:
     final = fit.fit(rows, f.knobs, base, fixed)
     fitted = fit.in_sample(rows, base, final)
     held_out = fit.leave_one_table_out(rows, f.knobs, base, fixed)
-    bands = fit.bands(held_out, fitted)
-    (s_lo, s_hi), (f_lo, f_hi) = bands["step"], bands["fixed"]
+    bands = fit.bands(held_out, fitted, f.coverage)
+    # rounded outward at the configs' four digits, so a cell on the band's edge stays inside it once written
+    (s_lo, s_hi), (f_lo, f_hi) = (_outward(*bands[k]) for k in ("step", "fixed"))
     band = {"step_band_low": s_lo, "step_band_high": s_hi, "fixed_band_low": f_lo, "fixed_band_high": f_hi}
     constants = {c: v | band for c, v in final.items() if c in f.chips}
-    for chip, source in f.copy.items():
-        constants[chip] = dict(constants[source])
-    command = "python -m orchestrator.calibrate" + (" --gpu" if f is GPU else "") + " --fit --write"
+    for name, source in f.copy.items():
+        constants[name] = dict(constants[source])
+    command = "python -m orchestrator.calibrate" + (f" {f.flag}" if f.flag else "") + " --fit --write"
     return Result(f, constants, fitted, held_out, fit.picks(held_out), bands, command)
+
+
+def _outward(lo: float, hi: float) -> tuple[float, float]:
+    def digits(v: float) -> float:
+        return 10 ** (math.floor(math.log10(abs(v))) - 3) if v else 1.0
+
+    return math.floor(lo / digits(lo)) * digits(lo), math.ceil(hi / digits(hi)) * digits(hi)
 
 
 def header(r: Result, chip: str) -> list[str]:
@@ -65,6 +88,17 @@ def header(r: Result, chip: str) -> list[str]:
     own = [k.name for k in f.knobs if k.per_chip]
     borrowed = sorted(f.fixed().get(chip, {}))
     tables = ", ".join(dict.fromkeys(row.table for row in f.rows() if not row.excluded))
+    if f.coverage >= 1.0:  # our own points on the chip, each its own table
+        text = [
+            f"Step-time model (orchestrator/plan/steptime.py), fitted by `{r.command}` on the "
+            f"{len(f.rows())} train steps measured on the chip itself (orchestrator/calibrate/chip_{chip}.json, "
+            "docs/results/v5e.md).",
+            f"Fitted: {', '.join(own)}. From the chip's kernel sweep or not told apart by these points: "
+            f"{', '.join(borrowed)}.",
+            "The band: measured over predicted step of every point held out of its own fit (leave one point out), "
+            "for steps the kernels and matmuls price (step_band_*) and the rest (fixed_band_*).",
+        ]
+        return [line for t in text for line in textwrap.wrap(t, width=108, break_on_hyphens=False)]
     text = [
         f"Step-time model (orchestrator/plan/steptime.py), fitted by `{r.command}` on every table of the "
         f"{f.name} family's published runs (orchestrator/calibrate/): {tables}.",
@@ -99,7 +133,27 @@ def markdown(r: Result) -> str:
     ]
     lines += [f"| {p.table} | {p.point} | {p.picked} | {p.best} | {p.regret:+.1%} |" for p in r.picks]
     lines += ["", *(f"band ({k}): {lo:.3f}x - {hi:.3f}x" for k, (lo, hi) in r.bands.items())]
+    held = in_band(r)
+    inside, cells = (sum(v[i] for v in held.values()) for i in (0, 1))
+    lines += [
+        "",
+        f"held-out cells inside their band: {inside} of {cells} ({inside / max(cells, 1):.0%}); by table: "
+        + ", ".join(f"{t} {a}/{b}" for t, (a, b) in held.items()),
+    ]
     return "\n".join(lines)
+
+
+def in_band(r: Result) -> dict[str, tuple[int, int]]:
+    """Per table: (held-out cells whose measured step lies in the band of their regime, cells judged)."""
+    regime = {(c.row.table, c.row.label): c.settled >= SETTLED for c in r.fitted}
+    out: dict[str, tuple[int, int]] = {}
+    for c in r.held_out:
+        if c.row.excluded:
+            continue
+        lo, hi = r.bands["step" if regime[(c.row.table, c.row.label)] else "fixed"]
+        a, b = out.get(c.row.table, (0, 0))
+        out[c.row.table] = (a + (lo <= c.row.step_s / c.predicted_s <= hi), b + 1)
+    return out
 
 
 def within(cells: Sequence[Cell], tolerance: float) -> tuple[int, int]:

@@ -98,6 +98,20 @@ class ClusterModel:
         gt=0,
         le=1,
     )
+    xla_attention_ratio: float = key(
+        1.0,
+        doc="Step-time model: the xla blockwise kernel's rate on its tiles as a share of the platform's own "
+        "kernel's (splash on TPU, flash on GPU), where a trial runs kernel=xla on such a platform (1: priced "
+        "alike; on CPU xla is the platform's kernel, priced by attention_efficiency).",
+        gt=0,
+        le=1,
+    )
+    attention_block_half: float = key(
+        0.0,
+        doc="Step-time model: the kernel block (tokens, the smaller of block_q and block_kv) at which a block's "
+        "fixed work halves the kernel's rate (x b/(b+half); 0: no block effect).",
+        ge=0,
+    )
     attention_head_dim_half: float = key(
         0.0,
         doc="Step-time model: head_dim Dh at which softmax work halves the kernel's rate (x D/(D+Dh); 0: no "
@@ -180,11 +194,17 @@ MODEL_KEYS = frozenset(MODEL_ORDER)
 SPEC_KEYS = frozenset(f.name for f in dataclasses.fields(ClusterSpec))
 
 
+# The model of each cluster section split in this process, by its spec: what model_of finds for a cluster file
+# that is not in conf/cluster/ (a user's own, from --config-dir or hydra.searchpath).
+_SPLIT: dict[ClusterSpec, ClusterModel] = {}
+
+
 def split(cluster: Mapping[str, Any]) -> tuple[ClusterSpec, ClusterModel]:
     """A cluster section (conf/cluster/*.yaml, composed and checked) as what the hosts get and what the planner
     prices with."""
     spec = ClusterSpec(**{k: v for k, v in cluster.items() if k in SPEC_KEYS})
-    return spec, ClusterModel(**{k: v for k, v in cluster.items() if k in MODEL_KEYS})
+    model = _SPLIT[spec] = ClusterModel(**{k: v for k, v in cluster.items() if k in MODEL_KEYS})
+    return spec, model
 
 
 @functools.cache
@@ -196,16 +216,23 @@ def load(name: str) -> tuple[ClusterSpec, ClusterModel]:
 
 
 def model_of(cluster: ClusterSpec) -> ClusterModel:
-    """The planner's model of a cluster named in conf/cluster/ (a spec built by hand for a cluster of another
-    name gets the defaults: the roofline, nothing checked)."""
+    """The planner's model of a cluster named in conf/cluster/; else of the cluster section this process
+    composed for that spec (a user's own cluster file: its constants, never conf/'s); else, for a spec built by
+    hand, the defaults: the roofline, nothing checked."""
     if (REPO / "conf" / "cluster" / f"{cluster.name}.yaml").exists():
         return load(cluster.name)[1]
-    return ClusterModel()
+    return _SPLIT.get(cluster, ClusterModel())
 
 
-# accelerator -> (topology name prefix, chip config, JAX devices per chip): a v5p chip is one megacore device,
-# a tpu7x chip two.
-CHIPS = {"v5p": ("v5", "megacore", 1), "tpu7x": ("tpu7x", "default", 2)}
+# accelerator -> (libtpu's topology name prefix, chip config, JAX devices per chip): a v5p chip is one megacore
+# device, a tpu7x chip two, a v5e or v6e chip (one TensorCore) one. v5e is `v5litepod` to Ray and the TPU API
+# (slice reservations), `v5e` to libtpu (AOT: "v5e:16x16"; libtpu 0.0.42 rejects "v5litepod:..").
+CHIPS = {
+    "v5p": ("v5", "megacore", 1),
+    "tpu7x": ("tpu7x", "default", 2),
+    "v5litepod": ("v5e", "default", 1),
+    "v6e": ("v6e", "default", 1),
+}
 
 
 # cluster=local has no spec sheet (peak 0 = measured at run time); the planner measures the host the same way.

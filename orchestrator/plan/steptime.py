@@ -78,19 +78,26 @@ class StepTime:
         )
 
 
-def kernel_efficiency(c: ClusterModel, head_dim: int) -> float:
+def kernel_efficiency(c: ClusterModel, head_dim: int, spec: TrialSpec | None = None) -> float:
     """The kernel's rate on its tiles: softmax work per score is fixed while MXU work grows with D, so
-    D/(D+Dh) of the asymptote; a call's fixed cost is priced apart (call_overhead_s)."""
+    D/(D+Dh) of the asymptote; a block's fixed work weighs more on small blocks, b/(b+half); the xla kernel on a
+    platform with a kernel of its own runs at xla_attention_ratio of it. A call's fixed cost is priced apart
+    (call_overhead_s)."""
     d = head_dim / (head_dim + c.attention_head_dim_half)
+    if spec is not None:
+        b = min(int(spec.strategy.block_q), int(spec.strategy.block_kv))
+        d *= b / (b + c.attention_block_half)
+        if spec.kernel == "xla" and spec.cluster.platform in ("tpu", "gpu"):
+            d *= c.xla_attention_ratio
     return max(c.attention_efficiency * d, 1e-6)
 
 
-def rates(c: ClusterModel, head_dim: int, peak: float) -> Rates:
-    """The model's rates for a cluster (the roofline's are Rates(peak))."""
+def rates(c: ClusterModel, head_dim: int, peak: float, spec: TrialSpec | None = None) -> Rates:
+    """The model's rates for a cluster (the roofline's are Rates(peak)); `spec` prices its kernel and blocks."""
     return Rates(
         peak,
         matmul_efficiency=c.matmul_efficiency,
-        attention_efficiency=kernel_efficiency(c, head_dim),
+        attention_efficiency=kernel_efficiency(c, head_dim, spec),
         attention_backward=ATTN_BWD,
         attention_replay=c.attention_recompute,
         overhead_s=float(c.step_overhead_s),
@@ -115,7 +122,7 @@ def step_time(
     m, c = spec.model, model or model_of(spec.cluster)
     w = step_work(spec, offload) if work is None else work
     peak = peak or peak_tflops(spec)
-    r = rates(c, m.head_dim, peak)
+    r = rates(c, m.head_dim, peak, spec)
     t = price(w, r, spec.cluster, c)
     terms = t.parts(spec.strategy.name)
     step = sum(terms.values())
@@ -198,7 +205,7 @@ def layer_words(spec: TrialSpec, w: Work, model: ClusterModel | None = None) -> 
     if len(reaches) == 1 and not reaches[0][2].limited:
         return "; ".join(wide)
     c = model or model_of(spec.cluster)
-    r = rates(c, m.head_dim, peak_tflops(spec))
+    r = rates(c, m.head_dim, peak_tflops(spec), spec)
     notes = []
     for (kind, layers, reach), (_, sched, passes) in zip(reaches, w.attention_layers(), strict=True):
         kernel, calls, exposed, _, blocking = schedule_seconds(sched, w, r, spec.cluster, c)

@@ -62,6 +62,7 @@ class Work:
     # Per layer type of model.attention_pattern: (type, its schedule, its layer passes). A window or chunk
     # skips the tiles and hops its queries cannot reach; `schedule` is the global layers' (or the first type's).
     layer_schedules: tuple[tuple[str, Schedule, int], ...] = ()
+    host_state_bytes: int = 0  # train.memory.host's state to the device and back each step (host_state_bytes)
 
     def attention_layers(self) -> tuple[tuple[str, Schedule, int], ...]:
         """Each layer type's schedule and layer passes (one global type when built without them)."""
@@ -74,6 +75,13 @@ class Work:
         replayed forward `replay` (a causal row's count times the busiest device's share)."""
         redo = replay if self.replays_attention else 0.0
         return (1 + backward + redo) * self.attention_flops * self.per_device * self.imbalance
+
+
+def host_state_bytes(spec: TrialSpec) -> int:
+    """train.memory.host's traffic per step and device, both ways: AdamW's moments come to the device for the
+    update and go back (params likewise, before the forward)."""
+    n = spec.model.n_params() * FP32 // max(spec.mesh.size, 1)
+    return 2 * n * sum(k for part, k in (("optimizer", 2), ("params", 1)) if part in spec.train.memory.host)
 
 
 def step_work(spec: TrialSpec, offload: tuple[str, ...] | None = None) -> Work:
@@ -141,6 +149,7 @@ def step_work(spec: TrialSpec, offload: tuple[str, ...] | None = None) -> Work:
         fsdp_bytes=fsdp,
         tensor_bytes=tensor,
         host_bytes=2 * N * x.tokens * sum(per_token[n] for n in names),
+        host_state_bytes=host_state_bytes(spec),
         schedule=sched,
         layer_passes=N,
         tile_scale=tile_scale,
@@ -333,6 +342,8 @@ def price(w: Work, r: Rates, c: ClusterSpec, m: ClusterModel) -> Terms:
     )
     host = host_bytes_per_s(c, m)
     offload_s = w.host_bytes / host if host else 0.0
+    # host-resident state moves between the backward and the update, where nothing else runs: all exposed
+    state_s = w.host_state_bytes / host if host else 0.0
     return Terms(
         matmul_s=matmul_s,
         attention_s=attention_s,
@@ -342,12 +353,12 @@ def price(w: Work, r: Rates, c: ClusterSpec, m: ClusterModel) -> Terms:
         fsdp_ici_s=fsdp_ici_s,
         exposed_fsdp_s=exposed_fsdp_s,
         tensor_s=tensor_s,
-        exposed_offload_s=max(0.0, offload_s - busy) + r.offload_exposed * offload_s,
+        exposed_offload_s=max(0.0, offload_s - busy) + r.offload_exposed * offload_s + state_s,
         dcn=dcn,
         overhead_s=r.overhead_s,
         calls_s=calls_s,
         layers_s=layers_s,
-        offload_s=offload_s,
+        offload_s=offload_s + state_s,
     )
 
 

@@ -1,16 +1,16 @@
 """End-of-sweep plots from the finished trials' records (the driver's own, or read back from their runs): MFU,
-memory and step time vs context length, loss curves, and where the step went, measured against predicted.
+memory and step time vs context length, loss curves, loss and recall by position, and where the step went,
+measured against predicted (its bars: results/measured_vs_predicted.py).
 
 Figures are built with matplotlib's object API (no pyplot), so no GUI backend or global figure state is involved:
-the PNG is rendered by Agg when saved. The breakdown plot puts, for every trial with a profile, the planner's
-step-time terms beside the trace's measured seconds per step, both folded into the same five groups.
+the PNG is rendered by Agg when saved.
 """
 
 from __future__ import annotations
 
 import io
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +20,7 @@ from jobs.data.buckets import bucket_labels, position_buckets
 from jobs.records import ProfileRecord, Record, StartRecord, StepRecord, SummaryRecord, parse_known
 from jobs.spec import TrialSpec
 from orchestrator.plan.hardware import model_of
+from orchestrator.results import measured_vs_predicted
 from orchestrator.tracking import Tracker
 from orchestrator.tracking.layout import GIB, memory_bytes
 
@@ -185,7 +186,8 @@ def _grid(n: int, title: str, width: float = 4.5, height: float = 3.6):
     return fig, list(axes[:n])
 
 
-def _axes(title: str, ylabel: str, logy: bool = False):
+def context_axes(title: str, ylabel: str, logy: bool = False):
+    """A figure of one panel against context length (log2 axis), and its axes."""
     fig = Figure(figsize=(7, 4.5))
     ax = fig.add_subplot()
     ax.set_xscale("log", base=2)
@@ -198,7 +200,8 @@ def _axes(title: str, ylabel: str, logy: bool = False):
     return fig, ax
 
 
-def _finish(fig: Figure, ax) -> Figure:
+def finish(fig: Figure, ax) -> Figure:
+    """The legend (beside the axes when it is long) and a tight layout."""
     labels = ax.get_legend_handles_labels()[1]
     if len(labels) > 6:  # measured, predicted, ... per strategy: beside the axes, not over the lines
         fig.set_size_inches(10, 4.5)
@@ -214,60 +217,69 @@ def _where(trials: list[TrialResult]) -> str:
     return f"{models} on {trials[0].spec.cluster.name}"
 
 
+def _predicted(ax, xs: list[int], values: list[float | None], colour: str, label: str) -> None:
+    """The planner's forecast per trial, dashed in its series' colour; no line where it gave none."""
+    ys = [float("nan") if v is None else v for v in values]
+    if any(y == y for y in ys):
+        ax.plot(xs, ys, ls="--", marker="x", color=colour, alpha=0.7, label=label)
+
+
+def _lines(trials: list[TrialResult]) -> Iterator[tuple[str, list[TrialResult], str, list[int]]]:
+    """(name, trials, colour, their context lengths) of each series, for a figure against context length."""
+    colours = _palette(trials)
+    for name, ts in _series(trials).items():
+        yield name, ts, colours[name], [t.spec.context_length for t in ts]
+
+
 def mfu_figure(trials: list[TrialResult]) -> Figure:
     source = next((t.peak_source for t in trials if t.peak_source), "")
     label = "MFU" + (f" (peak: {source})" if source else "")
-    fig, ax = _axes(f"MFU vs context length — {_where(trials)}", label)
-    colours = _palette(trials)
-    for name, ts in _series(trials).items():
-        xs, ys = [t.spec.context_length for t in ts], [t.summary.mfu for t in ts]
-        ax.plot(xs, ys, marker="o", color=colours[name], label=name)
+    fig, ax = context_axes(f"MFU vs context length — {_where(trials)}", label)
+    for name, ts, colour, xs in _lines(trials):
+        ys = [t.summary.mfu for t in ts]
+        ax.plot(xs, ys, marker="o", color=colour, label=name)
         # MFU is inverse in the step time: its spread is the steps' (p10..p90), bars where there is one
         err = _error(ts, lambda t, s: t.summary.mfu * t.summary.step_time_median_s / s)
         if err:
-            ax.errorbar(xs, ys, yerr=err, fmt="none", ecolor=colours[name], capsize=3, alpha=0.8)
+            ax.errorbar(xs, ys, yerr=err, fmt="none", ecolor=colour, capsize=3, alpha=0.8)
     ax.set_ylim(bottom=0)
-    return _finish(fig, ax)
+    return finish(fig, ax)
 
 
 def memory_figure(trials: list[TrialResult]) -> Figure:
-    fig, ax = _axes(f"Memory per device vs context length — {_where(trials)}", "GiB per device", logy=True)
-    colours = _palette(trials)
-    for name, ts in _series(trials).items():
-        colour = colours[name]
-        xs = [t.spec.context_length for t in ts]
-        # the compiler's figure always; the runtime's peak where the backend reports one (TPU, GPU)
-        comp = [(t.summary.compiled_bytes_per_device or float("nan")) / GIB for t in ts]
-        ax.plot(xs, comp, marker="o", color=colour, label=f"{name} compiled")
-        if any(t.summary.peak_bytes_in_use for t in ts):
-            run = [(t.summary.peak_bytes_in_use or float("nan")) / GIB for t in ts]
-            ax.plot(xs, run, marker="s", ls=":", color=colour, label=f"{name} measured (runtime peak)")
-        pred = [(t.predicted_bytes if t.predicted_bytes is not None else float("nan")) / GIB for t in ts]
-        if any(p == p for p in pred):
-            ax.plot(xs, pred, ls="--", marker="x", color=colour, alpha=0.7, label=f"{name} predicted")
+    fig, ax = context_axes(
+        f"Memory per device vs context length — {_where(trials)}", "GiB per device", logy=True
+    )
+    for name, ts, colour, xs in _lines(trials):
+        # the program's own peak (the compiler's, TPU), else its compiled size; the runtime's counter beside it
+        # where the backend keeps one: on TPU it misses the program's temporaries, so it is never the figure
+        comp = [(memory_bytes(t.summary) or float("nan")) / GIB for t in ts]
+        ax.plot(xs, comp, marker="o", color=colour, label=f"{name} program")
+        if any(t.summary.runtime_peak_bytes for t in ts):
+            run = [(t.summary.runtime_peak_bytes or float("nan")) / GIB for t in ts]
+            ax.plot(xs, run, marker="s", ls=":", color=colour, label=f"{name} runtime counter")
+        pred = [None if t.predicted_bytes is None else t.predicted_bytes / GIB for t in ts]
+        _predicted(ax, xs, pred, colour, f"{name} predicted")
     hbm = model_of(trials[0].spec.cluster).hbm_bytes_per_device
     if hbm:
         ax.axhline(hbm / GIB, color="red", ls=":", label=f"HBM per device ({hbm / GIB:g} GiB)")
-    return _finish(fig, ax)
+    return finish(fig, ax)
 
 
 def step_time_figure(trials: list[TrialResult]) -> Figure:
-    fig, ax = _axes(f"Step time vs context length — {_where(trials)}", "median step time (s)", logy=True)
-    colours = _palette(trials)
-    for name, ts in _series(trials).items():
-        c = colours[name]
-        xs = [t.spec.context_length for t in ts]
+    fig, ax = context_axes(
+        f"Step time vs context length — {_where(trials)}", "median step time (s)", logy=True
+    )
+    for name, ts, c, xs in _lines(trials):
         ys = [t.summary.step_time_median_s for t in ts]
         ax.plot(xs, ys, marker="o", color=c, label=f"{name} measured")
         if err := _error(ts, lambda t, s: s):  # the timed steps' p10..p90
             ax.errorbar(xs, ys, yerr=err, fmt="none", ecolor=c, capsize=3, alpha=0.8)
-        pred = [t.predicted_step_s if t.predicted_step_s is not None else float("nan") for t in ts]
-        if any(p == p for p in pred):  # the planner's forecast, dashed in the same colour
-            ax.plot(xs, pred, ls="--", marker="x", color=c, alpha=0.7, label=f"{name} predicted")
+        _predicted(ax, xs, [t.predicted_step_s for t in ts], c, f"{name} predicted")
         at_run = [t.predicted_step_at_run_s or float("nan") for t in ts]
         if any(p == p for p in at_run):
             ax.plot(xs, at_run, ls=":", color=c, alpha=0.7, label=f"{name} predicted at run-time rate")
-    return _finish(fig, ax)
+    return finish(fig, ax)
 
 
 def _by_length(trials: list[TrialResult]) -> dict[int, list[tuple[str, TrialResult]]]:
@@ -366,9 +378,10 @@ def breakdown_figure(trials: list[TrialResult]) -> Figure | None:
     rows = []
     for name, ts in _series([t for t in trials if t.profile is not None and t.terms is not None]).items():
         for t in ts:
-            label = f"{name} {t.spec.context_length:,}"
-            rows.append((label, predicted_groups(t.terms), measured_groups(t.profile)))  # type: ignore[arg-type]
-    return figure(rows, _where(trials)) if rows else None
+            predicted = measured_vs_predicted.predicted_groups(t.terms)
+            measured = measured_vs_predicted.measured_groups(t.profile)  # type: ignore[arg-type]
+            rows.append((f"{name} {t.spec.context_length:,}", predicted, measured))
+    return measured_vs_predicted.figure(rows, _where(trials)) if rows else None
 
 
 def png(fig: Figure) -> bytes:
@@ -395,58 +408,5 @@ def publish(
             )
     pngs = {name: png(fig) for name, fig in make_figures(trials).items()}
     for name, data in pngs.items():
-        tracker.log_bytes("sweep", data, f"plots/{name}.png")
+        tracker.log_artifact("sweep", data, f"plots/{name}.png")
     return trials, pngs
-
-
-# group -> (the planner's StepTime fields, the trace's categories)
-GROUPS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "matmuls": (("matmul_s",), ("matmul",)),
-    "attention kernel": (("attention_s",), ("attention",)),
-    "collectives": (
-        ("exposed_ring_s", "collectives_s", "exposed_fsdp_s", "tensor_s", "dcn_exposed_s"),
-        ("all_gather", "all_to_all", "collective_permute", "reduce_scatter", "all_reduce"),
-    ),
-    "host transfers": (("exposed_offload_s",), ("host_transfer",)),
-    "other, idle, overhead": (("overhead_s",), ("other_compute", "idle")),
-}
-COLOURS = ("tab:blue", "tab:orange", "tab:red", "tab:purple", "tab:gray")
-
-
-def predicted_groups(terms: Any) -> dict[str, float]:
-    """A StepTime's terms folded into GROUPS (seconds)."""
-    return {g: sum(float(getattr(terms, f)) for f in fields) for g, (fields, _) in GROUPS.items()}
-
-
-def measured_groups(p: ProfileRecord) -> dict[str, float]:
-    """A profile's seconds per step folded into GROUPS."""
-    return {g: sum(p.seconds.get(c, 0.0) for c in cats) for g, (_, cats) in GROUPS.items()}
-
-
-def figure(rows: list[tuple[str, dict[str, float], dict[str, float]]], where: str) -> Figure:
-    """rows: (trial label, predicted groups, measured groups), in the order drawn."""
-    fig = Figure(figsize=(max(7.0, 0.9 * len(rows) + 2), 4.8))
-    ax = fig.add_subplot()
-    width = 0.38
-    for i, (_, pred, meas) in enumerate(rows):
-        for x, values, hatch in ((i - width / 2, pred, "//"), (i + width / 2, meas, "")):
-            bottom = 0.0
-            for g, colour in zip(GROUPS, COLOURS, strict=True):
-                ax.bar(
-                    x,
-                    values[g],
-                    width,
-                    bottom=bottom,
-                    color=colour,
-                    hatch=hatch,
-                    edgecolor="white",
-                    label=g if i == 0 and not hatch else None,
-                )
-                bottom += values[g]
-    ax.set_xticks(range(len(rows)), [label for label, _, _ in rows], rotation=45, ha="right", fontsize=8)
-    ax.set_ylabel("seconds per step")
-    ax.set_title(f"Step time: predicted (hatched, left) vs measured (right) — {where}")
-    ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig

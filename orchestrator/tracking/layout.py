@@ -1,24 +1,12 @@
-"""Every MLflow name a trial's records become: a step, start or summary record as points, params and tags; a
-trial's label and run name; the trial log, read back from a child run (so a sweep's plots cover what an earlier
-or another driver finished, and a resumed trial's log holds every driver's records); a trial's profiles (trace
-files under `profile/`, `measured/*` beside the planner's `predicted/*`).
-
-The profile files keep the layout jax.profiler wrote (`plugins/profile/<session>/`), one session per traced
-window and process, so the downloaded `profile/` folder is a log directory TensorBoard's profile plugin or xprof
-opens.
+"""Every MLflow name a trial becomes: its label and run name, its params, and its records as metric points
+and tags (a step, start or summary record); the `measured/*` and `predicted/*` names of its step breakdown.
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import tempfile
-import typing
-from collections import defaultdict
-from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from jobs.records import ProfileRecord, Record, StartRecord, StepRecord, SummaryRecord, parse_known
+from jobs.records import Record, StartRecord, StepRecord, SummaryRecord
 from jobs.spec import TrialSpec
 
 if TYPE_CHECKING:
@@ -33,10 +21,17 @@ STEP_METRICS = (
     "tokens_per_s",
     "tflops_per_s_per_device",
     "mfu",
-    "peak_bytes_in_use",
-    "bytes_in_use",
+    "runtime_peak_bytes",
+    "runtime_bytes_in_use",
 )
-MEMORY_METRICS = ("argument_bytes", "output_bytes", "alias_bytes", "temp_bytes", "compiled_bytes_per_device")
+MEMORY_METRICS = (
+    "argument_bytes",
+    "output_bytes",
+    "alias_bytes",
+    "temp_bytes",
+    "compiled_bytes_per_device",
+    "program_peak_bytes",
+)
 START_METRICS = (
     "devices",
     "processes",
@@ -62,7 +57,7 @@ SUMMARY_METRICS = (
     "timed_from_step",
     "timed_to_step",
     *FINAL,
-    "peak_bytes_in_use",
+    "runtime_peak_bytes",
     *MEMORY_METRICS,
 )
 GIB = 2**30  # bytes per GiB, the unit of the memory metrics, plots and tables
@@ -114,9 +109,9 @@ def trial_params(spec: TrialSpec) -> dict[str, str]:
 
 
 def memory_bytes(summary: SummaryRecord) -> int | None:
-    """A trial's memory per device: the runtime peak where the backend reports one (TPU/GPU), else the
-    compiler's figure (CPU reports no runtime peak)."""
-    return summary.peak_bytes_in_use or summary.compiled_bytes_per_device
+    """A trial's memory per device: the program's own peak where the compiler gives it (TPU), else its
+    argument + output - alias + temp (CPU). Never the runtime's counter, which on TPU misses the temporaries."""
+    return summary.program_peak_bytes or summary.compiled_bytes_per_device
 
 
 def record_points(r: Record, now: int, attempt: int = 1) -> list[Metric]:
@@ -162,111 +157,6 @@ def record_tags(records: list[Record], attempt: int) -> dict[str, str]:
     return tags
 
 
-@dataclass
-class TrialLog:
-    """What the drivers saw of one trial: records per attempt and status lines (the trial log artifact)."""
-
-    attempts: list[list[Record]] = field(default_factory=lambda: [[]])
-    lines: list[str] = field(default_factory=list)
-
-    @property
-    def records(self) -> list[Record]:
-        return self.attempts[-1]
-
-    def add(self, records: list[Record]) -> None:
-        self.records.extend(records)
-        self.lines.extend(json.dumps(r.to_dict(), default=str) for r in records)
-
-    def text(self) -> str:
-        return "\n".join(self.lines) + "\n"
-
-
-log = logging.getLogger(__name__)
-LOG_ARTIFACT = "trial_log.txt"  # the trial log: one JSON record per line, between "[time] status" lines
-
-
-def parse_trial_log(text: str) -> list[Record]:
-    """The records of a trial log, in the order its drivers saw them (status lines skipped)."""
-    return parse_known(json.loads(ln) for ln in text.splitlines() if ln.startswith("{"))
-
-
-def _log_text(client: Any, run_id: str) -> str:
-    with tempfile.TemporaryDirectory() as d:
-        with open(client.download_artifacts(run_id, LOG_ARTIFACT, d)) as f:
-            return f.read()
-
-
-def stored_records(client: Any, run_id: str) -> list[Record]:
-    """A trial's records from its child run's trial log; [] (logged) where the run has none or the store fails,
-    since a plot must never cost a sweep its exit code."""
-    try:
-        return parse_trial_log(_log_text(client, run_id))
-    except Exception as e:  # noqa: BLE001
-        log.warning("run %s: its trial log could not be read back (%s: %s)", run_id, type(e).__name__, e)
-        return []
-
-
-def stored_log(client: Any, run_id: str) -> TrialLog:
-    """What the store holds of a trial an earlier or another driver began: the trial log one of them wrote when
-    it ended the trial, and the start and step records behind the metrics logged since (a driver killed
-    mid-trial writes no log). A driver that takes the trial over goes on from this, so the log the trial ends
-    with holds every driver's records."""
-    logged = any(a.path == LOG_ARTIFACT for a in client.list_artifacts(run_id))
-    text = _log_text(client, run_id) if logged else ""
-    held = TrialLog(attempts=[parse_trial_log(text)], lines=text.splitlines())
-    have = {r.step for r in held.records if isinstance(r, StepRecord)}
-    rebuilt = records_from_metrics(client, run_id, starts=not logged)
-    held.add([r for r in rebuilt if not (isinstance(r, StepRecord) and r.step in have)])
-    return held
-
-
-def _casts(cls: type) -> dict[str, type]:
-    """Field -> int or float, for the numeric fields of a record (MLflow keeps every metric as a float)."""
-    hints = typing.get_type_hints(cls)
-    return {
-        f.name: int if hints[f.name] in (int, int | None) else float
-        for f in fields(cls)
-        if hints[f.name] in (int, float, int | None, float | None)
-    }
-
-
-def records_from_metrics(client: Any, run_id: str, starts: bool = True) -> list[Record]:
-    """The start records (one per attempt, with `starts`) and step records a child run's metrics hold, in
-    that order; only what MLflow keeps of them (the numbers, at the step or attempt they were logged at)."""
-    names = client.get_run(run_id).data.metrics
-    by_step: dict[int, dict[str, Metric]] = defaultdict(dict)
-    buckets = (POSITION_METRIC + "/", DISTANCE_METRIC + "/")
-    for k in [k for k in names if k in STEP_METRICS or k.startswith(buckets)]:
-        for m in client.get_metric_history(run_id, k):
-            by_step[m.step][k] = m
-    by_attempt: dict[int, dict[str, float]] = defaultdict(dict)
-    for k in [k for k in names if k in START_METRICS] if starts else []:
-        for m in client.get_metric_history(run_id, k):
-            if m.step > 0:  # step 0 is the summary's
-                by_attempt[m.step][k] = m.value
-    out: list[Record] = []
-    cast = _casts(StartRecord)
-    for _, values in sorted(by_attempt.items()):
-        out.append(StartRecord(**{k: cast[k](v) for k, v in values.items()}))
-    cast = _casts(StepRecord)
-    for step, ms in sorted(by_step.items()):
-        at: dict[str, dict[str, float]] = defaultdict(dict)  # loss_by_position -> bucket -> value, ...
-        for k, m in ms.items():
-            head, _, bucket = k.partition("/")
-            if bucket:
-                at[head][bucket] = m.value
-        out.append(
-            StepRecord(
-                step=step,
-                t_ms=min(m.timestamp for m in ms.values()),
-                **{k: cast[k](m.value) for k, m in ms.items() if k in STEP_METRICS},
-                loss_by_position=at.get(POSITION_METRIC),
-                accuracy_by_distance=at.get(DISTANCE_METRIC),
-            )
-        )
-    return out
-
-
 # The MLflow names, spelled out so docs/reference/mlflow.md is checked against them (tests/test_reference.py).
 MEASURED = {
     "matmul": "measured/matmul_s",
@@ -295,55 +185,3 @@ PREDICTED = {  # orchestrator/plan/steptime.py StepTime field -> metric
     "overhead_s": "predicted/overhead_s",
     "step_s": "predicted/step_s",
 }
-
-
-def split(records: list[Record]) -> tuple[list[Record], list[ProfileRecord]]:
-    """(the metric records, the profiles): a profile's files go to artifacts, never into the trial log."""
-    rest = [r for r in records if not isinstance(r, ProfileRecord)]
-    return rest, [r for r in records if isinstance(r, ProfileRecord)]
-
-
-def session(p: ProfileRecord) -> str:
-    """The trace's folder under profile/plugins/profile/ (TensorBoard lists each as a run)."""
-    return f"steps_{p.first_step}-{p.last_step}.process_{p.process}"
-
-
-def metrics(p: ProfileRecord) -> dict[str, float]:
-    """Seconds per step of each category, and of the step, exposed and overlapped collectives."""
-    values = {
-        **p.seconds,
-        "step_s": p.step_s,
-        "collective_exposed_s": p.collective_exposed_s,
-        "collective_overlapped_s": p.collective_overlapped_s,
-    }
-    return {MEASURED[k]: v for k, v in values.items() if k in MEASURED}
-
-
-def log_profile(tracker: Any, key: str, p: ProfileRecord) -> None:
-    """The files as artifacts; process 0's breakdown as metrics at the window's first step, its limiter."""
-    for name, data in sorted(p.file_bytes().items()):
-        tracker.log_bytes(key, data, f"profile/plugins/profile/{session(p)}/{name}")
-    if p.process == 0 and p.seconds:  # one host's view: every host runs the same program
-        tracker.log_metrics(key, metrics(p), step=p.first_step)
-        tracker.set_tags(key, {"measured_limiter": p.limiter})
-
-
-def band_metrics(row: Any) -> dict[str, float]:
-    """A plan row's band (where the fit's held-out errors put the real step and MFU) as metrics; none where the
-    planner gave none."""
-    fields = {
-        "predicted_step_time_low_s": "predicted_step_low_s",
-        "predicted_step_time_high_s": "predicted_step_high_s",
-        "predicted_mfu": "predicted_mfu",
-        "predicted_mfu_low": "predicted_mfu_low",
-        "predicted_mfu_high": "predicted_mfu_high",
-    }
-    names = {metric: getattr(row, field, None) for metric, field in fields.items()}
-    return {k: float(v) for k, v in names.items() if v is not None}
-
-
-def log_predicted(tracker: Any, key: str, terms: Any) -> None:
-    """The planner's step-time terms for this trial (the plan's StepTime, orchestrator/plan/steptime.py) and
-    its limiter, next to what a profile measures."""
-    tracker.log_metrics(key, {m: getattr(terms, f) for f, m in PREDICTED.items()})
-    tracker.set_tags(key, {"predicted_limiter": terms.limiter})

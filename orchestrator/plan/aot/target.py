@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import math
 import os
 from typing import Any
 
@@ -39,7 +40,8 @@ def devices(spec: TrialSpec, topology: str | None = None) -> list[Any]:
     from jax.experimental import topologies
 
     name = topology_name(spec, topology)
-    dims = [int(d) for d in name.split(":")[1].split("x")]
+    # libtpu takes three axes: a 2D slice (v5e, v6e: "16x16") has a third of 1
+    dims = [*(int(d) for d in name.split(":")[1].split("x")), 1, 1][:3]
     chip = CHIPS[spec.cluster.accelerator][1]
     # Only a full 4-long axis wraps into a torus; a smaller test slice is a mesh.
     wrap = tuple(d >= 4 for d in dims)
@@ -47,11 +49,24 @@ def devices(spec: TrialSpec, topology: str | None = None) -> list[Any]:
         platform="tpu",
         topology_name=name,
         chip_config_name=chip,
-        chips_per_host_bounds=(2, 2, 1),
+        chips_per_host_bounds=host_bounds(spec, dims),
         num_slices=spec.cluster.slices_per_trial,
         wrap=wrap,
     )
     return desc.devices
+
+
+# A host's chips as libtpu lays them out, by chips per host: v5e and v6e come as 1-, 4- and 8-chip VMs
+# (docs.cloud.google.com/tpu/docs/v5e, /v6e), v5p and tpu7x hosts hold 4.
+HOST_SHAPES = {1: (1, 1, 1), 4: (2, 2, 1), 8: (2, 4, 1)}
+
+
+def host_bounds(spec: TrialSpec, dims: list[int]) -> tuple[int, int, int]:
+    """libtpu's chips_per_host_bounds for the cluster's hosts, cut to divide the topology's three axes (it
+    must: a 1x1 topology takes (1, 1, 1)), so a slice smaller than one host compiles too."""
+    chips = spec.cluster.devices_per_host // CHIPS[spec.cluster.accelerator][2]
+    x, y, z = (math.gcd(b, d) for b, d in zip(HOST_SHAPES.get(chips, HOST_SHAPES[4]), dims, strict=True))
+    return x, y, z
 
 
 GIB = 2**30
