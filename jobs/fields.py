@@ -43,11 +43,17 @@ def key(
     auto: bool = False,
     nonempty: bool = False,
     repeats: bool = False,
+    id_at_default: bool = True,
 ) -> Any:
     """A dataclass field declaring a config key: `default` (or `factory`, for a section; neither: required),
-    what it accepts and `doc`, its meaning (Markdown; the first sentence is its `--help` line)."""
+    what it accepts and `doc`, its meaning (Markdown; the first sentence is its `--help` line).
+
+    `id_at_default=False`: the key enters the trial id (jobs/spec.py TrialSpec.identity) only when it is not at
+    its default. A key added after trials ran is declared so: those trials keep their ids, so MLflow resumes
+    them, the regression gate's baselines still match and the cached AOT compiles stay valid."""
     rule = Rule(ge=ge, gt=gt, le=le, choices=tuple(choices), auto=auto, nonempty=nonempty, repeats=repeats)
-    return dataclasses.field(default=default, default_factory=factory, metadata={"doc": doc, "rule": rule})
+    meta = {"doc": doc, "rule": rule, "id_at_default": id_at_default}
+    return dataclasses.field(default=default, default_factory=factory, metadata=meta)
 
 
 def default(f: dataclasses.Field) -> Any:
@@ -63,3 +69,8 @@ def doc(f: dataclasses.Field) -> str:
 def rule(f: dataclasses.Field) -> Rule:
     """What the field accepts beyond its type (a field declared without `key()` accepts its whole type)."""
     return f.metadata.get("rule", Rule())
+
+
+def id_at_default(f: dataclasses.Field) -> bool:
+    """Whether the key enters the trial id at its default (`key(id_at_default=...)`; a plain field does)."""
+    return f.metadata.get("id_at_default", True)

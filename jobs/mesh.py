@@ -11,7 +11,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jobs.spec import MeshSpec, ModelSpec
-from jobs.strategies import rules as cp_rules
+from jobs.strategies import rules
 from jobs.strategies.base import BATCH_AXES, MESH_AXES
 
 # Parameters are sharded FSDP-style over every axis but tensor (MaxText also folds context into FSDP).
@@ -142,12 +142,12 @@ def param_specs(model: ModelSpec, mesh: Mesh) -> dict:
 
 def activation_spec(strategy: str) -> P:
     """[B, L, E] activations: batch over data/fsdp, sequence over the strategy's context axes."""
-    seq = cp_rules.sequence_axes(strategy) or None
+    seq = rules.sequence_axes(strategy) or None
     return P(BATCH_AXES, seq, None)
 
 
 def token_spec(strategy: str) -> P:
-    seq = cp_rules.sequence_axes(strategy) or None
+    seq = rules.sequence_axes(strategy) or None
     return P(BATCH_AXES, seq)
 
 

@@ -1,4 +1,4 @@
-"""The seam: a frozen, JSON-serialisable TrialSpec in; metric records (plain dicts) out.
+"""The seam: a frozen, JSON-serialisable TrialSpec in; typed metric records (jobs/records.py) out.
 
 Pure Python (no jax, ray or mlflow) so both planes import it. The trial id hashes only the
 identity block (what changes the result); the execution block (cluster, paths) never enters it. Each field of a
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from jobs import strategies
+from jobs import fields, strategies, tuning
 from jobs.fields import key
 from jobs.strategies.base import LAYOUTS, MESH_AXES
 
@@ -34,28 +34,25 @@ DTYPES = ("bfloat16", "float32")  # train.dtype: jax.numpy's names (jobs/step.py
 # implements each name. auto: splash on TPU, flash on GPU, xla elsewhere.
 KERNEL_PLATFORM: dict[str, str | None] = {"auto": None, "xla": None, "splash": "tpu", "flash": "gpu"}
 KERNELS = tuple(KERNEL_PLATFORM)
-# Tokens per device per unembedding chunk of jobs/model.loss_fn (the planner's memory model sizes the logits
-# by it); unchunked, the logits are the largest term at 14M tokens.
-LOSS_CHUNK = 8192
+# Bytes of one unembedding chunk's fp32 logits on a device (jobs/model.loss_fn; the planner's memory model sizes
+# the loss phase by it): a chunk's tokens are this over 4 x the vocabulary a device holds, so a 262K vocabulary
+# (Gemma 3) takes 256-token chunks where a fixed 8,192 tokens needed 8 GiB of fp32 logits and twice that with
+# their gradient, more than a 16 GiB chip holds. Unchunked, the logits are the largest term at 14M tokens.
+LOSS_CHUNK_BYTES = 2**28
+
+
+def loss_chunk_tokens(local_length: int, rows: int, vocab: int) -> int:
+    """Tokens per row of one unembedding chunk on a device holding `rows` sequences of `local_length` tokens and
+    `vocab` entries of the table: the largest divisor of local_length whose fp32 logits (rows x chunk x vocab)
+    stay within LOSS_CHUNK_BYTES; at least one token."""
+    c = max(min(local_length, LOSS_CHUNK_BYTES // (4 * max(vocab, 1) * max(rows, 1))), 1)
+    while local_length % c:
+        c -= 1
+    return c
 
 
 # model.attention_pattern's layer types and the mask each gives its layers' attention (jobs/model.py)
 LAYER_TYPES = ("global", "local", "chunked")
-# ModelSpec's keys before the layer pattern came: every later key enters the trial id only when it is not at
-# its default (TrialSpec.identity), so the models that ran before keep their ids
-_MODEL_KEYS_BEFORE_PATTERN = (
-    "name",
-    "vocab",
-    "embed",
-    "layers",
-    "q_heads",
-    "kv_heads",
-    "head_dim",
-    "mlp",
-    "rope_theta",
-    "norm_eps",
-    "tie_embeddings",
-)
 
 
 @dataclass(frozen=True)
@@ -91,52 +88,63 @@ class ModelSpec:
         "chunked, global]`. Its length must divide `layers` unless `partial_pattern`.",
         choices=LAYER_TYPES,
         repeats=True,
+        id_at_default=False,
     )
     partial_pattern: bool = key(
         False,
         doc="Let the last repeat of `attention_pattern` stop short, as Hugging Face's `layer_types` and "
         "MaxText's remaining layers do (Gemma 3 1B, 4B and 27B: 26, 34 and 62 layers over a 6-layer pattern); "
         "false: a pattern that does not divide `layers` is a config error.",
+        id_at_default=False,
     )
     window: int = key(
         0,
         doc="Sliding window W of the `local` layers, in tokens, counting the query itself (a query at p sees "
         "p-W+1 .. p; Hugging Face's and MaxText's `sliding_window`); 0: no `local` layers.",
         ge=0,
+        id_at_default=False,
     )
     chunk: int = key(
         0,
         doc="Chunk C of the `chunked` layers, in tokens: a query at p sees the keys of its own chunk p // C up to "
         "p (Llama 4's attention_chunk_size); 0: no `chunked` layers.",
         ge=0,
+        id_at_default=False,
     )
     local_rope_theta: float = key(
         0.0,
         doc="RoPE theta of the `local` and `chunked` layers (Gemma 3: 10,000 there, `rope_theta` 1,000,000 on "
         "its global layers); 0: `rope_theta`.",
         ge=0,
+        id_at_default=False,
     )
     global_rope: bool = key(
         True,
         doc="RoPE on the `global` layers; false: no positional encoding there (NoPE, Llama 4's global layers).",
+        id_at_default=False,
     )
     sinks: bool = key(
         False,
         doc="Attention sinks (gpt-oss): a learnable fp32 logit per query head and layer that joins every "
         "softmax denominator and brings no value.",
+        id_at_default=False,
     )
     qk_norm: bool = key(
         False,
         doc="RMS-normalise each head's queries and keys (learned scale per head dim) before RoPE: Qwen3, Gemma 3.",
+        id_at_default=False,
     )
     mlp_activation: str = key(
         "silu",
         doc="Activation of the gated MLP: `silu` (SwiGLU: Llama, Qwen) or `gelu` (GeGLU, tanh approximation: "
         "Gemma); the same FLOPs.",
         choices=("silu", "gelu"),
+        id_at_default=False,
     )
     embed_scale: bool = key(
-        False, doc="Multiply the input embeddings by sqrt(E) (Gemma); the unembedding is not scaled."
+        False,
+        doc="Multiply the input embeddings by sqrt(E) (Gemma); the unembedding is not scaled.",
+        id_at_default=False,
     )
 
     def __post_init__(self) -> None:
@@ -216,9 +224,15 @@ class MeshSpec:
     context: int = 1
     context_ulysses: int = 1
     tensor: int = 1
-    # The axis laid across slices (over DCN) when a trial spans cluster.slices_per_trial > 1: its outer
-    # factor indexes the slice, the rest of the mesh stays inside one slice (ICI). "": one slice.
-    dcn: str = ""
+    # declared here, not in orchestrator/config/schema.py's MeshConfig (which takes this field), for its id flag;
+    # the rest of the mesh stays inside one slice (ICI)
+    dcn: str = key(
+        "",
+        doc="The axis laid across slices over DCN when `cluster.slices_per_trial` > 1 (its outer factor indexes "
+        'the slice); "": one slice.',
+        choices=("", *MESH_AXES),
+        id_at_default=False,
+    )
 
     @property
     def size(self) -> int:
@@ -259,8 +273,16 @@ class StrategySpec:
         "every backend), `splash` (Pallas, TPU only), `flash` (GPU only).",
         choices=KERNELS,
     )
-    block_q: int = key(512, doc="Query block of the local kernel, in tokens.", ge=1)
-    block_kv: int = key(512, doc="Key/value block of the local kernel, in tokens.", ge=1)
+    block_q: int | str = key(
+        tuning.AUTO,
+        doc="Query block of the local kernel, in tokens; `auto`: the block measured fastest for the chip, kernel, "
+        "head_dim and tokens per call (jobs/tuning.py, docs/results/v5e.md), 512 where none was measured.",
+        ge=1,
+        auto=True,
+    )
+    block_kv: int | str = key(
+        tuning.AUTO, doc="Key/value block of the local kernel, in tokens; `auto` as block_q.", ge=1, auto=True
+    )
     local: str = key(
         "",
         doc="CP strategy of the model's `local` and `chunked` layers (\"\": `name`'s, as every layer's). It shares "
@@ -268,6 +290,7 @@ class StrategySpec:
         "and double_ring only in the contiguous one. E.g. `name=ulysses local=all_gather layout=contiguous`: "
         "the global layers swap heads, the windowed ones fetch only their halo.",
         choices=("", *strategies.CP_NAMES),
+        id_at_default=False,
     )
 
     def for_layer(self, kind: str) -> str:
@@ -297,26 +320,31 @@ class DataSpec:
     )
     # jobs/data/__init__.py memory-maps a flat file of these
     dtype: str = key("uint16", doc="Element type of the token file.", choices=("uint16", "uint32"))
-    # kind=documents (jobs/data/documents/). Left out of the trial id at their defaults (TrialSpec.identity).
+    # kind=documents (jobs/data/documents/)
     sources: tuple[str, ...] = key(
         (),
         doc="With `documents`: ArrayRecord or Parquet shard files, or directories / `gs://` prefixes of them (one "
         "format each), as `python -m jobs.data.documents.corpus` writes (empty: `path` alone).",
+        id_at_default=False,
     )
     weights: tuple[float, ...] = key(
-        (), doc="With `documents`: the sources' mixture weights, one per source (empty: uniform)."
+        (),
+        doc="With `documents`: the sources' mixture weights, one per source (empty: uniform).",
+        id_at_default=False,
     )
     pack: str = key(
         "first_fit",
         doc="With `documents`: `first_fit` (each document into the first row with room) or `concat` "
         "(concatenated, then cut into rows).",
         choices=PACKS,
+        id_at_default=False,
     )
     long_docs: str = key(
         "split",
         doc="With `documents`: a document longer than a row is `split` into row-sized documents, or `truncate`d "
         "to one row.",
         choices=LONG_DOCS,
+        id_at_default=False,
     )
 
 
@@ -396,6 +424,7 @@ class TrainSpec:
         doc="What the step keeps where, on top of the `train.remat` preset; left out of the trial id while all "
         "three lists are empty.",
         factory=MemorySpec,
+        id_at_default=False,
     )
 
 
@@ -541,6 +570,14 @@ class RunSpec:
 _CLUSTER_KEYS = frozenset(f.name for f in dataclasses.fields(ClusterSpec))
 
 
+def _identity(value: Any) -> Any:
+    """A section as the trial id hashes it: each key, less those at their default that enter the id only off it."""
+    if not dataclasses.is_dataclass(value):
+        return value
+    pairs = ((f, getattr(value, f.name)) for f in dataclasses.fields(value))
+    return {f.name: _identity(v) for f, v in pairs if fields.id_at_default(f) or v != fields.default(f)}
+
+
 @dataclass(frozen=True)
 class TrialSpec:
     model: ModelSpec
@@ -552,25 +589,33 @@ class TrialSpec:
     run: RunSpec = field(default_factory=RunSpec)
     axes: tuple[tuple[str, Any], ...] = ()  # the grid point's own axis values, for display and params
 
+    def __post_init__(self) -> None:
+        s = self.strategy
+        if tuning.AUTO in (s.block_q, s.block_kv):  # what the planner prices and the job runs: integers
+            b = tuning.block(self.kernel, self.cluster.accelerator, self.model.head_dim, self.call_tokens)
+            q, kv = (b if v == tuning.AUTO else v for v in (s.block_q, s.block_kv))
+            object.__setattr__(self, "strategy", dataclasses.replace(s, block_q=q, block_kv=kv))
+
+    @property
+    def kernel(self) -> str:
+        """The local kernel that runs: `auto` is the platform's own (splash on TPU, flash on GPU), else xla."""
+        k = self.strategy.kernel
+        if k != "auto":
+            return k
+        own = {p: name for name, p in KERNEL_PLATFORM.items() if p}
+        return own.get(self.cluster.platform, "xla")
+
+    @property
+    def call_tokens(self) -> int:
+        """Queries per device along the sequence (context_length over the context axes): a kernel call's length."""
+        return max(self.context_length // max(self.mesh.cp, 1), 1)
+
     def identity(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        if self.train.memory == MemorySpec():
-            # Added after many trials ran: left out at its default, so every earlier run's id (MLflow
-            # resume, the regression gate's baselines) and the cached AOT compiles stay valid.
-            del d["train"]["memory"]
-        if not self.mesh.dcn:
-            del d["mesh"]["dcn"]  # likewise: a one-slice mesh keeps its id
-        if not self.strategy.local:
-            del d["strategy"]["local"]  # likewise: one strategy for every layer keeps its id
-        for f in dataclasses.fields(ModelSpec):
-            # likewise the keys of the layer pattern, sinks and the rest, which came after tie_embeddings
-            if f.name not in _MODEL_KEYS_BEFORE_PATTERN and getattr(self.model, f.name) == f.default:
-                del d["model"][f.name]
-        for f in dataclasses.fields(DataSpec):
-            # likewise the documents fields, which came after kind, path and dtype
-            if f.name not in ("kind", "path", "dtype") and getattr(self.train.data, f.name) == f.default:
-                del d["train"]["data"][f.name]
-        return {k: d[k] for k in ("model", "mesh", "strategy", "context_length", "train")}
+        """What the trial id hashes: the keys that change the result (never the cluster, paths or tracing),
+        each at its value, but a key declared `id_at_default=False` (jobs/fields.py) only off its default."""
+        return {
+            k: _identity(getattr(self, k)) for k in ("model", "mesh", "strategy", "context_length", "train")
+        }
 
     @functools.cached_property
     def trial_id(self) -> str:

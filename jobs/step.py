@@ -10,8 +10,8 @@ import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from jobs import mesh as meshlib
 from jobs.data.buckets import position_buckets
+from jobs.mesh import named, param_specs, token_spec
 from jobs.model import init_params, loss_fn
 from jobs.spec import DTYPES as DTYPE_NAMES
 from jobs.spec import TrialSpec
@@ -31,7 +31,7 @@ def optimizer(spec: TrialSpec) -> optax.GradientTransformation:
 
 def state_shardings(spec: TrialSpec, mesh: Mesh):
     """Shardings of (params, opt_state) derived from the parameter specs (optimizer moments mirror params)."""
-    pspecs = meshlib.named(mesh, meshlib.param_specs(spec.model, mesh))
+    pspecs = named(mesh, param_specs(spec.model, mesh))
     abstract = jax.eval_shape(lambda: init_params(spec.model, jax.random.key(0)))
     opt = optimizer(spec)
     opt_abs = jax.eval_shape(opt.init, abstract)
@@ -67,7 +67,7 @@ def batch_keys(spec: TrialSpec) -> dict[str, jnp.dtype]:
 
 
 def batch_shardings(spec: TrialSpec, mesh: Mesh) -> dict:
-    tok = NamedSharding(mesh, meshlib.token_spec(spec.strategy.name))
+    tok = NamedSharding(mesh, token_spec(spec.strategy.name))
     return dict.fromkeys(batch_keys(spec), tok)
 
 

@@ -11,11 +11,10 @@ from tenacity import Retrying, retry_if_result, wait_fixed
 
 from jobs.spec import TrialSpec
 from orchestrator.config.schema import Options, sweep_identity
-from orchestrator.launch import cluster as clusters
+from orchestrator.launch.cluster import concurrency, connect
 from orchestrator.launch.executor import execute
-from orchestrator.results import gate as regress
-from orchestrator.results import html, report
-from orchestrator.tracking import layout, open_tracker, recording
+from orchestrator.results import gate, html, report
+from orchestrator.tracking import layout, open_tracker, profiles, recording
 from orchestrator.tracking.leases import SoleLeases
 from orchestrator.ui.progress import SweepProgress
 
@@ -29,10 +28,8 @@ def run(options: Options, specs: list[TrialSpec], rows: list) -> int:
     name, sweep_id = sweep_identity(options)
     cluster = specs[0].cluster
     tracker = open_tracker(options.tracking)
-    if tracker.use_journal(sweep_id):  # an earlier driver was killed: what it never delivered lands first
-        tracker.flush(timeout=120)
-    done = tracker.finished_trials(sweep_id)
-    tracker.resume(sweep_id)  # steps an earlier driver of this sweep already logged are not logged twice
+    # what an earlier driver never delivered lands first; what it finished is skipped, what it logged kept
+    done = tracker.resume(sweep_id)
     tracker.start_sweep(name, sweep_id, cluster.name)
 
     with SweepProgress(options.progress) as progress:
@@ -56,12 +53,10 @@ def run(options: Options, specs: list[TrialSpec], rows: list) -> int:
         "sweep", {"status": "failed" if failed else "finished", "trials_failed": str(len(failed))}
     )
     tracker.end("sweep", "FAILED" if failed else "FINISHED")
-    delivered = tracker.flush(timeout=300)
-    tracker.close_journal()  # removed when all was delivered; else a rerun of the sweep replays it
-    if not delivered:
+    if left := tracker.finish(timeout=300):  # the journal goes once all is delivered; else a rerun replays it
         log.error(
             "tracking store unreachable: %d writes not delivered (journaled for a rerun of sweep %s)",
-            len(tracker.ops),
+            left,
             sweep_id,
         )
         return 1
@@ -72,7 +67,7 @@ def run(options: Options, specs: list[TrialSpec], rows: list) -> int:
     )
     print(f"dashboard: {tracker.dashboard_hint()}")
     if verdict is not None:
-        regress.render(verdict)
+        gate.render(verdict)
     if page:
         print(f"report: {page}", flush=True)
     return 1 if failed else code
@@ -95,7 +90,8 @@ def _open_points(
             progress.add(tid, label, spec.train.steps, "skipped", "finished earlier in this sweep")
         elif row.verdict != "run":
             progress.add(tid, label, spec.train.steps, row.verdict, row.reason)
-            tracker.start_trial(spec, sweep_id, row.verdict, row.reason, row.predicted_hbm_bytes_per_device)
+            tracker.open_trial(spec, sweep_id, row.verdict, row.reason)
+            tracker.log_metrics(tid, {"predicted_bytes_per_device": row.predicted_hbm_bytes_per_device})
             tracker.end(tid, "FINISHED")
         else:
             progress.add(tid, label, spec.train.steps)
@@ -111,7 +107,7 @@ def _log_grid(tracker, specs: list[TrialSpec], rows: list, done: dict[str, str])
     for spec, row in zip(specs, rows, strict=True):
         rid = tracker.run_id(spec.trial_id) or done.get(spec.trial_id)
         grid.append({"spec": f"runs:/{rid}/trial_spec.json" if rid else "", "plan": row.as_dict()})
-    tracker.log_text("sweep", json.dumps(grid, indent=1), "grid.json")
+    tracker.log_artifact("sweep", json.dumps(grid, indent=1), "grid.json")
 
 
 def _report(
@@ -132,7 +128,7 @@ def _report(
     finished = list({s.trial_id: s for s in specs if s.trial_id in ran or stored.get(s.trial_id)}.values())
 
     def records_of(tid: str) -> list:
-        return tracker.records(tid) if tid in ran else tracker.stored_records(stored[tid])
+        return tracker.records(tid) if tid in ran else tracker.records(tid, stored[tid])
 
     trials, pngs = report.publish(tracker, finished, by_id, records_of)
     tracker.set_tags("sweep", {"plots_trials": str(len(trials))})
@@ -151,7 +147,7 @@ def _report(
     ]
     notes = [html.CPU_NOTE] if cluster.platform == "cpu" else []
     text = html.page(f"sweep {name} · {sweep_id}", summary, points, pngs, notes)
-    tracker.log_text("sweep", text, "report.html")
+    tracker.log_artifact("sweep", text, "report.html")
     path = os.path.join(tracker.report_dir(), f"{sweep_id}.html")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
@@ -161,12 +157,13 @@ def _report(
 
 def _describe(tracker, spec: TrialSpec, row, sweep_id: str) -> None:
     """A trial this driver holds: its params, spec, status and predictions on its child run."""
-    tracker.start_trial(spec, sweep_id, predicted_bytes=row.predicted_hbm_bytes_per_device)
+    tracker.open_trial(spec, sweep_id, "queued")
+    tracker.log_metrics(spec.trial_id, {"predicted_bytes_per_device": row.predicted_hbm_bytes_per_device})
     if row.step is not None:  # the plan's terms: next to the measured final_step_time_median_s and a profile
         tracker.log_metrics(
-            spec.trial_id, {"predicted_step_time_s": row.step.step_s, **layout.band_metrics(row)}
+            spec.trial_id, {"predicted_step_time_s": row.step.step_s, **profiles.band_metrics(row)}
         )
-        layout.log_predicted(tracker, spec.trial_id, row.step)
+        profiles.log_predicted(tracker, spec.trial_id, row.step)
 
 
 def _run_leased(options: Options, cluster, tracker, progress: SweepProgress, sweep_id: str, runnable: list):
@@ -177,10 +174,8 @@ def _run_leased(options: Options, cluster, tracker, progress: SweepProgress, swe
     ran: list[TrialSpec] = []
 
     def launch(batch: list[TrialSpec]) -> None:
-        clusters.connect(cluster)
-        outcomes.update(
-            execute(batch, tracker, progress, clusters.concurrency(cluster), options.retries, sweep_id)
-        )
+        connect(cluster)
+        outcomes.update(execute(batch, tracker, progress, concurrency(cluster), options.retries, sweep_id))
         ran.extend(batch)
 
     leases = tracker.leases()
@@ -290,16 +285,16 @@ def _look_at(leases, tracker, tid: str):
 
 
 def _gate(options: Options, tracker, sweep_id: str, finished: list) -> tuple[Any, int]:
-    """(the regression gate's verdict, 0 or regress.EXIT_REGRESSION) over the trials this sweep finished, as
+    """(the regression gate's verdict, 0 or gate.EXIT_REGRESSION) over the trials this sweep finished, as
     this driver holds them (`tracker`: the MLflow one); the store is asked only for their baselines. (None, 1)
     when it cannot answer."""
     g = options.gate
-    measured = [regress.from_trial(t, sweep_id, tracker.started[t.spec.trial_id]) for t in finished]
+    measured = [gate.from_trial(t, sweep_id, tracker.started[t.spec.trial_id]) for t in finished]
     try:
         args = (g.max_drop, g.window, g.noise_k, measured)
-        result = tracker.call(regress.compare, tracker.client, tracker.experiment_id(), sweep_id, *args)
+        result = tracker.call(gate.compare, tracker.client, tracker.experiment_id(), sweep_id, *args)
     except Exception:
         log.exception("regression gate could not read the tracking store")
         return None, 1
-    tracker.set_tags("sweep", regress.tags(result))
-    return result, regress.exit_code(result)
+    tracker.set_tags("sweep", gate.tags(result))
+    return result, gate.exit_code(result)

@@ -135,8 +135,8 @@ def test_an_old_cache_entry_is_a_hit(tmp_path, monkeypatch):
     assert aot.cached_any(spec) and aot.cached_caps(spec) == [47700]
     got = aot.compiled_memory(spec)
     assert got.peak_bytes == OLD_COMPILED["peak_bytes"] and got.program == "abcd1234"
-    assert aot.capped.fits(spec, 47700, compile=False).required_bytes == OLD_CAPPED["required_bytes"]
-    assert aot.capped.fits(spec, 1, compile=False) is None
+    assert aot.cache.fits(spec, 47700, compile=False).required_bytes == OLD_CAPPED["required_bytes"]
+    assert aot.cache.fits(spec, 1, compile=False) is None
 
 
 def test_compare_rows_from_cached_answers(monkeypatch):
@@ -283,9 +283,9 @@ def test_capped_compile_says_whether_a_point_fits_a_given_hbm(tmp_path, monkeypa
     pytest.importorskip("libtpu")
     monkeypatch.setenv("CP_AOT_CACHE", str(tmp_path))
     spec = tiny_spec()
-    roomy, tight = aot.capped.fits(spec, 4096), aot.capped.fits(spec, 1)
+    roomy, tight = aot.cache.fits(spec, 4096), aot.cache.fits(spec, 1)
     assert roomy.status == "compiled" and 0 < roomy.peak_bytes < 4096 * 2**20 and roomy.cap_mib == 4096, roomy
     assert tight.status == "rejected" and tight.required_bytes > 2**20 >= tight.available_bytes, tight
     assert len(list(tmp_path.glob("*.cap*.json"))) == 2
     assert sorted(aot.cached_caps(spec)) == [1, 4096]
-    assert aot.capped.fits(spec, 1, compile=False) == tight  # from the cache
+    assert aot.cache.fits(spec, 1, compile=False) == tight  # from the cache

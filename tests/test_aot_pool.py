@@ -13,6 +13,7 @@ import pytest
 from jobs import storage
 from jobs.spec import MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
 from orchestrator.config.load import group_option
+from orchestrator.launch import cluster
 from orchestrator.plan import aot, hardware
 from orchestrator.plan.aot import cache, pool
 from orchestrator.plan.aot.target import FLOOR_BYTES, GIB, compile_host_bytes
@@ -24,7 +25,7 @@ RING8 = MeshSpec(context=8)
 
 
 def small(strategy: str = "ring", mesh: MeshSpec = RING8, length: int = 2048, **model) -> TrialSpec:
-    """The tiny model on a tpu7x 2x2x1 slice (8 devices); address "" so the pool starts its own local Ray and
+    """The tiny model on a tpu7x 2x2x1 slice (8 devices); address "" so join_or_start starts a local Ray and
     never joins one another test left running (the trial id leaves the cluster out: same cache entry)."""
     c = replace(hardware.load("tpu7x_128")[0], topology="2x2x1", address="")
     s = replace(StrategySpec(**group_option("strategy", strategy)), block_q=256, block_kv=256)
@@ -46,7 +47,8 @@ def broken() -> TrialSpec:
 
 @pytest.fixture
 def fresh_ray(no_ray, monkeypatch):
-    """No Ray before the test (the pool starts its own), none after; PYTHONPATH as it was."""
+    """No Ray before the test (it starts its own, as the command line does: launch/cluster.py), none after;
+    PYTHONPATH as it was."""
     import ray
 
     monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", str(ROOT)))
@@ -105,10 +107,18 @@ def test_draws_compile_in_their_own_processes_and_the_worst_judges(tmp_path, loc
     assert again == [(row.result, True)]  # every draw read back: nothing compiled
 
 
+def test_the_pool_compiles_on_the_ray_it_is_given_and_starts_none(fresh_ray):
+    """One Ray starter (launch/cluster.py): without a Ray up, the pool says so instead of starting one."""
+    with pytest.raises(RuntimeError, match="join_or_start"):
+        pool.compile_all([small()], workers=1, progress="plain")
+    assert not fresh_ray.is_initialized()
+
+
 @pytest.mark.slow
 def test_a_gs_cache_is_shared_between_runs(tmp_path, monkeypatch, gcs, fresh_ray):
     pytest.importorskip("libtpu")
     uri, spec = f"gs://{BUCKET}/team/aot", small()
+    cluster.join_or_start(spec.cluster, 1)
     [(got, hit)] = pool.compile_all([spec], workers=1, cache_at=uri, progress="plain")
     assert got.status == "compiled" and not hit, got
     [blob] = gcs_client(gcs).list_blobs(BUCKET)
@@ -119,6 +129,7 @@ def test_a_gs_cache_is_shared_between_runs(tmp_path, monkeypatch, gcs, fresh_ray
     fresh_ray.shutdown()
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv(cache.ENV, str(tmp_path / "local"))
+    cluster.join_or_start(spec.cluster, 1)
     [(again, hit)] = pool.compile_all([spec], workers=1, cache_at=uri, progress="plain")
     assert hit and again == got
     assert not (tmp_path / "local").exists()

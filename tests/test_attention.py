@@ -14,7 +14,7 @@ from jobs import strategies  # noqa: E402
 from jobs.attention import attention, from_zigzag, reference_attention, to_zigzag  # noqa: E402
 from jobs.attention.sharding import qkv_spec  # noqa: E402
 from jobs.mesh import small_mesh  # noqa: E402
-from jobs.strategies import rules as cp_rules
+from jobs.strategies import rules
 
 FP32_TOL = 2e-5
 # bf16 inputs (8-bit mantissa, rel. step 2^-8 = 3.9e-3) with fp32 softmax statistics and accumulators: the
@@ -35,7 +35,7 @@ def make_inputs(B, L, H, K, D, dtype=jnp.float32, seed=0):
 def natural_order_fn(strategy, mesh_shape, *, layout="contiguous", causal=True, **attention_kw):
     """attention in natural token order; zigzag inputs are permuted in and out like the training job does."""
     mesh = small_mesh(mesh_shape)
-    ring = cp_rules.ring_size(strategy, mesh_shape)
+    ring = rules.ring_size(strategy, mesh_shape)
     kw = {"block_q": BLOCK, "block_kv": BLOCK} | attention_kw
 
     def f(q, k, v):
@@ -155,7 +155,7 @@ def test_full_mesh_inside_outer_jit(strategy, mesh_shape):
         )
         return out_and_grads(f, q, k, v, ct)
 
-    ring = cp_rules.ring_size(strategy, mesh_shape)
+    ring = rules.ring_size(strategy, mesh_shape)
     ct_zigzag = to_zigzag(ct, ring)
     got = step(*(to_zigzag(x, ring) for x in (q, k, v)), ct_zigzag)
     want = reference(q, k, v, ct)
@@ -228,7 +228,7 @@ def test_eager_call_outside_jit():
     ],
 )
 def test_bad_inputs_raise_value_error(strategy, mesh_shape, L, H, K, layout, match):
-    """The data plane raises exactly what cp_rules (the planner) raises, before compiling anything."""
+    """The data plane raises exactly what jobs.strategies.rules (the planner) raises, before compiling anything."""
     mesh = small_mesh(mesh_shape)
     q, k, v, _ = make_inputs(1, L, H, K, 8)
     with pytest.raises(ValueError, match=match):

@@ -1,4 +1,4 @@
-"""cp_rules: pure-Python CP constraints shared by the planner and the attention code."""
+"""jobs.strategies.rules: pure-Python CP constraints shared by the planner and the attention code."""
 
 import re
 import subprocess
@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from jobs.strategies import rules as cp_rules
+from jobs.strategies import rules
 
 
 def test_cp_rules_does_not_import_jax():
@@ -16,30 +16,30 @@ def test_cp_rules_does_not_import_jax():
 
 
 def test_sequence_axes():
-    assert cp_rules.sequence_axes("ring") == ("context",)
-    assert cp_rules.sequence_axes("usp") == ("context", "context_ulysses")
-    assert cp_rules.sequence_axes("none") == ()
+    assert rules.sequence_axes("ring") == ("context",)
+    assert rules.sequence_axes("usp") == ("context", "context_ulysses")
+    assert rules.sequence_axes("none") == ()
 
 
 @pytest.mark.parametrize("length,ring", [(16, 1), (16, 2), (64, 4), (48, 3)])
 def test_zigzag_permutation(length, ring):
-    perm = cp_rules.zigzag_permutation(length, ring)
+    perm = rules.zigzag_permutation(length, ring)
     assert sorted(perm.tolist()) == list(range(length))
     c = length // (2 * ring)
     for r in range(ring):  # device r holds chunks r and 2R-1-r
         block = perm[r * 2 * c : (r + 1) * 2 * c]
         assert block[:c].tolist() == list(range(r * c, (r + 1) * c))
         assert block[c:].tolist() == list(range((2 * ring - 1 - r) * c, (2 * ring - r) * c))
-    inv = cp_rules.inverse_permutation(perm)
+    inv = rules.inverse_permutation(perm)
     assert np.array_equal(perm[inv], np.arange(length))
 
 
 def test_zigzag_is_identity_for_one_device():
-    assert cp_rules.zigzag_permutation(8, 1).tolist() == list(range(8))
+    assert rules.zigzag_permutation(8, 1).tolist() == list(range(8))
 
 
 def ok(strategy, L=1024, hq=8, hkv=2, layout="contiguous", **mesh):
-    cp_rules.validate(strategy, context_length=L, q_heads=hq, kv_heads=hkv, mesh=mesh, layout=layout)
+    rules.validate(strategy, context_length=L, q_heads=hq, kv_heads=hkv, mesh=mesh, layout=layout)
 
 
 def test_valid_configurations_pass():
@@ -80,22 +80,20 @@ def test_bad_configurations_raise_one_clear_line(kwargs, match):
 
 def test_batch_must_divide_data_parallel_axes():
     with pytest.raises(ValueError, match=r"batch 3 is split .* 3 % 4 = 3"):
-        cp_rules.validate(
-            "ring", context_length=64, q_heads=4, kv_heads=4, mesh={"data": 2, "fsdp": 2}, batch=3
-        )
+        rules.validate("ring", context_length=64, q_heads=4, kv_heads=4, mesh={"data": 2, "fsdp": 2}, batch=3)
 
 
 def test_one_batch_rule_for_the_planner_and_the_job():
-    """cp_rules.batch_problem is the rule; the planner and the job's own guard say exactly its words."""
+    """rules.batch_problem is the rule; the planner and the job's own guard say exactly its words."""
     from dataclasses import replace
 
     from jobs.spec import MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
     from jobs.train import check
-    from orchestrator.plan import rules as validate
+    from orchestrator.plan import validity
 
-    words = cp_rules.batch_problem(6, 2, 2, grad_accum=2)
+    words = rules.batch_problem(6, 2, 2, grad_accum=2)
     assert words.startswith("batch 6 is split into grad_accum=2") and "6 % 8 = 6" in words
-    assert cp_rules.batch_problem(8, 2, 2, grad_accum=2) is None
+    assert rules.batch_problem(8, 2, 2, grad_accum=2) is None
     model = ModelSpec(name="t", vocab=64, embed=32, layers=1, q_heads=4, kv_heads=4, head_dim=8, mlp=64)
     spec = TrialSpec(
         model,
@@ -104,11 +102,11 @@ def test_one_batch_rule_for_the_planner_and_the_job():
         context_length=64,
         train=TrainSpec(batch=6, grad_accum=2),
     )
-    assert any(p.message == words for p in validate.problems(spec))
+    assert any(p.message == words for p in validity.problems(spec))
     with pytest.raises(ValueError, match=re.escape(words)):
         check(spec)
     assert not [
         p
-        for p in validate.problems(replace(spec, train=TrainSpec(batch=8, grad_accum=2)))
+        for p in validity.problems(replace(spec, train=TrainSpec(batch=8, grad_accum=2)))
         if p.rule.startswith("batch")
     ]

@@ -13,9 +13,9 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from jobs.attention import attention, hopcount, reference_attention
-from jobs.attention.kernels import splash as splash_kernel  # noqa: E402
+from jobs.attention.kernels import splash  # noqa: E402
 from jobs.mesh import small_mesh  # noqa: E402
-from jobs.strategies import rules as cp_rules  # noqa: E402
+from jobs.strategies import rules  # noqa: E402
 
 TOL = 5e-5
 BLOCK = 16
@@ -43,7 +43,7 @@ def balanced_perm(L: int, P: int, seed: int) -> np.ndarray:
 def perms(layout: str, B: int, L: int, P: int, ring: int) -> np.ndarray:
     """[B, L] natural index at each position of the given order (a different balanced order per row)."""
     if layout == "zigzag":
-        return np.tile(cp_rules.zigzag_permutation(L, ring), (B, 1))
+        return np.tile(rules.zigzag_permutation(L, ring), (B, 1))
     if layout == "balanced":
         return np.stack([balanced_perm(L, P, seed=b) for b in range(B)])
     return np.tile(np.arange(L), (B, 1))
@@ -59,9 +59,9 @@ def packed_fn(strategy, mesh_shape, layout, kernel, seg_BxL, *, block=BLOCK, cau
     """attention on natural-order arrays: permuted in (tokens, segment ids, positions per row) and back out."""
     mesh = None if strategy == "none" else small_mesh(mesh_shape)
     B, L = seg_BxL.shape
-    P = int(np.prod([mesh_shape.get(a, 1) for a in cp_rules.sequence_axes(strategy)])) if mesh else 1
+    P = int(np.prod([mesh_shape.get(a, 1) for a in rules.sequence_axes(strategy)])) if mesh else 1
     if perm_BxL is None:
-        perm_BxL = perms(layout, B, L, P, cp_rules.ring_size(strategy, mesh_shape))
+        perm_BxL = perms(layout, B, L, P, rules.ring_size(strategy, mesh_shape))
     perm = jnp.asarray(perm_BxL, jnp.int32)
     inv = jnp.argsort(perm, axis=1)
     take = lambda x, idx: jnp.take_along_axis(x, idx.reshape(*idx.shape, *([1] * (x.ndim - 2))), axis=1)
@@ -103,7 +103,7 @@ def check(
     """order(seg_L, P) -> [L]: the balanced permutation of each row (default: the hand-made one)."""
     seg = segments(L)
     q, k, v, ct = make_inputs(seg.shape[0], L, H, K, D)
-    P = int(np.prod([mesh_shape.get(a, 1) for a in cp_rules.sequence_axes(strategy)]))
+    P = int(np.prod([mesh_shape.get(a, 1) for a in rules.sequence_axes(strategy)]))
     perm = None if order is None else np.stack([order(row, P) for row in seg])
     f = packed_fn(strategy, mesh_shape, layout, kernel, seg, block=block, causal=causal, perm_BxL=perm)
     got = jax.jit(lambda *a: out_and_grads(f, *a))(q, k, v, ct)
@@ -216,8 +216,8 @@ SPLASH = [  # (strategy, mesh, L, layout): splash calls need lengths that are mu
 
 @pytest.mark.parametrize("strategy,mesh_shape,L,layout", SPLASH)
 def test_packed_matches_reference_splash(monkeypatch, strategy, mesh_shape, L, layout):
-    monkeypatch.setattr(splash_kernel, "xla_fwd", _no_fallback)
-    monkeypatch.setattr(splash_kernel, "xla_bwd", _no_fallback)
+    monkeypatch.setattr(splash, "xla_fwd", _no_fallback)
+    monkeypatch.setattr(splash, "xla_bwd", _no_fallback)
     check(strategy, mesh_shape, layout, "splash", L=L, H=2, K=1, D=16, block=128)
 
 
@@ -241,7 +241,7 @@ def count_hops(strategy, mesh_shape, layout, seg_BxL) -> tuple[dict, int]:
         f = packed_fn(strategy, mesh_shape, layout, "xla", seg_BxL)
         jax.block_until_ready(jax.jit(lambda *a: out_and_grads(f, *a))(q, k, v, ct))
         jax.effects_barrier()
-    perm = perms(layout, B, L, P, cp_rules.ring_size(strategy, mesh_shape))
+    perm = perms(layout, B, L, P, rules.ring_size(strategy, mesh_shape))
     return dict(counter), expected_hops(seg_BxL, perm, P)
 
 
@@ -308,10 +308,8 @@ def test_bad_packed_inputs_raise_value_error(kw, match):
 
 def test_balanced_layout_in_registry_and_rules():
     for name in ("all_gather", "ulysses", "ring", "usp", "double_ring"):
-        cp_rules.validate(
-            name, context_length=64, q_heads=4, kv_heads=2, mesh={"context": 2}, layout="balanced"
-        )
-    assert "balanced" in cp_rules.LAYOUTS  # a trial may name it (with train.data.kind=documents)
+        rules.validate(name, context_length=64, q_heads=4, kv_heads=2, mesh={"context": 2}, layout="balanced")
+    assert "balanced" in rules.LAYOUTS  # a trial may name it (with train.data.kind=documents)
 
 
 def test_unpacked_call_is_unchanged():

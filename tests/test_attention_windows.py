@@ -17,7 +17,7 @@ import pytest  # noqa: E402
 
 from jobs.attention import attention, hopcount, reference_attention  # noqa: E402
 from jobs.mesh import small_mesh  # noqa: E402
-from jobs.strategies import rules as cp_rules  # noqa: E402
+from jobs.strategies import rules  # noqa: E402
 from jobs.strategies.base import ring_steps  # noqa: E402
 
 TOL = 5e-5
@@ -65,7 +65,7 @@ def segments() -> np.ndarray:
 def order(layout: str, P: int, ring: int) -> np.ndarray:
     """[L] natural index at each position of the layout (balanced: 4P runs of L/4P shuffled, fixed seed)."""
     if layout == "zigzag":
-        return cp_rules.zigzag_permutation(L, ring)
+        return rules.zigzag_permutation(L, ring)
     if layout == "balanced":
         runs = np.arange(L).reshape(4 * P, L // (4 * P))
         return runs[np.random.default_rng(0).permutation(4 * P)].reshape(-1)
@@ -123,7 +123,7 @@ def check(strategy, P, layout, name, K=2, hlo=None, kernel="xla"):
     """One compile of forward + backward; every output and gradient within TOL of the reference."""
     kw = case(name, P)
     mesh_shape = MESHES[strategy][P] if strategy in MESHES else {}
-    perm = order(layout, P, cp_rules.ring_size(strategy, mesh_shape) if mesh_shape else 1)
+    perm = order(layout, P, rules.ring_size(strategy, mesh_shape) if mesh_shape else 1)
     seg = segments()
     q, k, v, ct, sinks = inputs(K)
     f = cp_fn(strategy, mesh_shape, layout, kw, perm, seg, kernel)
@@ -277,10 +277,10 @@ def _no_fallback(*args, **kwargs):
 @pytest.mark.slow
 def test_splash_runs_sinks(monkeypatch):
     """Sinks need nothing from the kernel: splash (Pallas interpret mode) under ring, corrected once."""
-    from jobs.attention.kernels import splash as splash_kernel
+    from jobs.attention.kernels import splash
 
-    monkeypatch.setattr(splash_kernel, "xla_fwd", _no_fallback)
-    monkeypatch.setattr(splash_kernel, "xla_bwd", _no_fallback)
+    monkeypatch.setattr(splash, "xla_fwd", _no_fallback)
+    monkeypatch.setattr(splash, "xla_bwd", _no_fallback)
     n = 256
     keys = jax.random.split(jax.random.PRNGKey(1), 5)
     shapes = ((1, n, 2, 16), (1, n, 1, 16), (1, n, 1, 16), (1, n, 2, 16), (2,))

@@ -5,7 +5,7 @@ import json
 from dataclasses import replace
 
 import pytest
-from conftest import run_cli
+from drivers import run_cli
 
 from orchestrator.config.grid import expand_points
 from orchestrator.config.load import load

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from jobs.data import balance
-from jobs.strategies import rules as cp_rules
+from jobs.strategies import rules
 
 
 def dense_work(seg_L, perm, P, block):
@@ -81,7 +81,7 @@ def test_segment_ids_and_positions():
 def test_contiguous_and_zigzag_are_cp_rules(P):
     seg = long_tailed_row(512, 0)
     assert np.array_equal(balance.permutation("contiguous", seg, P), np.arange(512))
-    assert np.array_equal(balance.permutation("zigzag", seg, P), cp_rules.zigzag_permutation(512, P))
+    assert np.array_equal(balance.permutation("zigzag", seg, P), rules.zigzag_permutation(512, P))
     with pytest.raises(ValueError, match="unknown layout"):
         balance.permutation("snake", seg, P)
     with pytest.raises(ValueError, match="L % P == 0"):
@@ -121,7 +121,7 @@ def test_one_document_filling_the_row(P):
     assert s["contiguous"].entries_ratio == pytest.approx(((2 * P - 1) * Ll + 1) / (P * Ll + 1), rel=1e-12)
     assert s["contiguous"].tiles_max == nb * (P - 1) * nb + nb * (nb + 1) / 2
     assert s["contiguous"].tiles_mean == (P * nb) * (P * nb + 1) / 2 / P
-    assert np.array_equal(balance.permutation("balanced", seg, P, chunk=8), cp_rules.zigzag_permutation(L, P))
+    assert np.array_equal(balance.permutation("balanced", seg, P, chunk=8), rules.zigzag_permutation(L, P))
     assert balance.useful_fraction(seg) == 1.0
 
 

@@ -16,7 +16,7 @@ from benchmarks.gpu_check_parity import ring_hops
 from jobs.spec import ModelSpec, TrialSpec
 
 ROOT = Path(__file__).resolve().parent.parent
-CPU_REFUSAL = "cuDNN refuses it: "  # flash_kernel.refusal on a host without cuDNN
+CPU_REFUSAL = "cuDNN refuses it: "  # flash.refusal on a host without cuDNN
 
 
 def test_constants_match_their_sources():

@@ -4,7 +4,7 @@ import pkgutil
 import subprocess
 import sys
 
-from conftest import ROOT
+from drivers import ROOT
 
 import orchestrator
 

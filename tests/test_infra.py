@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 import jsonschema
 import pytest
 import yaml
-from conftest import ROOT
+from drivers import ROOT
 
 kv = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate (the test extra)")
 

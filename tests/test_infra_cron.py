@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, run_cli
+from drivers import ROOT, run_cli
 from test_infra import INFRA, VENV_PATH, cron_container, documented, one
 
 

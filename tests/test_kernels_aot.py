@@ -68,7 +68,8 @@ def test_long_hop_splash_fits_vmem_and_smem(accel):
     from jax.experimental import topologies
     from jax.sharding import SingleDeviceSharding
 
-    from jobs.attention.kernels import splash as splash_kernel
+    from jobs.attention.kernels import splash
+    from jobs.attention.kernels.mask import Mask
 
     name, chip = {"tpu7x": ("tpu7x:2x2x1", "default"), "v5p": ("v5:2x2x1", "megacore")}[accel]
     dev = topologies.get_topology_desc(
@@ -85,9 +86,9 @@ def test_long_hop_splash_fits_vmem_and_smem(accel):
     o = jax.ShapeDtypeStruct((1, L, 4, 256), jnp.float32, sharding=sd)
     lse = jax.ShapeDtypeStruct((1, L, 4), jnp.float32, sharding=sd)
     pos = jax.ShapeDtypeStruct((L,), jnp.int32, sharding=sd)
-    kw = dict(causal=True, block_q=512, block_kv=512)
-    fwd = jax.jit(lambda q, k, v, p: splash_kernel.splash_fwd(q, k, v, p, p, **kw))
-    bwd = jax.jit(lambda q, k, v, o, lse, do, p: splash_kernel.splash_bwd(q, k, v, o, lse, do, p, p, **kw))
+    mask = lambda p: Mask(p, p, causal=True, block_q=512, block_kv=512)
+    fwd = jax.jit(lambda q, k, v, p: splash.splash_fwd(q, k, v, mask(p)))
+    bwd = jax.jit(lambda q, k, v, o, lse, do, p: splash.splash_bwd(q, k, v, o, lse, do, mask(p)))
     for f, args in ((fwd, (q, kv, kv, pos)), (bwd, (q, kv, kv, o, lse, q, pos))):
         assert "tpu_custom_call" in f.lower(*args).compile().as_text()
 

@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import pytest
 
 from jobs.attention import attention
-from jobs.attention.kernels import flash as flash_kernel
+from jobs.attention.kernels import flash
+from jobs.attention.kernels.mask import Mask
 from tests.test_attention import BF16_TOL, make_inputs, out_and_grads, reference
 
 HAS_GPU = jax.default_backend() == "gpu"
@@ -18,7 +19,7 @@ HAS_GPU = jax.default_backend() == "gpu"
 
 def test_private_api_shape():
     """Fails loudly when jax moves what jobs/attention/kernels/flash.py binds."""
-    fa = flash_kernel._fa
+    fa = flash._fa
     assert fa is not None, "jax._src.cudnn.fused_attention_stablehlo is gone"
     params = inspect.signature(fa.dot_product_attention).parameters
     assert {"scale", "mask_type", "qkv_layout", "return_residual"} <= set(params)
@@ -41,15 +42,16 @@ def test_falls_back_to_xla_where_cudnn_cannot_run(caplog):
     """fp32 (no cuDNN flash path) is the xla kernel, exactly; the reason is logged once and kept."""
     q, k, v, _ = make_inputs(1, 64, 4, 2, 16)
     pos = jnp.arange(64)
-    flash_kernel.FALLBACKS.clear()
-    with caplog.at_level(logging.WARNING, logger=flash_kernel.__name__):
-        got = flash_kernel.flash_fwd(q, k, v, pos, pos, causal=True, block_q=16, block_kv=16)
-        flash_kernel.flash_fwd(q, k, v, pos, pos, causal=True, block_q=16, block_kv=16)
-    want = flash_kernel.xla_fwd(q, k, v, pos, pos, causal=True, block_q=16, block_kv=16)
+    mask = Mask(pos, pos, causal=True, block_q=16, block_kv=16)
+    flash.FALLBACKS.clear()
+    with caplog.at_level(logging.WARNING, logger=flash.__name__):
+        got = flash.flash_fwd(q, k, v, mask)
+        flash.flash_fwd(q, k, v, mask)
+    want = flash.xla_fwd(q, k, v, mask)
     for a, b in zip(got, want, strict=True):
         assert float(jnp.max(jnp.abs(a - b))) == 0.0
     why = "float32 inputs (cuDNN flash is bf16/fp16 only)"
-    assert list(flash_kernel.FALLBACKS) == [why]
+    assert list(flash.FALLBACKS) == [why]
     assert [r.getMessage() for r in caplog.records] == [
         f"flash attention kernel: {why}; running the xla kernel"
     ]
@@ -59,12 +61,12 @@ def test_every_refusal_has_its_reason():
     """What cuDNN cannot run, each in words: the reason the start record and the trial's tag carry."""
     bf = [x.astype(jnp.bfloat16) for x in make_inputs(1, 64, 4, 2, 16)[:3]]
     q, k, v = bf
-    assert "offset" in flash_kernel.refusal(q, k[:, :32], v[:, :32], causal=True)
-    assert "packed documents" in flash_kernel.refusal(q, k, v, causal=False, segmented=True)
+    assert "offset" in flash.refusal(q, k[:, :32], v[:, :32], causal=True)
+    assert "packed documents" in flash.refusal(q, k, v, causal=False, segmented=True)
     if not HAS_GPU:  # here cuDNN's own check refuses: no cuDNN on a CPU host
-        assert flash_kernel.refusal(q, k, v, causal=True).startswith("cuDNN refuses it: ")
+        assert flash.refusal(q, k, v, causal=True).startswith("cuDNN refuses it: ")
     wide = jnp.zeros((1, 64, 4, 512), jnp.bfloat16)  # head_dim 512: over any GPU's cuDNN limit
-    assert flash_kernel.refusal(wide, wide, wide, causal=True).startswith("cuDNN refuses it: ")
+    assert flash.refusal(wide, wide, wide, causal=True).startswith("cuDNN refuses it: ")
 
 
 def test_a_trial_reports_its_kernel_fallback():

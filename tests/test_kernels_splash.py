@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from jobs.attention import attention, reference_attention
-from jobs.attention.kernels import splash as splash_kernel
+from jobs.attention.kernels import splash
+from jobs.attention.kernels.mask import MONOTONIC, Mask
 from jobs.mesh import small_mesh
 from tests.test_attention import FP32_TOL, make_inputs, natural_order_fn, out_and_grads, reference
 
@@ -25,8 +26,8 @@ def _no_fallback(*args, **kwargs):
 
 
 def check_splash(monkeypatch, strategy, mesh_shape, B, L, H, K, D, layout, block=128):
-    monkeypatch.setattr(splash_kernel, "xla_fwd", _no_fallback)
-    monkeypatch.setattr(splash_kernel, "xla_bwd", _no_fallback)
+    monkeypatch.setattr(splash, "xla_fwd", _no_fallback)
+    monkeypatch.setattr(splash, "xla_bwd", _no_fallback)
     f, _ = natural_order_fn(
         strategy, mesh_shape, layout=layout, kernel="splash", block_q=block, block_kv=block
     )
@@ -70,11 +71,11 @@ def test_single_call_matches_reference():
     """One causal call, GQA, against the dense reference: out, lse and the three gradients."""
     q, k, v, do = make_inputs(1, 256, 4, 2, 16)
     pos = jnp.arange(256)
-    kw = dict(causal=True, block_q=128, block_kv=128)
-    o, lse = splash_kernel.splash_fwd(q, k, v, pos, pos, **kw)
+    mask = Mask(pos, pos, causal=True, block_q=128, block_kv=128)
+    o, lse = splash.splash_fwd(q, k, v, mask)
     want = reference_attention(q, k, v)
     assert float(jnp.max(jnp.abs(o - want))) < FP32_TOL
-    got = splash_kernel.splash_bwd(q, k, v, o, lse, do, pos, pos, **kw)
+    got = splash.splash_bwd(q, k, v, o, lse, do, mask)
     _, vjp = jax.vjp(lambda q, k, v: reference_attention(q, k, v), q, k, v)
     for g, w in zip(got, vjp(do), strict=True):
         assert float(jnp.max(jnp.abs(g - w))) < FP32_TOL
@@ -163,12 +164,10 @@ def test_long_hops_grow_blocks_instead_of_falling_back():
     """usp at 14M on tpu7x_128 attends 458,752-token hops: 802,816 512-blocks exceed the block-map budget, so
     the plan grows key blocks to 2048 (200,704 entries) rather than running the xla kernel; query blocks stay
     512 (VMEM); past 2048-key blocks it falls back."""
-    from jobs.attention.kernels.hop import MONOTONIC
-
-    plan = splash_kernel._plan(458_752, 458_752, True, MONOTONIC, 512, 512)
+    plan = splash._plan(458_752, 458_752, True, MONOTONIC, 512, 512)
     assert plan is not None and plan.block_kv == 2048 and plan.blocks_q == (512,)
-    assert splash_kernel._plan(114_688, 114_688, True, MONOTONIC, 512, 512).block_kv == 512  # ring: unchanged
-    assert splash_kernel._plan(1_048_576, 1_048_576, True, MONOTONIC, 512, 512) is None
+    assert splash._plan(114_688, 114_688, True, MONOTONIC, 512, 512).block_kv == 512  # ring: unchanged
+    assert splash._plan(1_048_576, 1_048_576, True, MONOTONIC, 512, 512) is None
 
 
 # A window or chunk under the strategies whose calls hold the whole sequence: splash's own LocalMask /
@@ -184,8 +183,8 @@ def test_long_hops_grow_blocks_instead_of_falling_back():
     ids=str,
 )
 def test_splash_runs_windows_and_chunks_over_whole_sequences(monkeypatch, strategy, mesh_shape, layout, span):
-    monkeypatch.setattr(splash_kernel, "xla_fwd", _no_fallback)
-    monkeypatch.setattr(splash_kernel, "xla_bwd", _no_fallback)
+    monkeypatch.setattr(splash, "xla_fwd", _no_fallback)
+    monkeypatch.setattr(splash, "xla_bwd", _no_fallback)
     span = dict(span)
     sinks = jnp.linspace(-1.0, 1.0, 4) if span.pop("sinks", False) else None
     f, _ = natural_order_fn(

@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from drivers import ROOT
 
 from jobs.spec import MemorySpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
 from orchestrator.config.grid import expand

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from jobs import hardware as job_hardware
+import jobs.hardware
 from orchestrator.calibrate import family, fit
 from orchestrator.calibrate.published_tpu import ROWS
 from orchestrator.calibrate.tpu import KNOBS, check
@@ -177,7 +177,7 @@ def test_step_time_plot_draws_predicted_next_to_measured():
 
 def test_cpu_probe_measures_this_host(monkeypatch):
     """Unpinned, the planner runs the job's own matmul probe in a child process (no jax in the driver)."""
-    monkeypatch.delenv(job_hardware.CPU_PEAK_ENV, raising=False)
+    monkeypatch.delenv(jobs.hardware.CPU_PEAK_ENV, raising=False)
     rate = hardware.measured_cpu_tflops.__wrapped__(4, "float32")
     assert rate > 0 and rate != hardware.NOMINAL_CPU_TFLOPS  # measured, not the fallback
 
@@ -190,12 +190,12 @@ def test_a_pinned_cpu_rate_is_the_trials_denominator_too(monkeypatch):
 
     tiny = ModelSpec("tiny", vocab=256, embed=64, layers=2, q_heads=4, kv_heads=2, head_dim=16, mlp=128)
     spec = TrialSpec(tiny, MeshSpec(context=8), StrategySpec(name="ring"), 1024, TrainSpec(), ClusterSpec())
-    monkeypatch.setenv(job_hardware.CPU_PEAK_ENV, "0.0123")
-    assert job_hardware.peak_tflops(spec) == (0.0123, "cpu_pinned_bfloat16")
+    monkeypatch.setenv(jobs.hardware.CPU_PEAK_ENV, "0.0123")
+    assert jobs.hardware.peak_tflops(spec) == (0.0123, "cpu_pinned_bfloat16")
     assert hardware.peak_tflops(spec) == 0.0123
-    assert worker_env(spec.cluster)[job_hardware.CPU_PEAK_ENV] == "0.0123"
+    assert worker_env(spec.cluster)[jobs.hardware.CPU_PEAK_ENV] == "0.0123"
     tpu = replace(spec.cluster, platform="tpu", accelerator="v5p", peak_tflops_per_device=459.0)
-    assert job_hardware.CPU_PEAK_ENV not in worker_env(tpu)
-    monkeypatch.delenv(job_hardware.CPU_PEAK_ENV)
-    rate, source = job_hardware.peak_tflops(spec)
+    assert jobs.hardware.CPU_PEAK_ENV not in worker_env(tpu)
+    monkeypatch.delenv(jobs.hardware.CPU_PEAK_ENV)
+    rate, source = jobs.hardware.peak_tflops(spec)
     assert source == "cpu_measured_bfloat16" and rate > 0 and rate != 0.0123

@@ -10,10 +10,9 @@ import pytest
 
 from jobs import strategies
 from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
-from jobs.strategies import rules as cp_rules
+from jobs.strategies import rules
 from orchestrator.config.load import group_option
-from orchestrator.plan import hardware, memory, plan, plan_one, to_markdown
-from orchestrator.plan import rules as validate
+from orchestrator.plan import hardware, memory, plan, plan_one, to_markdown, validity
 from orchestrator.plan.search import recommend
 
 L1M, L28M = 2**20, 28 * 2**20
@@ -41,7 +40,7 @@ def spec(
 
 
 def multislice_problem(s: TrialSpec) -> str:
-    found = [p.message for p in validate.problems(s) if p.rule == "multislice"]
+    found = [p.message for p in validity.problems(s) if p.rule == "multislice"]
     assert all("\n" not in m for m in found)  # one line each
     return found[0] if found else ""
 
@@ -81,7 +80,7 @@ def test_two_slices_need_a_dcn_axis_whose_size_they_divide():
     msg = multislice_problem(spec("ring", MeshSpec(fsdp=1, data=256, context=2, dcn="context"), c=c))
     assert "context=2 is not a multiple of slices_per_trial=4" in msg and "multiple of 4" in msg
     with pytest.raises(ValueError, match="is not a multiple"):
-        cp_rules.validate_dcn("ring", mesh={"context": 6}, dcn="context", slices=4)
+        rules.validate_dcn("ring", mesh={"context": 6}, dcn="context", slices=4)
     # One slice: nothing crosses, a named axis is harmless.
     assert multislice_problem(spec("ring", MeshSpec(context=128, dcn="context"), c=cluster(slices=1))) == ""
 

@@ -3,7 +3,7 @@
 import shutil
 
 import pytest
-from conftest import run_cli
+from drivers import run_cli
 
 from orchestrator.config.grid import expand
 from orchestrator.config.load import load

@@ -12,14 +12,14 @@ from jobs import strategies
 from jobs.strategies.all_gather import halo_tokens
 from jobs.strategies.base import BF16, GLOBAL_REACH, Reach, causal_scores, reach_hops, ring_steps, shard_runs
 from orchestrator.config import grid
-from orchestrator.config import load as config
+from orchestrator.config.load import load
 from orchestrator.plan import memory, plan, plan_one, work
 
 pytestmark = pytest.mark.usefixtures("pinned_cpu_peak")
 
 
 def specs(*overrides: str):
-    return grid.expand(config.load(["dry_run=true", *overrides]))
+    return grid.expand(load(["dry_run=true", *overrides]))
 
 
 def dense_live(qpos: np.ndarray, kpos: np.ndarray, bq: int, bk: int, reach: Reach) -> int:

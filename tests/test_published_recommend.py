@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.calibrate import published_tpu
-from orchestrator.plan import rules
+from orchestrator.plan import validity
 from orchestrator.plan.search import Choice
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,7 +43,7 @@ def test_recipe_policy_is_valid_and_priced_as_calibration_prices_it(points):
     assert bp.recipe_policy(CP_ROWS[2]).label() == "train.remat=full train.memory.offload=[attn_out]"
     for p in points:
         for x in p.recipes:
-            assert rules.problems(x.spec) == [], x.row.label
+            assert validity.problems(x.spec) == [], x.row.label
             assert x.plan.predicted_mfu == pytest.approx(x.calibrated, rel=1e-9), x.row.label
 
 

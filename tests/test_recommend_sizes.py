@@ -5,7 +5,7 @@ import shlex
 from dataclasses import replace
 
 import pytest
-from conftest import run_cli
+from drivers import run_cli
 
 from orchestrator.config.grid import expand
 from orchestrator.config.load import load

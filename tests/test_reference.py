@@ -14,7 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import pytest
-from conftest import ROOT
+from drivers import ROOT
 
 from docs.gen import reference
 from jobs.fields import key
@@ -82,12 +82,13 @@ def test_the_committed_config_page_is_the_generators_output():
 
 
 def test_the_committed_cli_page_is_the_help_text():
-    from docs.gen import reference as cli_page
-    from orchestrator.cli import help as helptext
+    from orchestrator.cli.help import help_text
 
-    have = cli_page.CLI_PAGE.read_text() if cli_page.CLI_PAGE.exists() else ""
-    assert have == cli_page.render_cli(), "docs/reference/cli.md is stale: run `python docs/gen/reference.py`"
-    assert helptext.help_text().splitlines()[0] in have
+    have = reference.CLI_PAGE.read_text() if reference.CLI_PAGE.exists() else ""
+    assert have == reference.render_cli(), (
+        "docs/reference/cli.md is stale: run `python docs/gen/reference.py`"
+    )
+    assert help_text().splitlines()[0] in have
 
 
 def test_the_page_marks_what_enters_the_trial_id():
@@ -146,26 +147,26 @@ def base(name: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def planned(tmp_path_factory) -> dict[str, set[str]]:
-    """What planrecord.record writes for a small plan (with compiles), read back from a real store, as
+def planned_names(tmp_path_factory) -> dict[str, set[str]]:
+    """What planned.record writes for a small plan (with compiles), read back from a real store, as
     "parent tags", "child metrics", ... -> names."""
     from types import SimpleNamespace
 
-    from mlflow import MlflowClient
+    import mlflow_lookup
 
     from orchestrator.plan import aot, plan
-    from orchestrator.results import planned as planrecord
-    from orchestrator.tracking.store import Tracker
+    from orchestrator.results import planned
+    from orchestrator.tracking.store import MlflowTracker
 
     specs = expand(load(["+sweep=smoke"]))
     rows = plan(specs)
     uri = f"sqlite:///{tmp_path_factory.mktemp('planned') / 'mlflow.db'}"
-    tracker = Tracker(uri, "planned", str(tmp_path_factory.mktemp("artifacts")))
+    tracker = MlflowTracker(uri, "planned", str(tmp_path_factory.mktemp("artifacts")))
     result = aot.CompileResult(peak_bytes=1, compiler_peak_bytes=1)
     compiled = {s.trial_id: SimpleNamespace(result=result) for s in specs}  # trial id -> aot.Comparison
-    planrecord.record(tracker, "smoke", "x", specs, rows, compiled)
-    assert tracker.flush(timeout=120)
-    client = MlflowClient(uri)
+    planned.record(tracker, "smoke", "x", specs, rows, compiled)
+    assert tracker.finish(timeout=120) == 0
+    client = mlflow_lookup.client(uri)
     out: dict[str, set[str]] = defaultdict(set)
     for r in client.search_runs([tracker.experiment_id()]):
         run = "parent" if r.data.tags["kind"] == "sweep" else "child"
@@ -175,13 +176,8 @@ def planned(tmp_path_factory) -> dict[str, set[str]]:
         }
         out[f"{run} params"] |= set(r.data.params)
         out[f"{run} metrics"] |= {base_of_planned(m) for m in r.data.metrics}
-        out[f"{run} artifacts"] |= {a.path for a in _files(client, r.info.run_id)}
+        out[f"{run} artifacts"] |= {a.path for a in mlflow_lookup.artifact_files(client, r.info.run_id)}
     return out
-
-
-def _files(client, run_id: str, path: str | None = None) -> list:
-    found = client.list_artifacts(run_id, path)
-    return [f for a in found for f in (_files(client, run_id, a.path) if a.is_dir else [a])]
 
 
 def base_of_planned(metric: str) -> str:
@@ -189,23 +185,23 @@ def base_of_planned(metric: str) -> str:
     return f"{head}/<strategy>" if strategy else head
 
 
-def test_the_planned_runs_on_the_page_are_what_planrecord_writes(planned):
+def test_the_planned_runs_on_the_page_are_what_planned_record_writes(planned_names):
     names = page_names()
     parent = names["Planned parent run", "Tags"] | names["Planned parent run", "Metrics"]
     assert parent | names["Planned parent run", "Artifacts"] == (
-        planned["parent tags"] | planned["parent metrics"] | planned["parent artifacts"]
+        planned_names["parent tags"] | planned_names["parent metrics"] | planned_names["parent artifacts"]
     )
     trial = names["Child run (trial)", "Tags"] | names["Child run (trial)", "Params"]
     mine = names["Planned child run", "Tags"] | names["Planned child run", "Metrics"]
-    wrote = planned["child tags"] | planned["child params"] | planned["child metrics"]
+    wrote = planned_names["child tags"] | planned_names["child params"] | planned_names["child metrics"]
     assert mine <= wrote, f"the page lists planned names the code does not write: {mine - wrote}"
     missing = wrote - mine - trial - {"trial_spec.json"}
     assert not missing, f"planned child runs get names docs/reference/mlflow.md does not list: {missing}"
-    assert planned["child artifacts"] == {"trial_spec.json"}
+    assert planned_names["child artifacts"] == {"trial_spec.json"}
 
 
-def test_every_name_on_the_mlflow_page_is_written_by_the_code(planned):
-    known = literals() | {f"final_{k}" for k in FINAL} | {base(n) for v in planned.values() for n in v}
+def test_every_name_on_the_mlflow_page_is_written_by_the_code(planned_names):
+    known = literals() | {f"final_{k}" for k in FINAL} | {base(n) for v in planned_names.values() for n in v}
     plots = {
         f"plots/{k}.png" for k in dict_keys(ROOT / "orchestrator" / "results" / "report.py", "make_figures")
     }

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from jobs.spec import MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
 from orchestrator.calibrate import refit
-from orchestrator.calibrate.__main__ import main as calibrate
+from orchestrator.calibrate.__main__ import main
 from orchestrator.calibrate.published_tpu import ROWS
 from orchestrator.calibrate.refit import BAND, with_constants
 from orchestrator.calibrate.tpu import check
@@ -164,7 +164,7 @@ def test_writes_a_cluster_config_hydra_composes(sweep, tmp_path, capsys):
     shutil.copytree(CONF_DIR, conf)
     out = conf / "cluster" / "local_fit.yaml"
     args = ["--from-sweep", SWEEP, "--uri", sweep, "--hold-out-from", "2048", "--out", str(out)]
-    assert calibrate(args) == 0
+    assert main(args) == 0
     printed = capsys.readouterr().out
     assert "calibration (L < 2,048), 10 trials" in printed and "held out (L >= 2,048), 10 trials" in printed
     text = out.read_text()
@@ -193,7 +193,7 @@ def test_writes_a_cluster_config_hydra_composes(sweep, tmp_path, capsys):
 
 
 def test_an_unknown_sweep_is_one_error_line(sweep, capsys):
-    assert calibrate(["--from-sweep", "nope", "--uri", sweep, "--out", "/nonexistent/x.yaml"]) == 2
+    assert main(["--from-sweep", "nope", "--uri", sweep, "--out", "/nonexistent/x.yaml"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: sweep 'nope' has no finished trial")
 

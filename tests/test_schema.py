@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.config import data, schema
-from orchestrator.config import keys as checks
+from orchestrator.config import data, keys, schema
 from orchestrator.config.grid import expand
 from orchestrator.config.load import CONF_DIR, ConfigError, load
-from orchestrator.plan import rules as validate
+from orchestrator.plan import validity
 
 OPTIONS = {
     g: sorted(p.stem for p in (CONF_DIR / g).glob("*.yaml")) for g in ("model", "strategy", "mesh", "cluster")
@@ -54,7 +53,7 @@ def test_every_strategy_and_mesh_passes(cluster):
 
 
 def test_tracking_server_and_driver_options_pass():
-    opts = checks.check_options(
+    opts = keys.check_options(
         {"tracking": {"uri": "http://mlflow:5000", "experiment": "x"}, "progress": "plain", "output": "json"}
     )
     assert opts.progress == "plain" and opts.retries == schema.Retries() and opts.sweep is None
@@ -80,7 +79,7 @@ def test_kernel_names_have_one_owner():
     kernel registry must implement each, and the planner's platform rule is the spec's."""
     from jobs import spec
     from jobs.attention.kernels import KERNELS
-    from orchestrator.plan.rules import KERNEL_PLATFORM
+    from orchestrator.plan.validity import KERNEL_PLATFORM
 
     assert spec.KERNELS == tuple(KERNELS) == tuple(KERNEL_PLATFORM)
     assert all(k.name == name for name, k in KERNELS.items())
@@ -134,9 +133,9 @@ def test_data_kind_and_path(tmp_path):
     # kind against path is a rule across keys: the planner's (invalid verdict), not the schema's
     (recall,) = expand(load([f"train.data.path={tokens}"]))
     (empty,) = expand(load(["train.data.kind=tokens", "train.data.path=''"]))
-    ((rule, msg),) = [(p.rule, p.message) for p in validate.problems(recall)]
+    ((rule, msg),) = [(p.rule, p.message) for p in validity.problems(recall)]
     assert rule == "data kind vs path" and "is ignored by train.data.kind=recall" in msg
-    assert [p.message for p in validate.problems(empty)] == [
+    assert [p.message for p in validity.problems(empty)] == [
         "train.data.path='' is empty but train.data.kind=tokens reads a token file; allowed: a local file or "
         "gs://bucket/object — set train.data.path=..., or train.data.kind=recall for the synthetic task"
     ]

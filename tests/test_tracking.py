@@ -11,37 +11,24 @@ import sys
 import threading
 import time
 
+import mlflow_lookup
 import pytest
-from conftest import ROOT, run_cli
+from drivers import ROOT, run_cli
 from matplotlib.figure import Figure
-from mlflow import MlflowClient
 from servers import gcs_client, start_gcs_emulator, start_mlflow_server
 from tenacity import wait_fixed
 from test_report import fake_records, make_spec
 
 from jobs.records import StepRecord, SummaryRecord, parse
 from orchestrator.config.schema import Tracking
-from orchestrator.tracking import NullTracker, open_tracker
-from orchestrator.tracking import Tracker as TrackerProtocol
+from orchestrator.results import report
+from orchestrator.tracking import NullTracker, Tracker, open_tracker
 from orchestrator.tracking.layout import STEP_METRICS
-from orchestrator.tracking.store import MlflowTracker as Tracker
+from orchestrator.tracking.store import MlflowTracker
 
 BUCKET = "mlflow-art"
 # the step metrics a CPU trial logs: the runtime's memory figures are None on CPU, so never logged
-CPU_STEP_METRICS = [m for m in STEP_METRICS if m not in ("peak_bytes_in_use", "bytes_in_use")]
-
-
-def count_points(client: MlflowClient, run_id: str, key: str) -> int:
-    return len(client.get_metric_history(run_id, key))
-
-
-def runs_of(client: MlflowClient, experiment: str) -> tuple[list, list]:
-    exp = client.get_experiment_by_name(experiment)
-    runs = client.search_runs([exp.experiment_id], max_results=1000)
-    return (
-        [r for r in runs if r.data.tags.get("kind") == "sweep"],
-        [r for r in runs if r.data.tags.get("kind") == "trial"],
-    )
+CPU_STEP_METRICS = [m for m in STEP_METRICS if m not in ("runtime_peak_bytes", "runtime_bytes_in_use")]
 
 
 def log_trial(tracker: Tracker, spec, sweep_id: str, chunks: int = 1, pause: float = 0.0) -> None:
@@ -61,27 +48,28 @@ def log_trial(tracker: Tracker, spec, sweep_id: str, chunks: int = 1, pause: flo
 def test_parent_and_child_runs(sql_store, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a SQL store's artifacts go to ./mlruns
     spec = make_spec("ring", 1024, steps=6)
-    t = Tracker(sql_store, "exp")
+    t = MlflowTracker(sql_store, "exp")
     t.start_sweep("smoke", "sw1", "local")
-    t.start_trial(spec, "sw1", predicted_bytes=123_456_789)
+    t.open_trial(spec, "sw1", "queued")
+    t.log_metrics(spec.trial_id, {"predicted_bytes_per_device": 123_456_789, "not_planned": None})
     log_trial(t, spec, "sw1")
-    t.log_figure("sweep", Figure(), "plots/empty.png")
+    t.log_artifact("sweep", report.png(Figure()), "plots/empty.png")
     t.end("sweep")
-    assert t.flush(timeout=60)
+    assert t.finish(timeout=60) == 0
 
-    c = MlflowClient(sql_store)
-    [parent], [child] = runs_of(c, "exp")
+    c = mlflow_lookup.client(sql_store)
+    [parent], [child] = mlflow_lookup.sweep_runs(c, experiment="exp")
     assert parent.data.tags["sweep_id"] == "sw1" and parent.data.tags["code_revision"]
     assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
     assert child.data.tags["trial_id"] == spec.trial_id and child.data.tags["status"] == "finished"
     assert child.data.params["strategy"] == "ring" and child.data.params["context_length"] == "1024"
     m = child.data.metrics
-    assert m["predicted_bytes_per_device"] == 123_456_789
+    assert m["predicted_bytes_per_device"] == 123_456_789 and "not_planned" not in m
     assert m["final_mfu"] == pytest.approx(0.2) and m["final_step_time_median_s"] == 0.5
     assert m["final_tokens_per_s"] == 2048 and m["memory_bytes_per_device"] == 2**26
     assert m["compiled_bytes_per_device"] == 2**26 and "final_compiled_bytes_per_device" not in m
     for key in CPU_STEP_METRICS:
-        assert count_points(c, child.info.run_id, key) == 6
+        assert len(mlflow_lookup.history(c, child.info.run_id, key)) == 6
     arts = {a.path for a in c.list_artifacts(child.info.run_id)}
     assert {"trial_spec.json", "trial_log.txt"} <= arts
     log_text = open(c.download_artifacts(child.info.run_id, "trial_log.txt", str(tmp_path))).read()
@@ -89,14 +77,15 @@ def test_parent_and_child_runs(sql_store, tmp_path, monkeypatch):
     assert [a.path for a in c.list_artifacts(parent.info.run_id, "plots")] == ["plots/empty.png"]
     assert [h.step for h in c.get_metric_history(parent.info.run_id, "mfu/ring")] == [1024]
     assert isinstance(t.records(spec.trial_id)[-1], SummaryRecord)
-    assert isinstance(t, TrackerProtocol)
+    assert isinstance(t, Tracker)
     # a later driver of this sweep reads the finished trial back for its plots: the very same records
-    again = Tracker(sql_store, "exp")
+    again = MlflowTracker(sql_store, "exp")
+    stored = again.records(spec.trial_id, child.info.run_id)
     # compared as JSON text, where nan equals nan
     as_text = lambda recs: [json.dumps(r.to_dict(), default=str) for r in recs]
-    assert as_text(again.stored_records(child.info.run_id)) == as_text(t.records(spec.trial_id))
-    assert len(again.stored_records(child.info.run_id)) == 8  # start, 6 steps, summary
-    assert again.stored_records(parent.info.run_id) == []  # no trial log there: nothing, and no raise
+    assert as_text(stored) == as_text(t.records(spec.trial_id))
+    assert len(stored) == 8  # start, 6 steps, summary
+    assert again.records("sweep", parent.info.run_id) == []  # no trial log there: nothing, and no raise
 
 
 def test_a_trial_taken_over_goes_on_with_the_records_the_store_has(store, tmp_path, monkeypatch):
@@ -107,27 +96,27 @@ def test_a_trial_taken_over_goes_on_with_the_records_the_store_has(store, tmp_pa
     spec = make_spec("ring", 512, steps=5)
     start, *steps, summary = [parse(r) for r in fake_records(spec)]
     steps = [dataclasses.replace(r, t_ms=1_000 + r.step) for r in steps]
-    first = Tracker(store, "exp")
+    first = MlflowTracker(store, "exp")
     first.start_sweep("smoke", "sw", "local")
-    first.start_trial(spec, "sw")
+    first.open_trial(spec, "sw", "queued")
     first.set_status(spec.trial_id, "running")
     first.log_records(spec.trial_id, [start, *steps[:3]])
-    assert first.flush(timeout=60)  # then killed: no trial log, status still running
-    again = Tracker(store, "exp")
-    again.resume("sw")
+    assert first.finish(timeout=60) == 0  # then killed: no trial log, status still running
+    again = MlflowTracker(store, "exp")
+    assert again.resume("sw") == {}
     again.start_sweep("smoke", "sw", "local")
-    again.start_trial(spec, "sw")
+    again.open_trial(spec, "sw", "queued")
     assert [type(r).__name__ for r in again.records(spec.trial_id)] == ["StartRecord"] + ["StepRecord"] * 3
     assert again.records(spec.trial_id)[1:] == steps[:3]  # what MLflow keeps of them: all of these fields
     again.log_records(spec.trial_id, [start, *steps[1:], summary])  # the resumed attempt re-sends 1 and 2
     again.set_status(spec.trial_id, "finished", terminal="FINISHED")
-    assert again.flush(timeout=60)
-    logged = Tracker(store, "exp").stored_records(again.run_id(spec.trial_id))
+    assert again.finish(timeout=60) == 0
+    logged = MlflowTracker(store, "exp").records(spec.trial_id, again.run_id(spec.trial_id))
     assert [r.step for r in logged if isinstance(r, StepRecord)] == [0, 1, 2, 3, 4]
     assert [type(r).__name__ for r in logged].count("StartRecord") == 2 and isinstance(
         logged[-1], SummaryRecord
     )
-    c = MlflowClient(store)
+    c = mlflow_lookup.client(store)
     assert [m.step for m in c.get_metric_history(again.run_id(spec.trial_id), "compile_s")] == [1, 2]
 
 
@@ -135,20 +124,21 @@ def test_tracking_none_is_the_null_tracker_and_imports_no_mlflow():
     code = (
         "import sys; from orchestrator.config.load import load; from orchestrator.tracking import open_tracker; "
         "t = open_tracker(load(['tracking=none']).tracking); "
-        "print(type(t).__name__, 'mlflow' in sys.modules, t.flush(), t.finished_trials('x'), len(t.ops))"
+        "print(type(t).__name__, 'mlflow' in sys.modules, t.resume('x'), t.finish())"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert out.stdout.split() == ["NullTracker", "False", "True", "{}", "0"], out.stderr[-2000:]
+    assert out.stdout.split() == ["NullTracker", "False", "{}", "0"], out.stderr[-2000:]
 
 
 def test_the_null_tracker_keeps_the_protocol_and_records_nothing():
     t = open_tracker(Tracking(uri="none", experiment="x"))
-    assert isinstance(t, NullTracker) and isinstance(t, TrackerProtocol)
+    assert isinstance(t, NullTracker) and isinstance(t, Tracker)
     spec = make_spec("ring", 512)
+    assert t.resume("sw") == {}
     t.start_sweep("smoke", "sw", "local")
-    t.start_trial(spec, "sw")
+    t.open_trial(spec, "sw", "queued")
     log_trial(t, spec, "sw")
-    assert t.records(spec.trial_id) == [] and t.use_journal("sw") == 0 and t.flush(timeout=1)
+    assert t.records(spec.trial_id) == [] and t.finish(timeout=1) == 0
     assert "nothing was recorded" in t.dashboard_hint()
 
 
@@ -165,7 +155,7 @@ def test_a_single_trial_with_tracking_none_writes_no_store(tmp_path, local_ray, 
 def test_lost_answers_are_retried_without_duplicates(sql_store, tmp_path, monkeypatch):
     """A request that reached the store but whose answer was lost is sent again: still one run, one point each."""
     monkeypatch.chdir(tmp_path)
-    t = Tracker(sql_store, "exp")
+    t = MlflowTracker(sql_store, "exp")
     real = {name: getattr(t.client, name) for name in ("create_run", "log_batch")}
     lost = {"create_run": 2, "log_batch": 3}  # the first answers of each kind never arrive
 
@@ -184,37 +174,56 @@ def test_lost_answers_are_retried_without_duplicates(sql_store, tmp_path, monkey
     monkeypatch.setattr("orchestrator.tracking.queue.BACKOFF", wait_fixed(0.05))
     spec = make_spec("all_gather", 512, steps=5)
     t.start_sweep("smoke", "sw1", "local")
-    t.start_trial(spec, "sw1")
+    t.open_trial(spec, "sw1", "queued")
     log_trial(t, spec, "sw1", chunks=3)
-    assert t.flush(timeout=60)
+    assert t.finish(timeout=60) == 0
     assert lost == {"create_run": 0, "log_batch": 0}
-    c = MlflowClient(sql_store)
-    parents, children = runs_of(c, "exp")
+    c = mlflow_lookup.client(sql_store)
+    parents, children = mlflow_lookup.sweep_runs(c, experiment="exp")
     assert len(parents) == 1 and len(children) == 1
-    assert count_points(c, children[0].info.run_id, "loss") == 5
+    assert len(mlflow_lookup.history(c, children[0].info.run_id, "loss")) == 5
 
 
 def test_rejected_write_is_dropped_and_does_not_block(store, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    t = Tracker(store, "exp")
+    t = MlflowTracker(store, "exp")
     t.set_status("never-opened", "running")  # a bug (unknown run): logged and dropped, not retried forever
     t.start_sweep("smoke", "sw1", "local")
     t.log_metrics("sweep", {"x": 1.0})
-    assert t.flush(timeout=30)
-    [parent], _ = runs_of(MlflowClient(store), "exp")
+    assert t.finish(timeout=30) == 0
+    [parent], _ = mlflow_lookup.sweep_runs(mlflow_lookup.client(store), experiment="exp")
     assert parent.data.metrics["x"] == 1.0
+
+
+def test_a_relative_sqlite_uri_is_the_store_in_the_working_directory(tmp_path, monkeypatch, migrated_sqlite):
+    """tracking=local's sqlite:///mlflow.db is ./mlflow.db wherever a driver starts, for a second driver in the
+    same process too (MLflow keeps one store per URI for the process's life, so the tracker opens the absolute
+    path); what it prints keeps the URI as given."""
+    from stores import sqlite_copy
+
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+        sqlite_copy(migrated_sqlite, tmp_path / d / "mlflow.db")
+        monkeypatch.chdir(tmp_path / d)
+        t = MlflowTracker("sqlite:///mlflow.db", "exp")
+        t.start_sweep("smoke", f"sw-{d}", "local")
+        assert t.finish(timeout=60) == 0
+        assert "--backend-store-uri sqlite:///mlflow.db," in t.dashboard_hint()
+    for d in ("a", "b"):
+        [parent], _ = mlflow_lookup.sweep_runs(mlflow_lookup.client(tmp_path / d), experiment="exp")
+        assert parent.data.tags["sweep_id"] == f"sw-{d}"
 
 
 def test_resumed_sweep_reuses_its_runs(sql_store, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     spec = make_spec("ring", 512)
     for _ in range(2):
-        t = Tracker(sql_store, "exp")
+        t = MlflowTracker(sql_store, "exp")
         t.start_sweep("smoke", "sw1", "local")
-        t.start_trial(spec, "sw1")
+        t.open_trial(spec, "sw1", "queued")
         t.end("sweep")
-        assert t.flush(timeout=30)
-    parents, children = runs_of(MlflowClient(sql_store), "exp")
+        assert t.finish(timeout=30) == 0
+    parents, children = mlflow_lookup.sweep_runs(mlflow_lookup.client(sql_store), experiment="exp")
     assert len(parents) == 1 and len(children) == 1
 
 
@@ -238,14 +247,15 @@ def blobs(host: str) -> list[str]:
     return [b.name for b in gcs_client(host).list_blobs(BUCKET)]
 
 
-def test_outage_buffers_every_write_and_a_run_waits_for_the_store(gcs_server, monkeypatch):
+def test_outage_buffers_every_write_and_a_run_waits_for_the_store(gcs_server, tmp_path, monkeypatch):
     """The server is down when the parent run is opened (opening waits for it), then again while the trials'
     metrics, statuses and artifacts stream (nothing waits); once it is back, everything arrives once."""
     server, host, pg = gcs_server
     # opening waits for the store until it is back, however slowly a loaded host restarts the server
     monkeypatch.setattr("orchestrator.tracking.store.STORE_WAIT_S", 900.0)
-    t = Tracker(server.url, "outage")
-    assert t.finished_trials("sw-out") == {}  # the store is up at launch (a read)
+    monkeypatch.chdir(tmp_path)  # the sweep's journal goes to ./.cache/tracking
+    t = MlflowTracker(server.url, "outage")
+    assert t.resume("sw-out") == {}  # the store is up at launch (a read)
     specs = [make_spec("ring", 512, steps=20), make_spec("all_gather", 1024, steps=20)]
     server.stop()
     opening = threading.Thread(target=t.start_sweep, args=("smoke", "sw-out", "local"))
@@ -260,20 +270,23 @@ def test_outage_buffers_every_write_and_a_run_waits_for_the_store(gcs_server, mo
     server.stop()
     t0 = time.monotonic()
     for s in specs:
-        t.start_trial(s, "sw-out", predicted_bytes=1)
+        t.open_trial(s, "sw-out", "queued")
+        t.log_metrics(s.trial_id, {"predicted_bytes_per_device": 1})
         log_trial(t, s, "sw-out", chunks=4, pause=0.5)
     assert time.monotonic() - t0 < 6  # the caller never waits on the store
-    assert not t.flush(timeout=2) and len(t.ops) > 10  # buffered, in order
+    assert t.finish(timeout=2) > 10  # buffered, in order
     server.start()
-    assert t.flush(timeout=180), f"{len(t.ops)} writes left; server log:\n{server.tail()}"
+    left = t.finish(timeout=180)
+    assert left == 0, f"{left} writes left; server log:\n{server.tail()}"
+    assert not list((tmp_path / ".cache" / "tracking").glob("*.jsonl"))  # all delivered: the journal went
 
-    c = MlflowClient(server.url)
-    parents, children = runs_of(c, "outage")
+    c = mlflow_lookup.client(server.url)
+    parents, children = mlflow_lookup.sweep_runs(c, experiment="outage")
     assert len(parents) == 1 and len(children) == 2
     for r in children:
         assert r.data.tags["status"] == "finished" and r.info.status == "FINISHED"
         for key in CPU_STEP_METRICS:
-            assert count_points(c, r.info.run_id, key) == 20, key
+            assert len(mlflow_lookup.history(c, r.info.run_id, key)) == 20, key
         assert r.data.metrics["final_mfu"] > 0 and r.data.metrics["predicted_bytes_per_device"] == 1
         assert r.info.artifact_uri.startswith("mlflow-artifacts:")
         assert f"mlflow/{r.info.experiment_id}/{r.info.run_id}/artifacts/trial_spec.json" in blobs(host)
@@ -297,13 +310,12 @@ def test_smoke_sweep_on_server_with_gcs_artifacts_and_an_outage(gcs_server, tmp_
     result = {}
     cli = threading.Thread(target=lambda: result.setdefault("res", run_cli(args, cwd=tmp_path, timeout=1500)))
     cli.start()
-    c = MlflowClient(server.url)
+    c = mlflow_lookup.client(server.url)
     outage, pg_restarted_mid_sweep = None, False
     while cli.is_alive() and outage is None:  # wait for the first streamed step, then pull the plug
         try:
-            exp_obj = c.get_experiment_by_name(exp)
-            runs = c.search_runs([exp_obj.experiment_id], "tags.kind = 'trial'") if exp_obj else []
-            if any(count_points(c, r.info.run_id, "loss") for r in runs):
+            runs = mlflow_lookup.runs(c, kind="trial", experiment=exp)
+            if any(len(mlflow_lookup.history(c, r.info.run_id, "loss")) for r in runs):
                 server.stop()
                 t0 = time.monotonic()
                 time.sleep(8)
@@ -330,7 +342,7 @@ def test_smoke_sweep_on_server_with_gcs_artifacts_and_an_outage(gcs_server, tmp_
     page = (tmp_path / "reports" / "smoke-srv.html").read_text()
     assert "4 grid points: 4 finished" in page and "ran on CPU" in page
 
-    [parent], children = runs_of(c, exp)
+    [parent], children = mlflow_lookup.sweep_runs(c, experiment=exp)
     assert len(children) == 4 and parent.info.status == "FINISHED"
     assert parent.data.tags["sweep_name"] == "smoke" and parent.data.tags["cluster"] == "local"
     assert parent.data.tags["regression"] == "false"  # no earlier sweep in this experiment

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import grid
-from orchestrator.config import load as config
+from orchestrator.config.load import load
 from orchestrator.plan import hardware, plan, roofline, steptime, work
 
 PLAN_DIR = Path(__file__).resolve().parent.parent / "orchestrator" / "plan"
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.usefixtures("pinned_cpu_peak")
 
 
 def specs(*overrides: str):
-    return grid.expand(config.load(["dry_run=true", *overrides]))
+    return grid.expand(load(["dry_run=true", *overrides]))
 
 
 @pytest.mark.parametrize("model", ["llama3_1_8b_long", "llama3_1_8b"])

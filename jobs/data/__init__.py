@@ -16,7 +16,7 @@ import numpy as np
 
 from jobs import storage, strategies
 from jobs.spec import TrialSpec
-from jobs.strategies import rules as cp_rules
+from jobs.strategies import rules
 
 if TYPE_CHECKING:
     from jobs.data import documents
@@ -94,10 +94,10 @@ def layout(spec: TrialSpec, batch: dict[str, np.ndarray]) -> dict[str, np.ndarra
     mask assumes it for every strategy that accepts layout=zigzag)."""
     if spec.strategy.layout == "balanced":  # over every sequence shard, as the attention cuts the row
         return balanced(batch, strategies.get(spec.strategy.name).cp(spec.mesh.shape()))
-    ring = cp_rules.ring_size(spec.strategy.name, spec.mesh.shape())
+    ring = rules.ring_size(spec.strategy.name, spec.mesh.shape())
     if spec.strategy.layout != "zigzag" or ring == 1:
         return batch
-    perm = np.asarray(cp_rules.zigzag_permutation(spec.context_length, ring))
+    perm = np.asarray(rules.zigzag_permutation(spec.context_length, ring))
     return {k: v[:, perm] for k, v in batch.items()}
 
 

@@ -1,8 +1,8 @@
 """Load balance of packed documents under context parallelism: the attention work each device does per layout.
 
-Layouts and segment helpers live in jobs.data.layouts and are re-exported here, so callers import one module.
-Work is counted two ways, for a row of L tokens over P devices (Ll = L/P queries each, every device attending
-its queries over the whole row's keys, as all-gather and ring do):
+Layouts and segment helpers live in jobs.data.document_layouts and are re-exported here, so callers import one
+module. Work is counted two ways, for a row of L tokens over P devices (Ll = L/P queries each, every device
+attending its queries over the whole row's keys, as all-gather and ring do):
   - entries: unmasked (query, key) score entries, sum over the device's queries of (position in document + 1);
     padding (segment 0) does none;
   - tiles: block x block tiles with at least one unmasked entry, the device's Ll queries cut into blocks in
@@ -16,7 +16,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from jobs.data.layouts import LAYOUTS, document_positions, permutation, runs, segment_ids_from_lengths
+from jobs.data.document_layouts import (
+    LAYOUTS,
+    document_positions,
+    permutation,
+    runs,
+    segment_ids_from_lengths,
+)
 
 __all__ = [
     "LAYOUTS",

@@ -16,7 +16,7 @@ from typing import Any
 
 import jax
 
-from jobs.profile import breakdown as trace_breakdown
+from jobs.profile import breakdown
 from jobs.records import ProfileRecord
 from jobs.spec import TrialSpec
 
@@ -78,8 +78,8 @@ class Profiler:
                     files[name] = f.read()
         fields: dict[str, Any] = {}
         try:
-            trace = trace_breakdown.load(perfetto)
-            b = trace_breakdown.breakdown(trace, self.compiled.as_text(), steps=last - first + 1)
+            trace = breakdown.load(perfetto)
+            b = breakdown.breakdown(trace, self.compiled.as_text(), steps=last - first + 1)
             fields = dict(
                 devices=b.devices,
                 step_s=b.step_s,

@@ -1,4 +1,4 @@
-"""The command line as a Hydra user expects it: overrides, `-m` sweeps, --help, --cfg, --info.
+"""The command line as a Hydra user expects it: overrides, `-m` sweeps, --help, --cfg, --info, --config-dir.
 
 Hydra's `@hydra.main` is not the entry point (the driver composes once and Ray is the executor, DESIGN.md §1),
 so its flags are handled here: `-m key=a,b` becomes a grid axis of `sweep`, exactly as a sweep file's `axes`.
@@ -8,6 +8,7 @@ Bad input of any kind is a ConfigError: one line, exit 2, nothing started.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Glob, Override, QuotedString, ValueType
 from omegaconf import OmegaConf
 
-from orchestrator.config import keys as checks
+from orchestrator.config import keys
 from orchestrator.config.grid import GROUP_AXES, points
 from orchestrator.config.load import CONF_DIR, Loaded, compose_tree, group_option, info, typed
 from orchestrator.config.schema import ConfigError
@@ -36,12 +37,16 @@ _FLAGS = {
     "--package": "package",
     "-i": "info",
     "--info": "info",
+    "-cd": "config_dir",
+    "--config-dir": "config_dir",
 }
 _SWITCHES = ("help", "multirun", "resolve")
 ALLOWED = (
     f"-h/--help, -m/--multirun, -c/--cfg {'|'.join(CFG_CHOICES)}, --resolve, -p/--package KEY, "
-    f"-i/--info [{'|'.join(INFO_CHOICES)}]"
+    f"-i/--info [{'|'.join(INFO_CHOICES)}], -cd/--config-dir DIR"
 )
+_EXAMPLE_VALUE = {"cfg": "job", "package": "model", "config_dir": "./my_conf"}
+SEARCHPATH = "hydra.searchpath"  # the override Hydra's config loader reads its extra config directories from
 NO_HYDRA_NODE = (
     "# hydra: not applicable: conf/ is composed with Hydra's compose API and trials run on Ray, "
     "so no hydra node (run dir, launcher, sweeper, logging) is used\n"
@@ -62,7 +67,8 @@ class Args:
 
 
 def parse_args(argv: list[str]) -> Args:
-    """Flags anywhere on the line, like Hydra's; anything not starting with `-` is an override."""
+    """Flags anywhere on the line, like Hydra's; anything not starting with `-` is an override. `--config-dir
+    DIR` becomes the `hydra.searchpath` override (with_config_dir), so everything after sees one form."""
     found: dict[str, Any] = {}
     overrides: list[str] = []
     rest = list(argv)
@@ -76,7 +82,45 @@ def parse_args(argv: list[str]) -> Args:
     for name, choices in (("cfg", CFG_CHOICES), ("info", INFO_CHOICES)):
         if name in found and found[name] not in choices:
             raise ConfigError(f"--{name} takes one of {', '.join(choices)}, got {found[name]!r}")
+    if "config_dir" in found:
+        overrides = with_config_dir(overrides, found.pop("config_dir"))
     return Args(overrides=tuple(overrides), **found)
+
+
+def with_config_dir(overrides: list[str], config_dir: str) -> list[str]:
+    """Hydra's `--config-dir DIR`: DIR joins the config search path after conf/ and before any entry of a
+    `hydra.searchpath=[...]` override, so a group option conf/ lacks (DIR/cluster/mine.yaml) can be chosen, and
+    conf/'s own win a name clash. Written as that override, the one form the compose API reads."""
+    path = Path(config_dir).expanduser().resolve()
+    if not path.is_dir():
+        raise ConfigError(f"--config-dir {config_dir!r}: no such directory ({path})")
+    entries, rest = [f"file://{path}"], []
+    for text in overrides:
+        if text.split("=", 1)[0] == SEARCHPATH:
+            entries += _searchpath(text)
+        else:
+            rest.append(text)
+    quoted = ",".join('"' + e.replace("\\", "\\\\").replace('"', '\\"') + '"' for e in entries)
+    return [*rest, f"{SEARCHPATH}=[{quoted}]"]
+
+
+def _searchpath(text: str) -> list[str]:
+    """The entries of a `hydra.searchpath=[...]` override, as Hydra parses them."""
+    try:
+        value = OverridesParser.create().parse_override(text).value()
+    except Exception as e:  # Hydra's grammar error, already naming the override
+        raise ConfigError(" ".join(str(e).split())) from e
+    if not isinstance(value, list):
+        raise ConfigError(f"{text!r}: {SEARCHPATH} takes a list, e.g. {SEARCHPATH}=[file://DIR]")
+    return [str(_plain(v)) for v in value]
+
+
+def search_dirs(args: Args, conf_dir: Path = CONF_DIR) -> tuple[Path, ...]:
+    """The config directories a group option is looked up in, in Hydra's order: conf/, then each `file://`
+    entry of the `hydra.searchpath` override (where `--config-dir` went). What a grid axis over `cluster` or a
+    sweep file's `cluster` axis reads an option from, as composing reads the chosen one."""
+    entries = [e for t in args.overrides if t.split("=", 1)[0] == SEARCHPATH for e in _searchpath(t)]
+    return (conf_dir, *(Path(e.removeprefix("file://")) for e in entries if e.startswith("file://")))
 
 
 def _flag(token: str, rest: list[str]) -> tuple[str, Any]:
@@ -93,14 +137,16 @@ def _flag(token: str, rest: list[str]) -> tuple[str, Any]:
         return name, value or (rest.pop(0) if rest and rest[0] in INFO_CHOICES else "all")
     if not eq:
         if not rest or rest[0].startswith("-"):
-            raise ConfigError(f"{flag} needs a value, e.g. {flag} {'job' if name == 'cfg' else 'model'}")
+            raise ConfigError(f"{flag} needs a value, e.g. {flag} {_EXAMPLE_VALUE[name]}")
         value = rest.pop(0)
     return name, value
 
 
-def split_sweeps(args: Args, conf_dir: Path = CONF_DIR) -> tuple[list[tuple[str, Override]], dict[str, list]]:
+def split_sweeps(
+    args: Args, dirs: Sequence[Path] = (CONF_DIR,)
+) -> tuple[list[tuple[str, Override]], dict[str, list]]:
     """(the plain overrides as typed and as Hydra parsed them, the grid axes from `-m` sweep overrides, typed as
-    Hydra parsed them): the command line parsed once."""
+    Hydra parsed them): the command line parsed once. `dirs`: where a group axis's options are (search_dirs)."""
     try:
         parsed = OverridesParser.create().parse_overrides(list(args.overrides))
     except Exception as e:  # Hydra's grammar error, already naming the override
@@ -118,11 +164,11 @@ def split_sweeps(args: Args, conf_dir: Path = CONF_DIR) -> tuple[list[tuple[str,
                 f"ambiguous value for argument {text!r}: {ways}add -m (or --multirun) to sweep over it"
             )
         else:
-            axes[o.key_or_group] = _axis_values(o, text, conf_dir)
+            axes[o.key_or_group] = _axis_values(o, text, dirs)
     return plain, axes
 
 
-def _axis_values(o: Override, text: str, conf_dir: Path) -> list:
+def _axis_values(o: Override, text: str, dirs: Sequence[Path]) -> list:
     key = o.key_or_group
     if key == "sweep":
         raise ConfigError(
@@ -137,17 +183,17 @@ def _axis_values(o: Override, text: str, conf_dir: Path) -> list:
             f"{text!r} is a continuous interval (for a sampler); a grid needs listed values, "
             f"e.g. {key}=a,b, {key}=range(1,4) or {key}=choice(a,b)"
         )
-    checks.check_sweep_key(key, "sweep axis")
+    keys.check_sweep_key(key, "sweep axis")
     value = o.value()
     if isinstance(value, Glob):
         if key not in GROUP_AXES:
             raise ConfigError(f"{text!r}: glob() picks options of a config group ({', '.join(GROUP_AXES)})")
-        values: list = value.filter(sorted(p.stem for p in (conf_dir / key).glob("*.yaml")))
+        values: list = value.filter(sorted({p.stem for d in dirs for p in (d / key).glob("*.yaml")}))
     else:
         values = [_plain(v) for v in o.sweep_iterator()]
     if key in GROUP_AXES:
         for v in values:
-            group_option(key, str(v), conf_dir)  # an unknown option fails here, as in a sweep file
+            group_option(key, str(v), dirs)  # an unknown option fails here, as in a sweep file
     return values
 
 
@@ -165,7 +211,7 @@ def _plain(v: Any) -> Any:
 def compose(args: Args, conf_dir: Path = CONF_DIR) -> Loaded:
     """Compose the plain overrides, resolve once, type the options once; `-m` axes join `+sweep=NAME`'s
     (replacing an axis of the same key) or make a sweep named "cli" (a fixed `+sweep.id=...` still resumes it)."""
-    plain, axes = split_sweeps(args, conf_dir)
+    plain, axes = split_sweeps(args, search_dirs(args, conf_dir))
     tree = compose_tree([text for text, _ in plain], conf_dir)
     sweep = tree.get("sweep") or {}
     merged = flat_keys(sweep.get("axes") or {}) | axes  # dict order: a replaced axis keeps its place
@@ -224,7 +270,7 @@ def cfg_text(loaded: Loaded, args: Args) -> str:
     base = OmegaConf.create(tree)
     OmegaConf.set_struct(base, True)  # a `set` key that is not in the config fails, as in grid.expand
     for dotted, value in (sweep.get("set") or {}).items():
-        checks.check_sweep_key(dotted, "sweep.set key")
+        keys.check_sweep_key(dotted, "sweep.set key")
         try:
             OmegaConf.update(base, dotted, value, merge=False)
         except Exception as e:

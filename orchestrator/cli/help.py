@@ -94,6 +94,11 @@ def help_text(conf_dir: Path = CONF_DIR) -> str:
         ("-p, --package KEY", "with --cfg: only that part of the config, e.g. -p model"),
         ("-i, --info [WHAT]", "the config search path, groups, defaults tree and list; start nothing"),
         ("", f"WHAT: {'|'.join(INFO_CHOICES)}"),
+        (
+            "-cd, --config-dir DIR",
+            "one more config directory, searched after conf/: e.g. DIR/cluster/mine.yaml",
+        ),
+        ("", "makes cluster=mine (as hydra.searchpath=[file://DIR] does)"),
     ]
     return "\n".join(
         [

@@ -4,7 +4,7 @@
 Each key on its own (type, then the range or names its `key()` declares), unknown and missing keys, and two
 rules across trial keys that are bad input rather than an invalid point (train.memory with train.remat=auto,
 run.profile_steps within train.steps) and one of the model's own (its layer pattern against its layers); the
-other rules across keys and against the cluster or model are orchestrator/plan/rules.py's, whether the data can
+other rules across keys and against the cluster or model are orchestrator/plan/validity.py's, whether the data can
 be read is orchestrator/config/data.py's.
 Driver options are checked once at compose time (`check_options`, from config.load); trial keys per grid point
 (`check_point`, from grid.expand), since a sweep may set any of them. Nothing here imports Ray, JAX or MLflow.

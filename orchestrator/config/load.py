@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,7 +16,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from jobs import fields, strategies
-from jobs.spec import ModelSpec
+from jobs.spec import ModelSpec, RunSpec, TrainSpec
 from orchestrator import REPO
 from orchestrator.config import keys
 from orchestrator.config.schema import ConfigError, Options
@@ -30,6 +30,7 @@ __all__ = [
     "info",
     "load",
     "load_typed",
+    "section_defaults",
     "switch_defaults",
     "typed",
 ]
@@ -37,7 +38,13 @@ __all__ = [
 CONF_DIR = REPO / "conf"
 GROUPS = ("model", "strategy", "mesh", "cluster", "tracking", "sweep")
 SWITCHES = "switches"  # the config node of the switches' defaults, in conf/config.yaml's defaults list
-MODEL_KEYS = "model_keys"  # likewise the model keys' defaults, merged under the chosen model file
+# likewise a trial section's declared defaults, each merged under its section: model_keys before the chosen model
+# file (so a model file need not list every key), train_keys and run_keys after conf/config.yaml's own keys
+SECTION_KEYS = {
+    "model_keys": ("model", ModelSpec),
+    "train_keys": ("train", TrainSpec),
+    "run_keys": ("run", RunSpec),
+}
 
 
 # `${cp_strategies:}` in a sweep: every CP strategy of the registry, so a new one joins the sweeps by itself.
@@ -57,22 +64,24 @@ def switch_defaults() -> dict[str, Any]:
     return {f.name: _plain(fields.default(f)) for f in dataclasses.fields(Options) if f.name not in GROUPS}
 
 
-# The switches' defaults are their declarations' (orchestrator/config/schema.py): Hydra reads them as a config
-# of its own (the schema provider, structured://), so an override sets a switch as it sets any YAML key.
-ConfigStore.instance().store(name=SWITCHES, node=switch_defaults())
+def section_defaults(section: type) -> dict[str, Any]:
+    """A trial section's keys that have a declared default (jobs/spec.py), at it, in the composed config's form:
+    what a `*_keys` node of conf/config.yaml's defaults list composes in under its section."""
+    found = {f.name: fields.default(f) for f in dataclasses.fields(section)}
+    return {k: _plain(v) for k, v in found.items() if v is not fields.MISSING}
 
 
-def model_defaults() -> dict[str, Any]:
-    """The model keys that have a declared default (jobs/spec.py ModelSpec), at it: what the `model_keys` node
-    of conf/config.yaml's defaults list composes in under `model`, before the chosen conf/model/ file."""
-    return {
-        f.name: _plain(f.default) for f in dataclasses.fields(ModelSpec) if f.default is not fields.MISSING
-    }
+# The defaults are their declarations' (jobs/spec.py, orchestrator/config/schema.py), never restated in YAML:
+# Hydra reads each as a config of its own (the schema provider, structured://), so an override sets a key of
+# one as it sets any YAML key, and `model.sinks=true` sets a key the model file left at its default.
+def _store_defaults() -> None:
+    store = ConfigStore.instance()
+    store.store(name=SWITCHES, node=switch_defaults())
+    for name, (package, section) in SECTION_KEYS.items():
+        store.store(name=name, node=section_defaults(section), package=package)
 
 
-# So a model file need not list every key (the Llama files predate the layer pattern): `model.sinks=true` then
-# sets a key the file left at its default, as it sets any key the file names.
-ConfigStore.instance().store(name=MODEL_KEYS, node=model_defaults(), package="model")
+_store_defaults()
 
 
 @dataclass(frozen=True)
@@ -124,15 +133,17 @@ def _one_line(e: Exception, overrides: Iterable[str]) -> str:
     return msg
 
 
-def group_option(group: str, name: str, conf_dir: Path = CONF_DIR) -> dict:
+def group_option(group: str, name: str, conf_dir: Path | Sequence[Path] = CONF_DIR) -> dict:
     """One option of a config group (conf/<group>/<name>.yaml) as a plain dict, read as the driver composes
     it (OmegaConf: YAML 1.1 would read `9.0e10` as a string). The one reader of a group option: the grid
-    (once per axis value, not per point), the planner's published rows, tests and benchmarks."""
-    path = conf_dir / group / f"{name}.yaml"
-    if not path.exists():
-        opts = sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
-        raise ConfigError(f"unknown {group} {name!r} in the sweep grid — choose from: {', '.join(opts)}")
-    return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    (once per axis value, not per point), the planner's published rows, tests and benchmarks. Several
+    directories (conf/ and a user's, cli.args.search_dirs) are searched in order, as Hydra searches them."""
+    dirs = [Path(conf_dir)] if isinstance(conf_dir, str | Path) else [Path(d) for d in conf_dir]
+    for d in dirs:
+        if (path := d / group / f"{name}.yaml").exists():
+            return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    opts = sorted({p.stem for d in dirs for p in (d / group).glob("*.yaml")})
+    raise ConfigError(f"unknown {group} {name!r} in the sweep grid — choose from: {', '.join(opts)}")
 
 
 def info(overrides: Iterable[str], what: str = "all", conf_dir: Path = CONF_DIR) -> str:
@@ -144,7 +155,9 @@ def info(overrides: Iterable[str], what: str = "all", conf_dir: Path = CONF_DIR)
         with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
             loader = GlobalHydra.instance().config_loader()
             found = loader.compute_defaults_list("config", list(overrides), RunMode.RUN)
-            search = [(e.provider, e.path) for e in loader.get_search_path().get_path()]
+            # the path composing searched: the loader's own, with a hydra.searchpath override's (--config-dir)
+            used = compose("config", list(overrides), return_hydra_config=True).hydra.runtime.config_sources
+            search = [(c.provider, c.path if c.schema == "file" else f"{c.schema}://{c.path}") for c in used]
             groups = {g: loader.get_group_options(g) for g in loader.list_groups("") if g != "hydra"}
     except Exception as e:
         raise ConfigError(_one_line(e, overrides)) from e

@@ -17,9 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jobs.fields import MISSING, key
-from jobs.spec import ClusterSpec, ModelSpec, RunSpec, StrategySpec, TrainSpec
-from jobs.strategies.base import MESH_AXES
+from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, RunSpec, StrategySpec, TrainSpec
 from orchestrator.plan.hardware import ClusterModel
+
+# mesh.dcn's one declaration is the spec's (its id flag with it); the other axes are sizes here, "auto" allowed
+_SPEC_DCN = next(f for f in dataclasses.fields(MeshSpec) if f.name == "dcn")
 
 
 @dataclass(frozen=True)
@@ -47,12 +49,7 @@ class MeshConfig:
         ge=1,
         auto=True,
     )
-    dcn: str = key(
-        "",
-        doc="The axis laid across slices over DCN when `cluster.slices_per_trial` > 1 (its outer factor indexes "
-        'the slice); "": one slice.',
-        choices=("", *MESH_AXES),
-    )
+    dcn: str = field(default=_SPEC_DCN.default, metadata=_SPEC_DCN.metadata)
 
 
 _SPEC_ENV = next(f for f in dataclasses.fields(ClusterSpec) if f.name == "env")
@@ -270,6 +267,13 @@ class Options:
         False,
         doc="With `dry_run`: record the plan in MLflow as planned runs (tag `planned=true`), with plots. Their "
         "sweep id is `<id>-plan`.",
+    )
+    specs: str = key(
+        "",
+        doc="Write each runnable grid point's TrialSpec to `DIR/<trial_id>.json` instead of launching: the file "
+        "`python -m jobs.train FILE` runs on one host, its memory policy resolved as a launch resolves it "
+        "(`train.remat=auto`). No Ray and no MLflow start; a point the planner rejects gets a line with its "
+        'reason ("": launch as usual; a directory or `gs://bucket/prefix`).',
     )
     skip_invalid: bool = key(
         False,

@@ -19,7 +19,7 @@ import ray
 
 from jobs.records import Record, StepRecord, parse_known
 from jobs.spec import TrialSpec
-from orchestrator.launch import cluster as clusters
+from orchestrator.launch.cluster import task_env
 from orchestrator.launch.placement import Placed, Reservation, clean_env, host_info, live_placement_groups
 
 __all__ = [
@@ -178,7 +178,7 @@ class Attempt:
     def _launch(self, placed: Placed) -> None:
         c, n = self.spec.cluster, len(placed.strategies)
         opts: dict[str, Any] = {"num_cpus": 1, **placed.options}
-        env = clusters.task_env(c)  # nothing on the local Ray this driver started: it has it job-wide
+        env = task_env(c)  # nothing on the local Ray this driver started: it has it job-wide
         with self.lock:
             self._check()
             for pid, strat in enumerate(placed.strategies):

@@ -1,5 +1,6 @@
 """Where trials run: a local Ray, a local Ray whose nodes pose as TPU slices or GPU nodes, or an existing
-cluster (TPU slices, GPU nodes)."""
+cluster (TPU slices, GPU nodes). The one place a Ray is started or joined: for a sweep's trials (`connect`) and
+for work that needs CPUs, not slices, such as the AOT compile pool (`join_or_start`)."""
 
 from __future__ import annotations
 
@@ -135,16 +136,32 @@ def _chips_per_host(cluster: ClusterSpec) -> int:
     return get_chips_per_host(cluster.topology, cluster.accelerator)
 
 
+def _prepare() -> None:
+    """This driver's environment for a Ray it starts or joins: RAY_ENV_DEFAULTS, and PYTHONPATH naming the
+    repository, since workers import jobs/ and orchestrator/ (host_task lives there) and a local Ray's workers
+    inherit it."""
+    for name, value in RAY_ENV_DEFAULTS.items():
+        os.environ.setdefault(name, value)
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    os.environ["PYTHONPATH"] = os.pathsep.join(paths if str(ROOT) in paths else [str(ROOT), *paths])
+
+
+def _start_local(cpus: int, env: dict[str, str] | None = None) -> None:
+    """A local Ray of `cpus` CPUs, its workers' environment `env` job-wide. address="local": never whichever
+    cluster /tmp/ray/ray_current_cluster names."""
+    runtime_env = {"env_vars": env} if env else None
+    ray.init(
+        address="local", num_cpus=cpus, include_dashboard=False, log_to_driver=False, runtime_env=runtime_env
+    )
+
+
 def connect(cluster: ClusterSpec) -> None:
     """Start (local, local_multihost, fake_tpu, fake_gpu) or join (tpu, gpu, address) the Ray cluster for
     `cluster`."""
     global _fake, _job_env
     if ray.is_initialized():
         return
-    for name, value in RAY_ENV_DEFAULTS.items():
-        os.environ.setdefault(name, value)
-    # Workers import jobs/ and orchestrator/ (host_task lives there); a local Ray inherits PYTHONPATH.
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    _prepare()
     if cluster.kind in FAKE_KINDS and not cluster.address:
         _fake = (start_fake_tpu if cluster.kind == "fake_tpu" else start_fake_gpu)(cluster)
         atexit.register(shutdown)  # the driver must leave the cluster before its head node can go
@@ -157,19 +174,31 @@ def connect(cluster: ClusterSpec) -> None:
         mods = [str(Path(m.__file__).parent) for m in (jobs, orchestrator)]
         ray.init(address=cluster.address, log_to_driver=False, runtime_env={"py_modules": mods})
     else:
-        # address="local": never join whichever cluster /tmp/ray/ray_current_cluster names.
         cpus = max(os.cpu_count() or 2, cluster.hosts_per_trial * max(cluster.concurrency, 1))
         # The workers' environment is the job's, so Ray can start worker processes ahead of the trials
         # (a per-task runtime_env would make every fresh max_calls=1 worker start cold).
         env = worker_env(cluster)
-        ray.init(
-            address="local",
-            num_cpus=cpus,
-            include_dashboard=False,
-            log_to_driver=False,
-            runtime_env={"env_vars": env},
-        )
+        _start_local(cpus, env)
         _job_env = env
+
+
+def join_or_start(cluster: ClusterSpec, cpus: int = 0) -> None:
+    """The Ray for work that needs CPUs, not slices (the AOT compile pool, orchestrator/plan/aot/pool.py): the
+    one this process is connected to; else the cluster's, joined as a sweep joins it, where it names an address
+    (address=auto only when one is running); else a local Ray of `cpus` CPUs (0: one per core). Never a fake
+    cluster of slices."""
+    if ray.is_initialized():
+        return
+    if cluster.address:
+        try:
+            connect(cluster)
+            return
+        except ConnectionError:
+            if cluster.address != "auto":  # an address that was named must answer
+                raise
+            log.info("address=auto: no Ray running; starting a local one")
+    _prepare()
+    _start_local(cpus or os.cpu_count() or 1)
 
 
 def shutdown() -> None:

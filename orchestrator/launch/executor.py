@@ -14,10 +14,17 @@ from collections import deque
 from jobs.records import Record, StartRecord, StepRecord, SummaryRecord
 from jobs.spec import TrialSpec
 from orchestrator.config.schema import Retries
-from orchestrator.launch import attempt as sched
-from orchestrator.launch.attempt import Outcome, budget
-from orchestrator.tracking import Tracker
-from orchestrator.tracking import layout as profiles
+from orchestrator.launch.attempt import (
+    Attempt,
+    Event,
+    Outcome,
+    Spare,
+    budget,
+    live_placement_groups,
+    starts_ahead,
+    stop,
+)
+from orchestrator.tracking import Tracker, profiles
 from orchestrator.tracking.layout import GIB, memory_bytes
 from orchestrator.ui.progress import SweepProgress
 
@@ -72,7 +79,7 @@ class Executor:
         self.sweep_id = sweep_id
         self.events: queue.Queue = queue.Queue()
         self.pending = deque(specs)
-        self.running: dict[str, sched.Attempt] = {}
+        self.running: dict[str, Attempt] = {}
         self.by_id = {s.trial_id: s for s in specs}
         self.used = {s.trial_id: {Outcome.PREEMPTED: 0, Outcome.FAILED: 0} for s in specs}
         self.attempts = {s.trial_id: 0 for s in specs}
@@ -101,7 +108,7 @@ class Executor:
             if self.interrupted:
                 self._cancel_all()
             if self.spare is not None:
-                sched.stop(self.spare)
+                stop(self.spare)
         return self.outcomes
 
     def _on_sigint(self, *_) -> None:
@@ -116,23 +123,23 @@ class Executor:
             self.tracker.set_status(tid, "running")
             self.history[tid].append({"attempt": self.attempts[tid], "submitted": time.time(), "hosts": []})
             run_spec = with_checkpoint_dir(spec, self.sweep_id)
-            spare, self.spare = (self.spare, None) if sched.starts_ahead(spec.cluster) else (None, self.spare)
-            self.running[tid] = sched.Attempt(run_spec, self.attempts[tid], self.events, spare)
-        if self.pending and self.spare is None and sched.starts_ahead(self.pending[0].cluster):
-            self.spare = sched.Spare.remote()  # its process starts now, while the running trials run
+            spare, self.spare = (self.spare, None) if starts_ahead(spec.cluster) else (None, self.spare)
+            self.running[tid] = Attempt(run_spec, self.attempts[tid], self.events, spare)
+        if self.pending and self.spare is None and starts_ahead(self.pending[0].cluster):
+            self.spare = Spare.remote()  # its process starts now, while the running trials run
 
-    def _on_placed(self, ev: sched.Event, spec: TrialSpec, att: dict) -> None:
+    def _on_placed(self, ev: Event, spec: TrialSpec, att: dict) -> None:
         att |= {"placed": time.time(), **ev.info[0]}
         self.progress.update(ev.trial_id, state="running", note=f"on {ev.info[0]['slice'] or 'local'}")
 
-    def _on_host(self, ev: sched.Event, spec: TrialSpec, att: dict) -> None:
+    def _on_host(self, ev: Event, spec: TrialSpec, att: dict) -> None:
         att["hosts"] += ev.info
         if len(att["hosts"]) == spec.cluster.hosts_per_trial:  # every host of every slice
             self.progress.event(ev.trial_id, f"attempt {ev.attempt} on {placement_note(att['hosts'])}")
             # the first record comes after XLA's compile of the step: say what the wait is
             self.progress.update(ev.trial_id, note="compiling the train step")
 
-    def _on_records(self, ev: sched.Event, spec: TrialSpec, att: dict) -> None:
+    def _on_records(self, ev: Event, spec: TrialSpec, att: dict) -> None:
         records = ev.records
         att.setdefault("first_record", time.time())
         first = next((r for r in records if isinstance(r, StepRecord)), None)
@@ -152,7 +159,7 @@ class Executor:
                 self.progress.update(ev.trial_id, state="running", note=f"compiled in {r.compile_s:.1f} s")
 
     def _log(self, tid: str, records: list[Record], attempt: int) -> None:
-        """Metric records to the tracker; a profile's files and breakdown to the run (see profiles.py)."""
+        """Metric records to the tracker; a profile's files and breakdown to the run (orchestrator/tracking/profiles.py)."""
         records, traces = profiles.split(records)
         # the breakdown without its files joins the trial's records: the log and the end-of-sweep plots read it
         kept = [dataclasses.replace(p, files={}) for p in traces if p.process == 0 and p.seconds]
@@ -162,7 +169,7 @@ class Executor:
             where = f"steps {p.first_step}-{p.last_step}, process {p.process}"
             self.progress.event(tid, f"profiled {where}: {p.limiter or p.note or 'no breakdown'}")
 
-    def _on_outcome(self, ev: sched.Event, spec: TrialSpec, att: dict) -> None:
+    def _on_outcome(self, ev: Event, spec: TrialSpec, att: dict) -> None:
         tid, outcome = ev.trial_id, Outcome(ev.outcome)
         self.running.pop(tid, None)
         att |= {"ended": time.time(), "outcome": outcome.value, "error": ev.error[-1000:]}
@@ -183,7 +190,7 @@ class Executor:
     def _finish(self, spec: TrialSpec, outcome: Outcome, error: str) -> None:
         tid, t = spec.trial_id, self.tracker
         self.outcomes[tid] = outcome.value
-        t.log_text(tid, json.dumps(self.history[tid], indent=1), "attempts.json")
+        t.log_artifact(tid, json.dumps(self.history[tid], indent=1), "attempts.json")
         slices = sorted({h["slice"] for a in self.history[tid] for h in a["hosts"] if h["slice"]})
         t.set_tags(tid, {"attempts": str(self.attempts[tid]), "slices": ",".join(slices)})
         # the store hears first: a driver killed right after this line must not rerun a finished trial
@@ -211,7 +218,7 @@ class Executor:
             self.progress.update(spec.trial_id, state="cancelled")
         print(
             f"interrupted: {len(self.running)} running and {len(self.pending)} queued trials cancelled; "
-            f"placement groups still reserved: {sched.live_placement_groups()}",
+            f"placement groups still reserved: {live_placement_groups()}",
             flush=True,
         )
 

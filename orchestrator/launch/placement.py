@@ -12,7 +12,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +29,14 @@ from tenacity import (
 )
 
 from jobs.spec import ClusterSpec
-from orchestrator.launch import cluster as clusters
+from orchestrator.launch.cluster import (
+    GPU_KINDS,
+    SLICE_LABEL,
+    TPU_KINDS,
+    WORKER_LABEL,
+    gpu_nodes,
+    slice_names,
+)
 
 log = logging.getLogger(__name__)
 SLICE_WAIT_S = 60.0  # a reserved slice head whose workers stay busy this long is released and re-chosen
@@ -38,10 +45,17 @@ MEGASCALE_PORT = "8081"  # Ray's DEFAULT_MEGASCALE_PORT (what Ray Train's JaxTra
 _reserved: set = set()  # every placement group this driver created, to prove none outlives a cancel
 
 
-def live_placement_groups() -> int:
-    """How many placement groups this driver created are still reserved (not REMOVED)."""
+def reserved() -> frozenset:
+    """The ids of every placement group this driver has created."""
+    return frozenset(_reserved)
+
+
+def live_placement_groups(ids: Iterable | None = None) -> int:
+    """How many placement groups this driver created (or of `ids`, some of them) are still reserved (not
+    REMOVED)."""
     table = ray.util.placement_group_table()
-    return sum(table.get(pid.hex(), {}).get("state", "REMOVED") != "REMOVED" for pid in _reserved)
+    among = _reserved if ids is None else ids
+    return sum(table.get(pid.hex(), {}).get("state", "REMOVED") != "REMOVED" for pid in among)
 
 
 # Set per attempt, never inherited: a node's environment can hold them from an earlier job or a `ray start` under
@@ -78,8 +92,8 @@ def host_info(process_id: int, slice_id: int = 0, scrubbed: list[str] | None = N
         "t": time.time(),  # when the host process started running the task (scheduling overhead)
         "node_ip": ray.util.get_node_ip_address(),
         "node_id": ray.get_runtime_context().get_node_id(),
-        "slice": labels.get(clusters.SLICE_LABEL) or os.environ.get("TPU_NAME", ""),
-        "worker_id": labels.get(clusters.WORKER_LABEL) or os.environ.get("TPU_WORKER_ID", ""),
+        "slice": labels.get(SLICE_LABEL) or os.environ.get("TPU_NAME", ""),
+        "worker_id": labels.get(WORKER_LABEL) or os.environ.get("TPU_WORKER_ID", ""),
         # what the TPU runtime will read to join the slices over DCN (empty on one slice)
         "megascale": {k: v for k, v in os.environ.items() if k.startswith("MEGASCALE_")},
         "gpus": ray.get_runtime_context().get_accelerator_ids().get("GPU", []),  # the GPUs Ray gave this task
@@ -165,10 +179,10 @@ class Reservation:
         c = self.cluster
         n = c.hosts_per_trial
         options: dict[str, Any] = {}
-        if c.kind in clusters.TPU_KINDS:
+        if c.kind in TPU_KINDS:
             pg, res = self._reserve_tpu_slices()
             options = {"num_cpus": res.pop("CPU", 1), "resources": res}
-        elif c.kind in clusters.GPU_KINDS:
+        elif c.kind in GPU_KINDS:
             pg = self._reserve_gpu_nodes()
             options = {"num_gpus": c.devices_per_host}
         elif n > 1:
@@ -180,10 +194,10 @@ class Reservation:
         order = host_order(probes, c.hosts)
         first = probes[order[0]]
         envs: list[dict[str, str]] = [{} for _ in order]
-        if c.kind in clusters.TPU_KINDS and c.slices_per_trial > 1:
+        if c.kind in TPU_KINDS and c.slices_per_trial > 1:
             envs = [megascale_env(first["ip"], c.slices_per_trial, pid // c.hosts) for pid in range(n)]
         names = list(dict.fromkeys(probes[i]["slice"] for i in order if probes[i]["slice"]))
-        if c.kind in clusters.GPU_KINDS:  # a GPU node is one of its trial's slices: named by the node
+        if c.kind in GPU_KINDS:  # a GPU node is one of its trial's slices: named by the node
             envs = [gpu_env(c.devices_per_host) for _ in order]
             names = [f"node-{probes[i]['node_id'][:8]}" for i in order]
         # probed afresh for every attempt: a retry never dials the coordinator port of the attempt it replaces
@@ -218,7 +232,7 @@ class Reservation:
         """hosts_per_trial whole GPU nodes (gpu_bundles), queueing while other trials hold them."""
         c = self.cluster
         # more nodes than the cluster has: the group would stay pending forever
-        if c.hosts_per_trial > (have := clusters.gpu_nodes(c.devices_per_host)):
+        if c.hosts_per_trial > (have := gpu_nodes(c.devices_per_host)):
             raise ValueError(
                 f"a trial needs {c.hosts_per_trial} GPU nodes of {c.devices_per_host} GPUs "
                 f"(slices_per_trial={c.slices_per_trial}) but the cluster has {have}; "
@@ -234,7 +248,7 @@ class Reservation:
 
         c = self.cluster
         # more slices than the cluster has: the head reservations would time out and retry forever
-        if c.slices_per_trial > 1 and c.slices_per_trial > (have := len(clusters.slice_names())):
+        if c.slices_per_trial > 1 and c.slices_per_trial > (have := len(slice_names())):
             raise ValueError(
                 f"a trial needs slices_per_trial={c.slices_per_trial} slices but the cluster has {have}; "
                 f"lower cluster.slices_per_trial or add slices"

@@ -8,11 +8,10 @@ from typing import Any
 
 from jobs import strategies
 from jobs.spec import REMATS, TrialSpec
-from orchestrator.plan import cost, memory, packing, policies, resources, roofline, steptime, work
-from orchestrator.plan import rules as validate
+from orchestrator.plan import cost, memory, packing, policies, resources, roofline, steptime, validity, work
 from orchestrator.plan.hardware import ClusterModel, model_of
 from orchestrator.plan.render import render_table, seconds, step_band, to_markdown
-from orchestrator.plan.rules import Problem, point_label
+from orchestrator.plan.validity import Problem, point_label
 
 VERDICTS = ("run", "infeasible", "invalid")
 
@@ -70,7 +69,7 @@ def plan_one(
     """One point's row; `model` is its cluster as the planner prices it (default: its conf/cluster/ file's),
     `problems` its rule breaks when the caller found them already."""
     model = model or model_of(spec.cluster)
-    problems = validate.problems(spec) if problems is None else problems
+    problems = validity.problems(spec) if problems is None else problems
     base = dict(
         trial_id=spec.trial_id,
         model=spec.model.name,
@@ -197,4 +196,4 @@ def to_json(rows: list[PlanRow]) -> str:
     return json.dumps([r.as_dict() for r in rows], indent=1)
 
 
-__all__ = ["PlanRow", "plan", "plan_one", "render_table", "to_json", "to_markdown", "validate", "VERDICTS"]
+__all__ = ["PlanRow", "plan", "plan_one", "render_table", "to_json", "to_markdown", "validity", "VERDICTS"]

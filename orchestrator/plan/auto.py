@@ -10,7 +10,7 @@ from dataclasses import replace
 from functools import cache
 
 from jobs.spec import TrialSpec
-from orchestrator.plan import memory, policies, resources, rules, steptime
+from orchestrator.plan import memory, policies, resources, steptime, validity
 from orchestrator.plan.hardware import ClusterModel, model_of
 
 AUTO = "auto"
@@ -52,7 +52,7 @@ def resolve(spec: TrialSpec, model: ClusterModel | None = None) -> TrialSpec:
     if spec.train.remat != AUTO:
         return spec
     base = replace(spec, train=replace(spec.train, remat="full"))
-    chosen = base if rules.problems(base) else _fastest(spec, model or model_of(spec.cluster))
+    chosen = base if validity.problems(base) else _fastest(spec, model or model_of(spec.cluster))
     # a remat axis names the resolved preset too: params and point labels never say "auto"
     axes = tuple((k, chosen.train.remat if k == "train.remat" else v) for k, v in spec.axes)
     return replace(chosen, axes=axes)

@@ -22,7 +22,7 @@ import numpy as np
 from jobs import storage, strategies
 from jobs.data import balance
 from jobs.spec import TrialSpec
-from jobs.strategies import rules as cp_rules
+from jobs.strategies import rules
 
 LENGTHS = "lengths.npy"
 
@@ -73,7 +73,7 @@ def of(spec: TrialSpec) -> Packing | None:
 
     # the shards the layout balances: zigzag's ring positions, balanced's every sequence shard
     shape, s = spec.mesh.shape(), strategies.get(spec.strategy.name)
-    P = s.cp(shape) if spec.strategy.layout == "balanced" else cp_rules.ring_size(spec.strategy.name, shape)
+    P = s.cp(shape) if spec.strategy.layout == "balanced" else rules.ring_size(spec.strategy.name, shape)
     hop = s.hop_tokens(local_sizes(spec))
     splash = spec.cluster.platform == "tpu" and spec.strategy.layout != "balanced"  # balanced runs on xla
     block = min(hop, spec.context_length) if splash else spec.strategy.block_kv

@@ -62,7 +62,7 @@ def short(train: TrainSpec) -> str:
 
 
 def _valid(p: Policy) -> bool:
-    """orchestrator/plan/rules.py's memory rules, on the policy alone (they read only train)."""
+    """orchestrator/plan/validity.py's memory rules, on the policy alone (they read only train)."""
     if p.remat == "none":
         return not (p.memory.save or p.memory.offload)
     saved, moved = REMAT_PRESETS[p.remat]

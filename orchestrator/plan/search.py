@@ -11,9 +11,8 @@ from dataclasses import dataclass, field, replace
 
 from jobs import strategies
 from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
-from jobs.strategies import rules as cp_rules
-from orchestrator.plan import PlanRow, auto, memory, plan, plan_one, policies, resources, steptime
-from orchestrator.plan import rules as validate
+from jobs.strategies import rules
+from orchestrator.plan import PlanRow, auto, memory, plan, plan_one, policies, resources, steptime, validity
 from orchestrator.plan.hardware import ClusterModel, model_of
 from orchestrator.plan.render import seconds
 
@@ -148,7 +147,7 @@ def search(
             key = (spec0.strategy.name, spec0.strategy.layout, spec0.strategy.local, spec0.mesh)
             if tally.lost_before(key, b // a):
                 continue
-            probs = [p for p in validate.problems(spec0) if p.rule != "memory policy"]
+            probs = [p for p in validity.problems(spec0) if p.rule != "memory policy"]
             if probs:
                 tally.invalid.setdefault(spec0.strategy.name, f"{probs[0].rule}: {probs[0].message}")
             elif not tally.mesh(spec0, cands, scale):
@@ -184,7 +183,7 @@ def _layouts(model: ModelSpec, cluster: ClusterSpec, length: int, train: TrainSp
                     if windowed
                     and other != name
                     and layout in strategies.get(other).layouts
-                    and cp_rules.mix_problem(name, other, shape, layout) is None
+                    and rules.mix_problem(name, other, shape, layout) is None
                 ]
                 for local in locals_:
                     strat = StrategySpec(name=name, layout=layout, local=local)

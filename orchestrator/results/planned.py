@@ -14,8 +14,8 @@ from typing import Any
 from jobs.spec import TrialSpec
 from orchestrator.plan import aot
 from orchestrator.plan.hardware import model_of
-from orchestrator.results.report import _axes, _finish
-from orchestrator.tracking import Tracker, layout
+from orchestrator.results import report
+from orchestrator.tracking import Tracker, profiles
 from orchestrator.tracking.layout import GIB
 
 PLANNED_TAG = "planned"
@@ -39,7 +39,7 @@ def point_metrics(row: Any, compiled: aot.CompileResult | None) -> dict[str, flo
         out["compiled_bytes_per_device"] = compiled.compiled_bytes
     if compiled and (peak := compiled.device_peak):  # what the compiler checks against HBM (aot.verdict)
         out["compiler_peak_bytes_per_device"] = peak
-    return {k: float(v) for k, v in out.items() if v is not None} | layout.band_metrics(row)
+    return {k: float(v) for k, v in out.items() if v is not None} | profiles.band_metrics(row)
 
 
 def figures(points: list[tuple[TrialSpec, dict[str, float]]]) -> dict[str, Any]:
@@ -48,14 +48,16 @@ def figures(points: list[tuple[TrialSpec, dict[str, float]]]) -> dict[str, Any]:
     for spec, m in sorted(points, key=lambda p: p[0].context_length):
         series[spec.strategy.name].append((spec.context_length, m))
     where = f"{points[0][0].model.name} on {points[0][0].cluster.name} (planned)"
-    mfu_fig, ax = _axes(f"Predicted MFU vs context length — {where}", "MFU")
+    mfu_fig, ax = report.context_axes(f"Predicted MFU vs context length — {where}", "MFU")
     for name, pts in sorted(series.items()):
         xs = [x for x, _ in pts]
         ax.plot(
             xs, [m.get("predicted_mfu", float("nan")) for _, m in pts], marker="o", label=f"{name} predicted"
         )
     ax.set_ylim(bottom=0)
-    mem_fig, bx = _axes(f"Memory per device vs context length — {where}", "GiB per device", logy=True)
+    mem_fig, bx = report.context_axes(
+        f"Memory per device vs context length — {where}", "GiB per device", logy=True
+    )
     for i, (name, pts) in enumerate(sorted(series.items())):
         xs = [x for x, _ in pts]
         pred = [m.get("predicted_bytes_per_device", float("nan")) / GIB for _, m in pts]
@@ -66,7 +68,10 @@ def figures(points: list[tuple[TrialSpec, dict[str, float]]]) -> dict[str, Any]:
     hbm = model_of(points[0][0].cluster).hbm_bytes_per_device
     if hbm:
         bx.axhline(hbm / GIB, color="red", ls=":", label=f"HBM per device ({hbm / GIB:g} GiB)")
-    return {"planned_mfu_vs_context": _finish(mfu_fig, ax), "planned_memory_vs_context": _finish(mem_fig, bx)}
+    return {
+        "planned_mfu_vs_context": report.finish(mfu_fig, ax),
+        "planned_memory_vs_context": report.finish(mem_fig, bx),
+    }
 
 
 def record(
@@ -87,7 +92,7 @@ def record(
             continue
         seen.add(tid)
         status = "planned" if row.verdict == "run" else row.verdict
-        tracker.start_trial(spec, sid, status, row.reason)
+        tracker.open_trial(spec, sid, status, row.reason)
         tracker.set_tags(tid, {PLANNED_TAG: "true"})
         got = (compiled or {}).get(tid)
         m = point_metrics(row, got.result if got else None)
@@ -110,7 +115,7 @@ def record(
                     tracker.log_metrics("sweep", {key: m[k] / GIB}, step=spec.context_length)
     if runnable:
         for fname, fig in figures(runnable).items():
-            tracker.log_figure("sweep", fig, f"plots/{fname}.png")
+            tracker.log_artifact("sweep", report.png(fig), f"plots/{fname}.png")
     tracker.set_tags("sweep", {"status": "planned", "points": str(len(seen)), "runnable": str(len(runnable))})
     tracker.end("sweep", "FINISHED")
     return sid

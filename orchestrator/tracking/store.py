@@ -16,7 +16,6 @@ synchronous calls (up to STORE_WAIT_S).
 from __future__ import annotations
 
 import hashlib
-import io
 import logging
 import os
 import time
@@ -31,19 +30,11 @@ from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_expone
 from jobs.records import Record, StepRecord
 from jobs.spec import TrialSpec
 from orchestrator.provenance import code_revision
-from orchestrator.tracking.layout import (
-    LOG_ARTIFACT,
-    TrialLog,
-    record_points,
-    record_tags,
-    spec_label,
-    stored_log,
-    stored_records,
-    trial_params,
-)
+from orchestrator.tracking.layout import record_points, record_tags, spec_label, trial_params
 from orchestrator.tracking.leases import Leases
 from orchestrator.tracking.queue import Write, WriteQueue, transient
 from orchestrator.tracking.runs import find_or_create
+from orchestrator.tracking.trial_log import LOG_ARTIFACT, TrialLog, stored_log, stored_records
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -57,11 +48,23 @@ HTTP_RETRIES = {
     "MLFLOW_HTTP_REQUEST_TIMEOUT": "20",
 }
 STORE_WAIT_S = 60.0  # how long a synchronous call waits for a store that does not answer
+REPLAY_WAIT_S = 120.0  # how long resume() waits for the writes a killed driver left, before reading the store
 
 
 # MLflow 3's UI picks GenAI or training per browser: the URL's workflowType first, then what the browser's
 # sidebar switch stored, else GenAI. The experiment tag mlflow.experimentKind does not change it (3.17).
 TRAINING_VIEW = "workflowType=machine_learning"
+
+
+def absolute(uri: str) -> str:
+    """`uri` with a relative sqlite path made absolute. MLflow keeps one store (and one database engine) per URI
+    for the life of the process, so a relative one would stay bound to the first working directory it was
+    opened in: a second in-process driver in another directory would write into the first one's database."""
+    prefix = "sqlite:///"
+    path = uri[len(prefix) :]
+    if uri.startswith(prefix) and path and not path.startswith(("/", ":memory:")):
+        return prefix + os.path.abspath(path)
+    return uri
 
 
 def _waiting(state) -> None:
@@ -70,13 +73,15 @@ def _waiting(state) -> None:
 
 
 class MlflowTracker:
-    """The Tracker protocol (orchestrator/tracking/__init__.py) over an MLflow store."""
+    """The Tracker protocol (orchestrator/tracking/__init__.py) over an MLflow store. Beyond it, the regression
+    gate reads the store itself (`client`, `call`, `experiment_id()`, `started`), and `dashboard_url()` is the
+    link `dashboard_hint()` names."""
 
     def __init__(self, uri: str, experiment: str, artifact_location: str = ""):
         for k, v in HTTP_RETRIES.items():
             os.environ.setdefault(k, v)
-        self.uri = uri
-        self.client = MlflowClient(tracking_uri=uri)
+        self.uri = uri  # as given: the journal's name and the printed hints use it
+        self.client = MlflowClient(tracking_uri=absolute(uri))
         self.experiment = experiment
         self.artifact_location = artifact_location or None
         self.run_ids: dict[str, str] = {}  # key ("sweep" or a trial id) -> MLflow run id
@@ -91,14 +96,12 @@ class MlflowTracker:
         self.owner = uuid.uuid4().hex  # marks the run reservations this tracker made (tracking/runs.py)
         self.queue = WriteQueue(self.client)
 
-    @property
-    def ops(self) -> WriteQueue:
-        """The undelivered writes (len() of it is what a caller reports)."""
-        return self.queue
-
-    def flush(self, timeout: float = 0.0) -> bool:
-        """Wait up to `timeout` s for every queued write to reach the store. True when none is left."""
-        return self.queue.flush(timeout)
+    def finish(self, timeout: float = 0.0) -> int:
+        """Wait up to `timeout` s for every queued write to reach the store; once all have, the journal goes.
+        Returns how many have not: a journal keeps them for a rerun of the sweep."""
+        if self.queue.flush(timeout):
+            self.queue.close_journal()
+        return len(self.queue)
 
     def call(self, fn: Callable[..., T], *args: Any) -> T:
         """fn(*args) against the store (a read, a run's creation), waiting up to STORE_WAIT_S for a store that
@@ -113,23 +116,37 @@ class MlflowTracker:
         )
         return retrying(fn, *args)
 
-    # --- the durable journal ------------------------------------------------------------------
-    def journal_path(self, sweep_id: str) -> str:
+    # --- resuming a sweep: the durable journal, then what the store has ---------------------------
+    def _journal_path(self, sweep_id: str) -> str:
         tag = hashlib.sha256(f"{self.uri} {self.experiment}".encode()).hexdigest()[:8]
         return os.path.join(JOURNAL_DIR, f"{sweep_id}-{tag}.jsonl")
 
-    def use_journal(self, sweep_id: str) -> int:
-        """Journal every write of this sweep (fsync'd before the caller goes on); first queue what a killed
-        driver of the same sweep left undelivered. Returns how many writes are replayed."""
-        n = self.queue.use_journal(self.journal_path(sweep_id))
-        if n:
+    def resume(self, sweep_id: str) -> dict[str, str]:
+        """Journal every write of this sweep (fsync'd before the caller goes on), first delivering what a
+        killed driver of the same sweep left undelivered; then read the trials the sweep finished (trial id ->
+        run id) and the steps and attempts its unfinished ones logged, so a rerun logs none twice."""
+        if n := self.queue.use_journal(self._journal_path(sweep_id)):
             log.warning(
                 "replaying %d tracking writes an earlier driver of sweep %s never delivered", n, sweep_id
             )
-        return n
+            self.queue.flush(REPLAY_WAIT_S)
+        finished = self._find_runs(f"tags.sweep_id = '{sweep_id}' and tags.status = 'finished'")
+        finished = [r for r in finished if "trial_id" in r.data.tags]
+        self.started |= {r.data.tags["trial_id"]: r.info.start_time for r in finished}
+        for r in self._find_runs(f"tags.sweep_id = '{sweep_id}' and tags.kind = 'trial'"):
+            tid = r.data.tags.get("trial_id")
+            if tid and r.data.tags.get("status") not in ("finished", "infeasible", "invalid"):
+                self._read_steps(tid, r.info.run_id)
+        return {r.data.tags["trial_id"]: r.info.run_id for r in finished}
 
-    def close_journal(self) -> None:
-        self.queue.close_journal()
+    def refresh(self, key: str) -> None:
+        """Re-read what the store has of trial `key` (steps, attempts): before taking over another driver's."""
+        self._read_steps(key, self.run_ids[key])
+
+    def _read_steps(self, key: str, run_id: str) -> None:
+        self.steps[key] = {m.step for m in self.call(self.client.get_metric_history, run_id, "loss")}
+        attempts = self.call(self.client.get_metric_history, run_id, "compile_s")
+        self.prior_attempts[key] = max((m.step for m in attempts), default=0)
 
     # --- runs: found or created once, synchronously -------------------------------------------
     def experiment_id(self) -> str:
@@ -171,51 +188,37 @@ class MlflowTracker:
         all_tags = {"sweep_name": name, "cluster": cluster, "code_revision": code_revision(), **(tags or {})}
         self._open("sweep", {"sweep_id": sweep_id, "kind": "sweep"}, all_tags, sweep_id)
 
-    def open_trial(self, spec: TrialSpec, sweep_id: str) -> None:
-        """Find or create the trial's child run, nothing more (its lease is claimed before it is described)."""
-        identity = {"sweep_id": sweep_id, "trial_id": spec.trial_id}
-        name = spec_label(spec, "run")
-        self._open(spec.trial_id, identity, {"kind": "trial"}, name, "sweep")
+    def open_trial(self, spec: TrialSpec, sweep_id: str, status: str = "", reason: str = "") -> None:
+        """Find or create the trial's child run (its lease is claimed before it is described); with a
+        `status`, describe it: grid axes as params, the resolved spec as an artifact, the status."""
+        key = spec.trial_id
+        identity = {"sweep_id": sweep_id, "trial_id": key}
+        self._open(key, identity, {"kind": "trial"}, spec_label(spec, "run"), "sweep")
+        if not status:
+            return
+        self.logs[key] = held = self._held(key)
+        held.lines.append(f"trial {key} {spec_label(spec)} cluster={spec.cluster.name}")
+        self._put(key, params=trial_params(spec))
+        self.log_artifact(key, spec.to_json(), "trial_spec.json")
+        self.set_status(key, status, reason)
 
     # --- reads (synchronous) ------------------------------------------------------------------
-    def find_runs(self, filter_string: str, max_results: int = 5000) -> list:
+    def _find_runs(self, filter_string: str, max_results: int = 5000) -> list:
         """Search this experiment (a store that does not answer is waited for, up to STORE_WAIT_S)."""
         exp = self.experiment_id()
         return list(self.call(lambda: self.client.search_runs([exp], filter_string, max_results=max_results)))
-
-    def finished_trials(self, sweep_id: str) -> dict[str, str]:
-        """trial_id -> run id of trials already finished in this sweep instance (for resume)."""
-        runs = self.find_runs(f"tags.sweep_id = '{sweep_id}' and tags.status = 'finished'")
-        runs = [r for r in runs if "trial_id" in r.data.tags]
-        self.started |= {r.data.tags["trial_id"]: r.info.start_time for r in runs}
-        return {r.data.tags["trial_id"]: r.info.run_id for r in runs}
-
-    def resume(self, sweep_id: str) -> None:
-        """Before re-running a sweep: which steps (and attempts) its unfinished trials already have in the store."""
-        for r in self.find_runs(f"tags.sweep_id = '{sweep_id}' and tags.kind = 'trial'"):
-            tid = r.data.tags.get("trial_id")
-            if tid and r.data.tags.get("status") not in ("finished", "infeasible", "invalid"):
-                self.refresh(tid, r.info.run_id)
-
-    def refresh(self, key: str, run_id: str | None = None) -> None:
-        """Re-read what the store has of trial `key` (steps, attempts): before taking over another driver's."""
-        rid = run_id or self.run_ids[key]
-        self.steps[key] = {m.step for m in self.call(self.client.get_metric_history, rid, "loss")}
-        attempts = self.call(self.client.get_metric_history, rid, "compile_s")
-        self.prior_attempts[key] = max((m.step for m in attempts), default=0)
 
     def leases(self) -> Leases:
         """This driver's trial leases (orchestrator/tracking/leases.py), on the parent run."""
         return Leases(self.client, self.run_ids)
 
-    def records(self, key: str) -> list[Record]:
-        """A trial's records as its drivers logged them, every attempt in order (each step once)."""
+    def records(self, key: str, run_id: str = "") -> list[Record]:
+        """A trial's records as this driver's log holds them, every attempt in order (each step once); given
+        `run_id`, as that child run's trial log holds them (another driver's, or an earlier one's)."""
+        if run_id:
+            return stored_records(self.client, run_id)
         j = self.logs.get(key)
         return [r for attempt in j.attempts for r in attempt] if j else []
-
-    def stored_records(self, run_id: str) -> list[Record]:
-        """A finished trial's records as its child run's trial log holds them (another driver's, or earlier)."""
-        return stored_records(self.client, run_id)
 
     def _held(self, key: str) -> TrialLog:
         """The trial log this driver goes on with: what the store has where an earlier driver logged steps or
@@ -236,27 +239,6 @@ class MlflowTracker:
             return
         self.queue.put(Write(rid, **write))
 
-    def start_trial(
-        self,
-        spec: TrialSpec,
-        sweep_id: str,
-        status: str = "queued",
-        reason: str = "",
-        predicted_bytes: int | None = None,
-    ) -> None:
-        """Describe the trial's child run (opened here unless it is already): grid axes as params, the resolved
-        spec as an artifact, its status and the planner's memory."""
-        key = spec.trial_id
-        self.open_trial(spec, sweep_id)
-        self.logs[key] = held = self._held(key)
-        label = spec_label(spec)
-        held.lines.append(f"trial {key} {label} cluster={spec.cluster.name}")
-        self._put(key, params=trial_params(spec))
-        self.log_text(key, spec.to_json(), "trial_spec.json")
-        self.set_status(key, status, reason)
-        if predicted_bytes is not None:
-            self.log_metrics(key, {"predicted_bytes_per_device": predicted_bytes})
-
     def set_status(self, key: str, status: str, reason: str = "", terminal: str | None = None) -> None:
         """Status tag (queued, running, retrying, finished, failed, infeasible, invalid, cancelled) and why;
         `terminal`: the MLflow status the run ends with."""
@@ -265,7 +247,7 @@ class MlflowTracker:
         if status == "retrying":
             j.attempts.append([])
         if terminal:  # the log lands before the status another driver acts on (it reads the log back)
-            self.log_text(key, j.text(), LOG_ARTIFACT)
+            self.log_artifact(key, j.text(), LOG_ARTIFACT)
         # "running" reopens it: a resumed run may still say KILLED or FAILED from its last driver
         run_status = terminal or ("RUNNING" if status == "running" else "")
         self._put(key, tags={"status": status, "reason": reason[:5000]}, status=run_status)
@@ -284,24 +266,17 @@ class MlflowTracker:
         if tags := record_tags(fresh, attempt):
             self.set_tags(key, tags)
 
-    def log_metrics(self, key: str, values: dict[str, float], step: int = 0) -> None:
+    def log_metrics(self, key: str, values: dict[str, float | None], step: int = 0) -> None:
         now = int(time.time() * 1000)
-        if points := tuple(Metric(k, float(v), now, int(step)) for k, v in values.items() if v == v):
+        kept = {k: float(v) for k, v in values.items() if v is not None and v == v}
+        if points := tuple(Metric(k, v, now, int(step)) for k, v in kept.items()):
             self._put(key, metrics=points)
 
-    def log_text(self, key: str, text: str, path: str) -> None:
-        self.log_bytes(key, text.encode(), path)
-
-    def log_figure(self, key: str, fig: Any, path: str) -> None:
-        """Render now (the caller may close the figure), upload later."""
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
-        self.log_bytes(key, buf.getvalue(), path)
-
-    def log_bytes(self, key: str, data: bytes, path: str) -> None:
+    def log_artifact(self, key: str, data: str | bytes, path: str) -> None:
         """`data` as the run's artifact `path`: kept in a local file (which the journal names) until uploaded."""
         folder, name = os.path.split(path)
-        self._put(key, file=self.queue.spool(name, data), folder=folder)
+        raw = data.encode() if isinstance(data, str) else data
+        self._put(key, file=self.queue.spool(name, raw), folder=folder)
 
     def set_tags(self, key: str, tags: dict[str, str]) -> None:
         self._put(key, tags={k: str(v) for k, v in tags.items()})
@@ -312,7 +287,7 @@ class MlflowTracker:
     def run_id(self, key: str) -> str | None:
         return self.run_ids.get(key)
 
-    def ui_base(self) -> str:
+    def _ui_base(self) -> str:
         """Where the MLflow UI answers: the server itself, or `mlflow ui`'s default over a local store."""
         return (
             self.uri.rstrip("/") if self.uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
@@ -320,11 +295,11 @@ class MlflowTracker:
 
     def run_url(self, run_id: str) -> str:
         """A run's page in the UI, on its training view (MLflow 3's UI opens on GenAI unless told)."""
-        return f"{self.ui_base()}/#/experiments/{self.experiment_id()}/runs/{run_id}?{TRAINING_VIEW}"
+        return f"{self._ui_base()}/#/experiments/{self.experiment_id()}/runs/{run_id}?{TRAINING_VIEW}"
 
     def dashboard_url(self) -> str:
         """The experiment's runs as charts, on the training view: the link a fresh browser opens right."""
-        return f"{self.ui_base()}/#/experiments/{self.experiment_id()}/runs?{TRAINING_VIEW}&compareRunsMode=CHART"
+        return f"{self._ui_base()}/#/experiments/{self.experiment_id()}/runs?{TRAINING_VIEW}&compareRunsMode=CHART"
 
     def report_dir(self) -> str:
         """Where the sweep's HTML page is written: next to a local store (sqlite or file), else ./reports."""
@@ -337,6 +312,3 @@ class MlflowTracker:
         if self.uri.startswith(("http://", "https://")):
             return self.dashboard_url()
         return f"mlflow ui --backend-store-uri {self.uri}, then open {self.dashboard_url()}"
-
-
-Tracker = MlflowTracker  # for callers that build the MLflow tracker directly (benchmarks/tracking.py, tests)

@@ -16,8 +16,9 @@ from typing import Any
 import grain
 import numpy as np
 
-from jobs.data.documents import pack as packing
+from jobs.data.documents.pack import finish_rows, pack
 from jobs.data.documents.sources import TokenSource
+from jobs.spec import LONG_DOCS, PACKS
 
 STATE_VERSION = 1
 
@@ -45,10 +46,10 @@ def validate(o: Options) -> tuple[float, ...]:
     """ValueError (one line) for options that cannot give rows with loss; returns the normalised weights."""
     if not o.sources:
         raise ValueError("train.data.kind=documents needs train.data.sources (or train.data.path)")
-    if o.pack not in packing.PACKS:
-        raise ValueError(f"train.data.pack={o.pack!r}; use one of {', '.join(packing.PACKS)}")
-    if o.long_docs not in packing.LONG_DOCS:
-        raise ValueError(f"train.data.long_docs={o.long_docs!r}; use one of {', '.join(packing.LONG_DOCS)}")
+    if o.pack not in PACKS:
+        raise ValueError(f"train.data.pack={o.pack!r}; use one of {', '.join(PACKS)}")
+    if o.long_docs not in LONG_DOCS:
+        raise ValueError(f"train.data.long_docs={o.long_docs!r}; use one of {', '.join(LONG_DOCS)}")
     if o.context_length < 2:
         raise ValueError(
             f"context_length={o.context_length} leaves every row without a target inside its document; use >= 2"
@@ -77,8 +78,8 @@ def build(o: Options, cache_dir: str) -> grain.IterDataset:
     picked = [(s, w, i) for i, (s, w) in enumerate(zip(o.sources, weights, strict=True)) if w > 0]
     streams = [_documents(TokenSource(s, o.vocab, cache_dir), o.seed * 1009 + i) for s, _, i in picked]
     docs = streams[0] if len(streams) == 1 else grain.IterDataset.mix(streams, [w for _, w, _ in picked])
-    rows = packing.pack(docs, o.context_length, o.pack, o.long_docs, o.bins)
-    return rows.batch(o.batch, drop_remainder=True).map(packing.finish_rows)
+    rows = pack(docs, o.context_length, o.pack, o.long_docs, o.bins)
+    return rows.batch(o.batch, drop_remainder=True).map(finish_rows)
 
 
 class DocumentIterator:

@@ -17,8 +17,6 @@ from grain.experimental import FirstFitPackIterDataset
 
 from jobs.spec import LONG_DOCS, PACKS
 
-__all__ = ["LONG_DOCS", "PACKS"]  # with the packers below
-
 
 class _PiecesIterator(grain.DatasetIterator):
     """Each document as pieces of at most `length` tokens (split) or its first piece (truncate); empty

@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING
 
 from jobs.spec import TrialSpec
 from orchestrator.plan import memory
-from orchestrator.plan.aot import cache as capped
-from orchestrator.plan.aot import pool
+from orchestrator.plan.aot import cache, pool
 from orchestrator.plan.aot.cache import (
     cache_dir,
     cache_path,
@@ -50,8 +49,8 @@ __all__ = [
     "cache_dir",
     "cache_path",
     "cached_any",
+    "cache",
     "cached_caps",
-    "capped",
     "clear_lowered",
     "compare",
     "compile_host_bytes",
@@ -124,7 +123,7 @@ def compare(
     workers=None compiles here, one point after another; a number compiles on a Ray pool, that many at once
     (0: one per CPU of the Ray cluster; aot.pool), with a progress bar (`progress`: auto | rich | plain).
     `cache`: the compile cache, a directory or gs://bucket/prefix ("": $CP_AOT_CACHE, else .cache/aot).
-    `draws` k > 1: each point compiled k times and judged by its worst draw (aot.draws), always on the pool:
+    `draws` k > 1: each point compiled k times and judged by its worst draw (result.worst), always on the pool:
     a draw needs a process of its own. `hbm`: each point's HBM per device to judge by (default: its
     cluster's, conf/cluster/)."""
     if draws > 1 and workers is None:

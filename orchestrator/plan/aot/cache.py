@@ -75,7 +75,7 @@ def cache_path(
     spec: TrialSpec, topology: str | None = None, *, cap_mib: int | None = None, draw: int = 1
 ) -> Path | str:
     """`<trial id>-<topology tag>-<program hash>.json` (lowers the step to hash it), `.cap<MiB>.json` for a
-    compile capped at `cap_mib` MiB of HBM, `.draw<d>.json` for draw d > 1 (aot.draws): a Path in a directory,
+    compile capped at `cap_mib` MiB of HBM, `.draw<d>.json` for draw d > 1 (aot_draws): a Path in a directory,
     a gs:// URI (str) in a bucket."""
     name = f"{_stem(spec, topology)}-{program_version(spec, topology)}"
     if cap_mib is not None:
@@ -91,7 +91,7 @@ def cached_any(spec: TrialSpec, topology: str | None = None) -> bool:
 
 
 def cached_caps(spec: TrialSpec, topology: str | None = None) -> list[int]:
-    """The HBM caps (MiB) this program was compiled at and cached (aot.capped), in no particular order."""
+    """The HBM caps (MiB) this program was compiled at and cached (fits), in no particular order."""
     stem = os.path.basename(str(cache_path(spec, topology)))[: -len(".json")]
     names = storage.list_names(str(cache_dir()), f"{stem}.cap")
     return [int(m.group(1)) for n in names if (m := _CAP.search(n))]
@@ -112,7 +112,7 @@ def write(path: Path | str, result: CompileResult) -> None:
 def lookup(
     spec: TrialSpec, topology: str | None = None, *, refresh: bool = False, draw: int = 1
 ) -> tuple[CompileResult, bool]:
-    """compiled_memory's answer (draw `draw`'s, aot.draws), and whether it came from the cache (True) or was
+    """compiled_memory's answer (draw `draw`'s, aot_draws), and whether it came from the cache (True) or was
     compiled now (False)."""
     path = cache_path(spec, topology, draw=draw)
     if not refresh and (got := read(path, program_version(spec, topology))) is not None:

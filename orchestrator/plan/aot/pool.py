@@ -1,6 +1,8 @@
 """Many points' compiles at once: one Ray task per point, each in a fresh process reserving the host memory its
 compile needs, all reading and writing one cache (a directory, or gs://bucket/prefix that every user and the
-nightly sweep share). ray is imported only inside functions: `orchestrator.plan.aot` stays importable without it.
+nightly sweep share). The tasks run on the Ray this process is connected to: orchestrator/launch/cluster.py's
+join_or_start starts or joins it. ray is imported only inside functions: `orchestrator.plan.aot` stays
+importable without it.
 """
 
 from __future__ import annotations
@@ -13,15 +15,12 @@ from typing import Any
 from rich.console import Console
 
 from jobs.spec import TrialSpec
-from orchestrator import REPO
 from orchestrator.plan.aot import cache
-from orchestrator.plan.aot import result as draws
-from orchestrator.plan.aot.result import CompileResult, failed
+from orchestrator.plan.aot.result import CompileResult, failed, perturb, worst
 from orchestrator.plan.aot.target import CHIPS, compile_host_bytes, topology_tag
 from orchestrator.ui.progress import CompileBar
 
 log = logging.getLogger(__name__)
-ROOT = str(REPO)
 # What the driver's serial compile reads from its environment besides the cache: libtpu's flags change the
 # program compiled, the emulator and project where a gs:// cache is. A worker of a Ray started elsewhere (a
 # cluster, another test) has its own environment, so they travel with each task.
@@ -43,7 +42,7 @@ def _compile(spec_json: str, topology: str | None, env: dict[str, str], draw: in
     """The task: the point's cached answer (draw `draw`'s), else its compile (cached), as (CompileResult JSON,
     cache hit)."""
     os.environ.update(env)  # a fresh process (max_calls=1): before jax and the storage client read them
-    draws.perturb(draw)
+    perturb(draw)
     spec = TrialSpec.from_json(spec_json)
     try:
         got, hit = cache.lookup(spec, topology, draw=draw)
@@ -59,22 +58,6 @@ def _task() -> Any:
     # A fresh process per compile: libtpu's flags are read once per process, and a finished compile's
     # gigabytes go back to the host. No retry: a compile that killed its worker would do it again.
     return ray.remote(num_cpus=1, max_calls=1, max_retries=0)(_compile)
-
-
-def start(workers: int = 0) -> None:
-    """The Ray to compile on: the one this driver is already connected to (the command line joins a cluster's
-    Ray before it asks for compiles: orchestrator/cli/commands.py), else a local Ray of `workers` CPUs (0: one
-    per core). Never the fake TPU cluster: a compile needs CPUs, not slices."""
-    import ray
-
-    if ray.is_initialized():
-        return
-    # workers import jobs/ and orchestrator/; a local Ray's workers inherit the driver's environment
-    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    os.environ["PYTHONPATH"] = os.pathsep.join(paths if ROOT in paths else [ROOT, *paths])
-    ray.init(
-        address="local", num_cpus=workers or os.cpu_count(), include_dashboard=False, log_to_driver=False
-    )
 
 
 def node_memory() -> int | None:
@@ -105,12 +88,14 @@ def compile_all(
     Ray cluster), each a Ray task reserving compile_host_bytes of memory, all on the cache at `cache_at` ("":
     $CP_AOT_CACHE, else .cache/aot). A compile that raised, or whose worker died, is a failed result. With
     `draws_per_point` k > 1 each point is compiled k times, each draw its own task, and judged by the worst
-    (aot.draws.worst); its hit is True only when every draw was cached."""
+    (result.worst); its hit is True only when every draw was cached. Ray must be up (launch/cluster.py's
+    join_or_start): a task would otherwise start one of Ray's choosing, which may be another user's."""
     if not specs:
         return []
     import ray
 
-    start(workers)
+    if not ray.is_initialized():
+        raise RuntimeError("no Ray to compile on: start or join one first (launch.cluster.join_or_start)")
     slots = workers or max(int(ray.cluster_resources().get("CPU", 1)), 1)
     cap, env, task = node_memory(), worker_env(cache_at), _task()
     k = max(draws_per_point, 1)
@@ -124,7 +109,7 @@ def compile_all(
             while todo and len(running) < slots:
                 i, d = todo.pop()
                 opts: dict[str, Any] = {"memory": compile_host_bytes(specs[i], cap)}
-                if d > 1:  # its own worker process, started with its own string hashing (aot.draws)
+                if d > 1:  # its own worker process, started with its own string hashing (result.perturb)
                     opts["runtime_env"] = {"env_vars": {"PYTHONHASHSEED": str(d)}}
                 running[task.options(**opts).remote(specs[i].to_json(), topology, env, d)] = (i, d)
             bar.set_running(len(running))
@@ -141,7 +126,7 @@ def compile_all(
     out = []
     for row in got_draws:
         done = [x for x in row if x is not None]  # every slot filled: the loop ends when none is left
-        out.append((draws.worst([g for g, _ in done]), all(h for _, h in done)))
+        out.append((worst([g for g, _ in done]), all(h for _, h in done)))
     return out
 
 
@@ -157,7 +142,7 @@ def compile_specs(
     """Each spec's TPU compile (aot.compiled_memory's answer), in order, `workers` at once on Ray (0: one per
     CPU), on the cache at `cache` (a directory or gs://bucket/prefix; "": $CP_AOT_CACHE, else .cache/aot).
     A compile that broke is a CompileResult with status "failed"; nothing is raised for one point. `progress`:
-    auto | rich | plain, on `console` (a new one on stdout when None); `draws_per_point`: aot.draws."""
+    auto | rich | plain, on `console` (a new one on stdout when None); `draws_per_point`: as compile_all's."""
     got = compile_all(
         specs,
         topology,

@@ -18,7 +18,6 @@ from typing import Any
 
 from jobs.spec import TrialSpec
 from orchestrator.plan import memory
-from orchestrator.plan.aot import result as draws
 from orchestrator.plan.aot.target import CHIPS, topology_tag
 
 STATUSES = ("compiled", "rejected", "failed")
@@ -54,9 +53,9 @@ class CompileResult:
     fragmentation_bytes: int | None = None  # ... and lost to packing
     largest_buffers: tuple[str, ...] = ()  # the compiler's largest allocations, biggest first
     compile_s: float = 0.0
-    cap_mib: int | None = None  # a capped compile (aot.capped): the HBM libtpu was told the chip has
+    cap_mib: int | None = None  # a capped compile (cache.fits): the HBM libtpu was told the chip has
     program: str = ""  # program_version: the hash of the lowered step
-    draw_bytes: tuple[int, ...] = ()  # aot_draws > 1: every draw's judged bytes, in draw order (aot.draws)
+    draw_bytes: tuple[int, ...] = ()  # aot_draws > 1: every draw's judged bytes, in draw order (worst)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -211,7 +210,7 @@ def verdict(got: CompileResult, hbm: int) -> tuple[str, str]:
                 f" (at its peak {gib(got.live_bytes)} live, {gib(got.fragmentation_bytes)} fragmentation)"
             )
         top = "; ".join(got.largest_buffers[:4])
-        spread = f"; {note}" if (note := draws.spread_note(got)) else ""
+        spread = f"; {note}" if (note := spread_note(got)) else ""
         return "infeasible", f"TPU compiler: {figures}" + (f" (largest: {top})" if top else "") + spread
     if got.status == "failed":
         return "invalid", f"TPU compile failed: {got.error}"
@@ -220,7 +219,7 @@ def verdict(got: CompileResult, hbm: int) -> tuple[str, str]:
     peak = own or got.peak_bytes
     what = "compiler's peak" if own else "compiled peak"
     summed = f" (memory_analysis sum {gib(got.peak_bytes)})" if own else ""
-    spread = f" ({note})" if (note := draws.spread_note(got)) else ""
+    spread = f" ({note})" if (note := spread_note(got)) else ""
     if limit and peak > limit:
         return "infeasible", f"{what} {gib(peak)}/device > {gib(limit)} of HBM{summed}{spread}"
     return "run", f"{what} {gib(peak)}/device{summed}{spread}"

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jobs.spec import KERNEL_PLATFORM, REMAT_PRESETS, TrialSpec
-from jobs.strategies import rules as cp_rules
+from jobs.strategies import rules
 
 __all__ = ["KERNEL_PLATFORM", "Problem", "point_label", "problems", "validate"]
 
@@ -49,10 +49,10 @@ def _kernel(spec: TrialSpec) -> list[tuple[str, str]]:
     # a window or chunk shorter than the row is a mask splash takes only where a call holds the whole sequence
     limited = {"local": 0 < m.window < spec.context_length, "chunked": 0 < m.chunk < spec.context_length}
     if s.kernel == "splash" and any(
-        limited.get(kind) and s.for_layer(kind) not in cp_rules.SPLASH_SPAN_STRATEGIES
+        limited.get(kind) and s.for_layer(kind) not in rules.SPLASH_SPAN_STRATEGIES
         for kind in m.attention_pattern
     ):
-        return [("kernel vs mask", cp_rules.SPLASH_SPAN)]
+        return [("kernel vs mask", rules.SPLASH_SPAN)]
     return []
 
 
@@ -155,14 +155,14 @@ def _mesh(spec: TrialSpec) -> list[tuple[str, str]]:
 
 def _batch(spec: TrialSpec) -> list[tuple[str, str]]:
     t, m = spec.train, spec.mesh
-    problem = cp_rules.batch_problem(t.batch, m.data, m.fsdp, t.grad_accum)
+    problem = rules.batch_problem(t.batch, m.data, m.fsdp, t.grad_accum)
     return [("batch vs data*fsdp", problem)] if problem else []
 
 
 def _attention(spec: TrialSpec) -> list[tuple[str, str]]:
     """The CP rules of jobs/strategies/rules (the data plane raises the same words).
 
-    cp_rules stops at the first problem; two probes that neutralise the length (a multiple of every ring
+    rules.validate stops at the first problem; two probes that neutralise the length (a multiple of every ring
     size) and then the heads (a multiple of every split) report head and length problems independently.
     """
     s, m, mesh = spec.strategy, spec.model, spec.mesh.shape()
@@ -178,14 +178,14 @@ def _attention(spec: TrialSpec) -> list[tuple[str, str]]:
     for name in names:
         for rule, kw in probes.items():
             try:
-                cp_rules.validate(name, mesh=mesh, layout=s.layout, **kw)
+                rules.validate(name, mesh=mesh, layout=s.layout, **kw)
             except ValueError as e:
                 if all(str(e) != msg for _, msg in out):
                     out.append((rule, str(e)))
     if not out:  # a rule the probes cannot see apart (both passed): ask once with the real numbers
         for name in names:
             try:
-                cp_rules.validate(
+                rules.validate(
                     name,
                     context_length=spec.context_length,
                     q_heads=m.q_heads,
@@ -211,14 +211,14 @@ def _local(spec: TrialSpec) -> list[tuple[str, str]]:
                 f"{spec.model.name} has only global ones (attention_pattern={list(pattern)}); drop strategy.local",
             )
         ]
-    problem = cp_rules.mix_problem(s.name, s.local, spec.mesh.shape(), s.layout)
+    problem = rules.mix_problem(s.name, s.local, spec.mesh.shape(), s.layout)
     return [("strategy per layer type", problem)] if problem else []
 
 
 def _multislice(spec: TrialSpec) -> list[tuple[str, str]]:
     """Which axis crosses slices (DCN), and whether this strategy may lay it there (jobs/strategies/rules)."""
     try:
-        cp_rules.validate_dcn(
+        rules.validate_dcn(
             spec.strategy.name,
             mesh=spec.mesh.shape(),
             dcn=spec.mesh.dcn,
