@@ -189,8 +189,9 @@ def _job_path(sink: Sink, rec: dict, mesh, kernel: str, b: int, qkv, flops: floa
 
 
 def splash(sink: Sink, args) -> None:
-    """Bare splash over block sizes and the fused backward, per shape; then the job's path at the best block
-    (splash, fused as the majority of shapes chose) and the xla kernel at 512, for the same shapes."""
+    """Bare splash over block sizes and the fused backward, per shape; then the job's own path
+    (splash at jobs/tuning.py's block, fused where jobs.tuning.fused_backward allows) and the xla kernel at 512,
+    for the same shapes."""
     from jax.sharding import Mesh
 
     mesh = Mesh(np.array(jax.devices()[:1]), ("context",))
