@@ -204,3 +204,16 @@ def test_splash_refuses_a_window_where_the_mask_moves_with_a_hop():
     f, _ = natural_order_fn("ring", {"context": 2}, kernel="splash", block_q=128, block_kv=128, window=64)
     with pytest.raises(ValueError, match="only under ulysses or none"):
         f(q, k, v)
+
+
+@pytest.mark.parametrize("span", [{"window": 20}, {"chunk": 32}], ids=str)
+def test_a_length_splash_cannot_tile_falls_back_to_xla_with_its_window(span):
+    """96 tokens are no multiple of 128: splash hands the call to the xla kernel, which must keep the window or
+    chunk (it once ran plain causal attention there: max error 1.23)."""
+    f, _ = natural_order_fn("none", {}, kernel="splash", block_q=128, block_kv=128, **span)
+    q, k, v, ct = make_inputs(1, 96, 4, 2, 16)
+    got = jax.jit(lambda q, k, v, ct: out_and_grads(f, q, k, v, ct))(q, k, v, ct)
+    want = out_and_grads(lambda q, k, v: reference_attention(q, k, v, **span), q, k, v, ct)
+    for name, g, w in zip(("out", "dq", "dk", "dv"), got, want, strict=True):
+        err = float(jnp.max(jnp.abs(g - w)))
+        assert err < FP32_TOL, f"splash fallback {span}: {name} max abs error {err:.2e}"
