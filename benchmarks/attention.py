@@ -26,9 +26,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from benchmarks import page
 from jobs import strategies
 from jobs.attention import attention
-from jobs.attention.kernels import AUTO, KERNELS
+from jobs.attention.kernels import KERNELS
 from jobs.attention.sharding import qkv_spec
 from jobs.mesh import small_mesh
+from jobs.spec import OWN_KERNEL
 from orchestrator import provenance
 
 
@@ -187,7 +188,7 @@ def main() -> None:
         kern = (
             "-"
             if strategy == "reference"
-            else AUTO.get(jax.default_backend(), "xla")
+            else OWN_KERNEL.get(jax.default_backend(), "xla")
             if a.kernel == "auto"
             else a.kernel
         )

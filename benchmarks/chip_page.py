@@ -257,7 +257,8 @@ def train_section(folder: Path) -> list[str]:
     held = {c.row.spec.trial_id: c for c in (result.held_out if result else [])}
     model = hardware.load(CLUSTER)[1]
     rows, verdicts, hbm_ok, band_ok, judged, hbm_n = [], 0, 0, 0, 0, 0
-    for r in runs(folder):
+    points = runs(folder)
+    for r in points:
         row = plan_one(r.spec, model)
         pred_hbm = row.predicted_hbm_bytes_per_device or 0
         outcome = "ran" if r.ok else "OOM at compile" if "RESOURCE_EXHAUSTED" in r.error else r.error[:40]
@@ -302,7 +303,7 @@ def train_section(folder: Path) -> list[str]:
                 note,
             ]
         )
-    n = sum(1 for r in runs(folder) if r.name not in SUPERSEDED)
+    n = sum(1 for r in points if r.name not in SUPERSEDED)
     bands = result.bands if result else {}
     return [
         "## Train steps: the planner against the chip",

@@ -34,6 +34,8 @@ DTYPES = ("bfloat16", "float32")  # train.dtype: jax.numpy's names (jobs/step.py
 # implements each name. auto: splash on TPU, flash on GPU, xla elsewhere.
 KERNEL_PLATFORM: dict[str, str | None] = {"auto": None, "xla": None, "splash": "tpu", "flash": "gpu"}
 KERNELS = tuple(KERNEL_PLATFORM)
+# platform -> the kernel of its own that `auto` runs there (elsewhere: xla)
+OWN_KERNEL = {platform: name for name, platform in KERNEL_PLATFORM.items() if platform}
 # Bytes of one unembedding chunk's fp32 logits on a device (jobs/model.loss_fn; the planner's memory model sizes
 # the loss phase by it): a chunk's tokens are this over 4 x the vocabulary a device holds, so a 262K vocabulary
 # (Gemma 3) takes 256-token chunks where a fixed 8,192 tokens needed 8 GiB of fp32 logits and twice that with
@@ -602,8 +604,7 @@ class TrialSpec:
         k = self.strategy.kernel
         if k != "auto":
             return k
-        own = {p: name for name, p in KERNEL_PLATFORM.items() if p}
-        return own.get(self.cluster.platform, "xla")
+        return OWN_KERNEL.get(self.cluster.platform, "xla")
 
     @property
     def call_tokens(self) -> int:

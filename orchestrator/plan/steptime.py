@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from jobs.spec import TrialSpec
+from jobs.spec import OWN_KERNEL, TrialSpec
 from orchestrator.plan.hardware import ClusterModel, model_of, peak_tflops
 from orchestrator.plan.memory import layer_reaches
 from orchestrator.plan.work import ATTN_BWD, Dcn, Rates, Work, price, schedule_seconds, step_work
@@ -87,7 +87,7 @@ def kernel_efficiency(c: ClusterModel, head_dim: int, spec: TrialSpec | None = N
     if spec is not None:
         b = min(int(spec.strategy.block_q), int(spec.strategy.block_kv))
         d *= b / (b + c.attention_block_half)
-        if spec.kernel == "xla" and spec.cluster.platform in ("tpu", "gpu"):
+        if spec.kernel == "xla" and spec.cluster.platform in OWN_KERNEL:
             d *= c.xla_attention_ratio
     return max(c.attention_efficiency * d, 1e-6)
 

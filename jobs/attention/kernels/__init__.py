@@ -29,8 +29,6 @@ from jobs.attention.kernels.splash import splash_bwd, splash_fwd
 from jobs.attention.kernels.xla import xla_bwd, xla_fwd
 
 Arr = jax.Array
-# what auto runs on each platform that has a kernel of its own (elsewhere: xla)
-AUTO = {platform: name for name, platform in spec.KERNEL_PLATFORM.items() if platform}
 FwdFn = Callable[[Arr, Arr, Arr, Mask], tuple[Arr, Arr]]  # (q, k, v, mask) -> (out fp32, lse fp32)
 BwdFn = Callable[[Arr, Arr, Arr, Arr, Arr, Arr, Mask], tuple[Arr, Arr, Arr]]  # (q, k, v, o, lse, do, mask)
 
@@ -53,8 +51,8 @@ def _auto(phase: str):
 
     def call(*args):
         mask: Mask = args[-1]
-        other = AUTO["gpu"] if jax.default_backend() == "gpu" else "xla"
-        tpu, rest = getattr(KERNELS[AUTO["tpu"]], phase), getattr(KERNELS[other], phase)
+        other = spec.OWN_KERNEL["gpu"] if jax.default_backend() == "gpu" else "xla"
+        tpu, rest = getattr(KERNELS[spec.OWN_KERNEL["tpu"]], phase), getattr(KERNELS[other], phase)
         # splash masks are static: balanced positions are data, and a window or chunk is one static mask only
         # where the call holds the whole sequence (ulysses, none); xla everywhere else
         if mask.order.layout == "balanced" or (mask.span.limited and not mask.order.whole):
