@@ -87,12 +87,7 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     page.add_argument(ap, "calibration")
     a = ap.parse_args(argv)
-    body = page_body()
-    if a.page:
-        made = provenance.current(PROG, argv)
-        print(f"wrote {page.write(a.page, 'Step-time calibration', made, NOTE, body)}")
-        return 0
-    print(body)
+    page.publish(a.page, "Step-time calibration", provenance.current(PROG, argv), NOTE, page_body())
     return 0
 
 

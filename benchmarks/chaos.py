@@ -132,7 +132,7 @@ def main(argv: list[str]) -> int:
     server = servers.start_mlflow_server(tmp / "server")
     rows = []
     try:
-        base = [*GRID, "tracking=server", f"tracking.uri={server.url}"]
+        base = [*GRID, *server.overrides]
         t0 = time.monotonic()
         ref_driver = drivers.Driver([*base, "+sweep.id=chaos-ref"], tmp, env)
         assert ref_driver.finish() == 0, "\n".join(ref_driver.lines[-40:])

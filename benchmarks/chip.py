@@ -130,24 +130,15 @@ def _bare(hq: int, L: int, b: int, fused: bool):
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
 
-    from jobs.attention.kernels.splash_private import COMPUTE_BLOCK
+    from jobs.attention.kernels.splash_private import block_sizes
 
-    compute = min(b, COMPUTE_BLOCK)
-    kw = dict(
-        block_q=b,
-        block_kv=b,
-        block_kv_compute=compute,
-        block_q_dkv=b,
-        block_kv_dkv=b,
-        block_kv_dkv_compute=compute,
-    )
-    sizes = (
-        sk.BlockSizes(**kw, use_fused_bwd_kernel=True)
-        if fused
-        else sk.BlockSizes(**kw, block_q_dq=b, block_kv_dq=b)
-    )
     mask = sm.MultiHeadMask([sm.CausalMask((L, L))] * hq)
-    return sk.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1)
+    return sk.make_splash_mha(mask, block_sizes=block_sizes(b, b, fused), head_shards=1, q_seq_shards=1)
+
+
+def _timing(first: float, t: float, flops: float) -> dict:
+    """A timed call's fields: its first call (compile included), its median, and the rate that median gives."""
+    return {"first_s": first, "seconds": t, "tflops": flops / t / 1e12}
 
 
 def _fwd_bwd(attend):
@@ -170,15 +161,7 @@ def _job_path(sink: Sink, rec: dict, mesh, kernel: str, b: int, qkv, flops: floa
             )
         )
         first, t = _time(f, *qkv)
-        sink(
-            **rec,
-            path="job",
-            kernel=kernel,
-            block=b,
-            first_s=first,
-            seconds=t,
-            tflops=flops / t / 1e12,
-        )
+        sink(**rec, path="job", kernel=kernel, block=b, **_timing(first, t, flops))
         out = t
     except Exception as e:
         sink(**rec, path="job", kernel=kernel, block=b, error=str(e).splitlines()[0][:300])
@@ -203,24 +186,16 @@ def splash(sink: Sink, args) -> None:
         q = jax.random.normal(ks[0], (hq, L, D), jnp.bfloat16)
         k = jax.random.normal(ks[1], (hkv, L, D), jnp.bfloat16)
         v = jax.random.normal(ks[2], (hkv, L, D), jnp.bfloat16)
-        data[(D, L)] = (hq, hkv, q, k, v)
         flops = 4 * L * L * hq * D / 2 * 3.5  # causal: forward x1, backward x2.5 (its five matmuls of four)
         rec = dict(part="splash", hq=hq, hkv=hkv, head_dim=D, length=L)
+        data[(D, L)] = (rec, flops, q, k, v)
         for b in BLOCKS:
             if b > L or (b == 128 and L > 8192) or time.monotonic() > args.deadline - 370:
                 continue
             for fused in (False, True):
                 try:
                     first, t = _time(_fwd_bwd(_bare(hq, L, b, fused)), q, k, v)
-                    sink(
-                        **rec,
-                        path="bare",
-                        block=b,
-                        fused_bwd=fused,
-                        first_s=first,
-                        seconds=t,
-                        tflops=flops / t / 1e12,
-                    )
+                    sink(**rec, path="bare", block=b, fused_bwd=fused, **_timing(first, t, flops))
                     if (D, L) not in best or t < best[(D, L)][0]:
                         best[(D, L)] = (t, b, fused)
                 except Exception as e:  # a block the chip's VMEM cannot take: say so, go on
@@ -228,11 +203,9 @@ def splash(sink: Sink, args) -> None:
                 jax.clear_caches()
                 gc.collect()
     sink(part="splash_best", best={f"{D}/{L}": [b, f, t] for (D, L), (t, b, f) in best.items()})
-    for (D, L), (hq, hkv, q, k, v) in data.items():
+    for (D, L), (rec, flops, q, k, v) in data.items():
         if time.monotonic() > args.deadline - 330:
             continue
-        flops = 4 * L * L * hq * D / 2 * 3.5
-        rec = dict(part="splash", hq=hq, hkv=hkv, head_dim=D, length=L)
         qkv = tuple(jnp.swapaxes(x, 0, 1)[None] for x in (q, k, v))  # the job's [B, L, H, D]
         # the job's own choice: the tuned block (jobs/tuning.py), fused where its partial dq fits
         _job_path(sink, rec, mesh, "splash", tuning.block("splash", "v5litepod", D, L), qkv, flops)

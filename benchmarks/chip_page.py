@@ -364,12 +364,7 @@ def main(argv: list[str]) -> int:
     if a.write_table:
         print(f"wrote {write_table(a.runs)}")
         return 0
-    text = body(a.runs)
-    if a.page:
-        made = provenance.current(PROG, argv)
-        print(f"wrote {page.write(a.page, 'A real TPU v5e chip', made, NOTE, text)}")
-    else:
-        print(text)
+    page.publish(a.page, "A real TPU v5e chip", provenance.current(PROG, argv), NOTE, body(a.runs))
     return 0
 
 

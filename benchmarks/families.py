@@ -96,13 +96,8 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     page.add_argument(ap, "families")
     a = ap.parse_args(argv)
-    body = markdown()
-    if not a.page:
-        print(body)
-        return 0
     made = provenance.current(PROG, argv)
-    path = page.write(a.page, "Recommendations for Gemma 3 and Qwen3", made, NOTE, body)
-    print(f"wrote {path}")
+    page.publish(a.page, "Recommendations for Gemma 3 and Qwen3", made, NOTE, markdown())
     return 0
 
 

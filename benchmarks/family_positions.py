@@ -15,8 +15,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
-from pathlib import Path
 
 from mlflow import MlflowClient
 
@@ -24,6 +22,7 @@ from benchmarks import page
 from jobs.data.buckets import bucket_labels
 from jobs.spec import TrialSpec
 from orchestrator import provenance
+from orchestrator.tracking.finished import finished_runs, run_spec
 
 PROG = "python benchmarks/family_positions.py"
 LAST = 8  # steps averaged at the end of each trial
@@ -44,26 +43,17 @@ def _mean_tail(client: MlflowClient, run_id: str, key: str) -> float:
 
 def rows(client: MlflowClient, sweep_id: str, experiment: str) -> list[dict]:
     exp = client.get_experiment_by_name(experiment)
-    runs = client.search_runs(
-        [exp.experiment_id],
-        f"tags.sweep_id = '{sweep_id}' and tags.kind = 'trial' and tags.status = 'finished'",
-    )
     out = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for r in runs:
-            spec = TrialSpec.from_json(
-                Path(client.download_artifacts(r.info.run_id, "trial_spec.json", tmp)).read_text()
-            )
-            buckets = [
-                b for b in bucket_labels(spec.context_length) if f"loss_by_position/{b}" in r.data.metrics
-            ]
-            out.append(
-                {
-                    "spec": spec,
-                    "loss": _mean_tail(client, r.info.run_id, "loss"),
-                    "at": {b: _mean_tail(client, r.info.run_id, f"loss_by_position/{b}") for b in buckets},
-                }
-            )
+    for r in finished_runs(client, exp.experiment_id, sweep_id):
+        spec = run_spec(client, r.info.run_id)
+        buckets = [b for b in bucket_labels(spec.context_length) if f"loss_by_position/{b}" in r.data.metrics]
+        out.append(
+            {
+                "spec": spec,
+                "loss": _mean_tail(client, r.info.run_id, "loss"),
+                "at": {b: _mean_tail(client, r.info.run_id, f"loss_by_position/{b}") for b in buckets},
+            }
+        )
     return sorted(out, key=lambda x: (x["spec"].context_length, x["spec"].model.name))
 
 

@@ -8,7 +8,6 @@ FILE (benchmarks/gpu_check.py starts it; the time budget counts from the parent'
 from __future__ import annotations
 
 import argparse
-import inspect
 import os
 import statistics
 import sys
@@ -27,45 +26,6 @@ from jobs.attention.kernels.mask import Mask
 PEAK = flops.PEAK_TFLOPS_PER_DEVICE["h200"]  # dense bf16, the MFU denominator of every figure here
 BWD_OVER_FWD = 2.5  # causal backward FLOPs per forward FLOP (the brief's count; cuDNN's bwd reads the stats)
 WARMUP, TIMED = 2, 5
-
-
-def api_checks(fa) -> dict[str, Any]:
-    """tests/test_kernels_flash.py::test_private_api_shape's assertions, each recorded instead of raised."""
-    import jax.extend.core
-
-    rule_head = [
-        "scale",
-        "seed",
-        "dropout_rate",
-        "variadic_args",
-        "mask_type",
-        "layout",
-        "sliding_window_length",
-        "is_training",
-    ]
-    checks = {
-        "module present": lambda: fa is not None,
-        "dot_product_attention(scale, mask_type, qkv_layout, return_residual)": lambda: (
-            {"scale", "mask_type", "qkv_layout", "return_residual"}
-            <= set(inspect.signature(fa.dot_product_attention).parameters)
-        ),
-        "MaskType CAUSAL, NO_MASK": lambda: {"CAUSAL", "NO_MASK"} <= set(fa.MaskType.__members__),
-        "AttentionLayout.BTNH == 0": lambda: fa.AttentionLayout.BTNH.value == 0,
-        "_dot_product_attention_bwd_rule's first 8 parameters": lambda: (
-            list(inspect.signature(fa._dot_product_attention_bwd_rule).parameters)[:8] == rule_head
-        ),
-        "_dot_product_attention_bwd_p_wrapper is a Primitive": lambda: isinstance(
-            fa._dot_product_attention_bwd_p_wrapper, jax.extend.core.Primitive
-        ),
-    }
-    failed = {}
-    for name, check in checks.items():
-        try:
-            if not check():
-                failed[name] = "false"
-        except Exception as e:  # noqa: BLE001 - a moved name is an AttributeError: record it and go on
-            failed[name] = f"{type(e).__name__}: {e}"
-    return {"ok": not failed, "failed": failed}
 
 
 def env() -> dict[str, Any]:
@@ -92,7 +52,8 @@ def env() -> dict[str, Any]:
         out["cudnn_version"] = fa.check_cudnn_version()
     except Exception as e:  # noqa: BLE001 - no cuDNN (a CPU host) is a finding, not a failure
         out["cudnn_version"] = f"unavailable: {type(e).__name__}: {e}"
-    out["private_api"] = api_checks(fa)
+    drift = flash.api_drift()
+    out["private_api"] = {"ok": not drift, "failed": drift}
     return out
 
 

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
-import time
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -22,10 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jobs.attention import (
-    attention,
-    hopcount,
-)
+from benchmarks.ring_timing import add_ring_arguments, interleaved_medians, ring_step
+from jobs.attention import hopcount
 from jobs.mesh import small_mesh
 from jobs.strategies import rules
 
@@ -56,40 +52,14 @@ def order(layout: str, seg_L: np.ndarray, P: int) -> np.ndarray:
     return np.asarray(balance.permutation("balanced", seg_L, P))
 
 
-def step_fn(mesh, layout: str, block: int, seg, pos):
-    """jit'd fwd+bwd of ring attention on already-permuted inputs (seg None: the unpacked row)."""
-    kw = dict(strategy="ring", mesh=mesh, layout=layout, block_q=block, block_kv=block)
-    if seg is not None:
-        kw |= dict(segment_ids=seg, positions=pos if layout == "balanced" else None)
-
-    def f(q, k, v, ct):
-        out, vjp = jax.vjp(lambda q, k, v: attention(q, k, v, **kw), q, k, v)
-        return (out, *vjp(ct))
-
-    return jax.jit(f)
-
-
-def timed(fns, args, iters: int) -> list[float]:
-    """Median wall time of each compiled fn, runs interleaved (a shared host's load drifts; this spreads it)."""
-    for fn in fns:
-        jax.block_until_ready(fn(*args))  # compile and warm up
-    times = [[] for _ in fns]
-    for _ in range(iters):
-        for fn, ts in zip(fns, times, strict=True):
-            t = time.perf_counter()
-            jax.block_until_ready(fn(*args))
-            ts.append(time.perf_counter() - t)
-    return [statistics.median(ts) for ts in times]
+def packed_step(mesh, layout: str, block: int, seg, pos):
+    """The ring's step over packed documents (positions only where the balanced order moved them)."""
+    return ring_step(mesh, layout, block, segment_ids=seg, positions=pos if layout == "balanced" else None)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--length", type=int, default=16384)
-    ap.add_argument("--devices", type=int, default=8)
-    ap.add_argument("--q-heads", type=int, default=8)
-    ap.add_argument("--kv-heads", type=int, default=2)
-    ap.add_argument("--head-dim", type=int, default=64)
-    ap.add_argument("--block", type=int, default=512)
+    add_ring_arguments(ap, length=16384)
     ap.add_argument("--docs-per-shard", type=float, default=3.0, help="mean documents per device shard")
     ap.add_argument("--pad", type=int, default=0, help="padding tokens at the row end (segment 0)")
     ap.add_argument("--layouts", default="contiguous,zigzag,balanced")
@@ -121,10 +91,12 @@ def main() -> None:
         args = tuple(take(x) for x in (q, k, v, ct))
         seg = jnp.asarray(seg_L[perm])[None]
         pos = jnp.asarray(perm, jnp.int32)[None]
-        unpacked = step_fn(mesh, "contiguous" if layout == "balanced" else layout, a.block, None, None)
-        plain, packed = timed((unpacked, step_fn(mesh, layout, a.block, seg, pos)), args, a.iters)
+        unpacked = ring_step(mesh, "contiguous" if layout == "balanced" else layout, a.block)
+        plain, packed = interleaved_medians(
+            (unpacked, packed_step(mesh, layout, a.block, seg, pos)), args, a.iters
+        )
         with hopcount.counting() as counter:
-            jax.block_until_ready(step_fn(mesh, layout, a.block, seg, pos)(*args))
+            jax.block_until_ready(packed_step(mesh, layout, a.block, seg, pos)(*args))
             jax.effects_barrier()
         run, total = counter["fwd"] + counter["bwd"], 2 * P * P
         print(

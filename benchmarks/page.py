@@ -71,6 +71,14 @@ def write(
     return out
 
 
+def publish(name_or_path: str | Path | None, title: str, made: Provenance, note: str, body: str) -> None:
+    """--page given: write the page and say where; not given: print the body."""
+    if name_or_path:
+        print(f"wrote {write(name_or_path, title, made, note, body)}")
+    else:
+        print(body)
+
+
 def add_argument(ap: argparse.ArgumentParser, name: str) -> None:
     """`--page [PATH]`: write the results page (default docs/results/<name>.md) instead of printing."""
     ap.add_argument(

@@ -16,16 +16,14 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import tempfile
-from pathlib import Path
 
 from mlflow import MlflowClient
 
 from benchmarks import page
-from jobs.spec import TrialSpec
 from orchestrator import provenance
 from orchestrator.plan.steptime import run_peak, step_time
 from orchestrator.results import measured_vs_predicted
+from orchestrator.tracking.finished import finished_runs, run_spec
 
 NOTE = """Each row is one trial of a profiled sweep on this machine (`python -m orchestrator +sweep=cp_scaling
 'sweep.axes.context_length=[1024,2048,4096]' train.steps=8 'run.profile_steps=[4]' sweep.id=prof-1`, the tiny
@@ -42,46 +40,39 @@ it."""
 
 def rows(client: MlflowClient, sweep_id: str, experiment: str) -> list[dict]:
     exp = client.get_experiment_by_name(experiment)
-    runs = client.search_runs(
-        [exp.experiment_id],
-        f"tags.sweep_id = '{sweep_id}' and tags.kind = 'trial' and tags.status = 'finished'",
-    )
     out = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for r in runs:
-            m = r.data.metrics
-            if "measured/step_s" not in m:
-                continue
-            spec = TrialSpec.from_json(
-                Path(client.download_artifacts(r.info.run_id, "trial_spec.json", tmp)).read_text()
-            )
-            peak = m.get("peak_tflops_per_device")
-            st = step_time(spec, peak=run_peak(spec, peak))
-            meas = {
-                g: sum(m.get(f"measured/{c}_s", 0.0) for c in cats)
-                for g, (_, cats) in measured_vs_predicted.GROUPS.items()
+    for r in finished_runs(client, exp.experiment_id, sweep_id):
+        m = r.data.metrics
+        if "measured/step_s" not in m:
+            continue
+        spec = run_spec(client, r.info.run_id)
+        peak = m.get("peak_tflops_per_device")
+        st = step_time(spec, peak=run_peak(spec, peak))
+        meas = {
+            g: sum(m.get(f"measured/{c}_s", 0.0) for c in cats)
+            for g, (_, cats) in measured_vs_predicted.GROUPS.items()
+        }
+        hist = sorted((x.step, x.value) for x in client.get_metric_history(r.info.run_id, "step_time_s"))
+        traced = _traced_step(client, r)
+        before = [v for s, v in hist if 0 < s < (traced or 0)]  # step 0 is the warm-up
+        after = [v for s, v in hist if traced is not None and s > traced]
+        out.append(
+            {
+                "strategy": spec.strategy.name,
+                "L": spec.context_length,
+                "mesh": spec.mesh.label(),
+                "measured": meas,
+                "measured_step": m["measured/step_s"],
+                "median": m.get("final_step_time_median_s"),
+                "predicted": measured_vs_predicted.predicted_groups(st),
+                "predicted_step": st.step_s,
+                "measured_limiter": r.data.tags.get("measured_limiter", ""),
+                "predicted_limiter": st.limiter,
+                "before": statistics.median(before) if before else float("nan"),
+                "traced": dict(hist).get(traced, float("nan")) if traced is not None else float("nan"),
+                "after": statistics.median(after) if after else float("nan"),
             }
-            hist = sorted((x.step, x.value) for x in client.get_metric_history(r.info.run_id, "step_time_s"))
-            traced = _traced_step(client, r)
-            before = [v for s, v in hist if 0 < s < (traced or 0)]  # step 0 is the warm-up
-            after = [v for s, v in hist if traced is not None and s > traced]
-            out.append(
-                {
-                    "strategy": spec.strategy.name,
-                    "L": spec.context_length,
-                    "mesh": spec.mesh.label(),
-                    "measured": meas,
-                    "measured_step": m["measured/step_s"],
-                    "median": m.get("final_step_time_median_s"),
-                    "predicted": measured_vs_predicted.predicted_groups(st),
-                    "predicted_step": st.step_s,
-                    "measured_limiter": r.data.tags.get("measured_limiter", ""),
-                    "predicted_limiter": st.limiter,
-                    "before": statistics.median(before) if before else float("nan"),
-                    "traced": dict(hist).get(traced, float("nan")) if traced is not None else float("nan"),
-                    "after": statistics.median(after) if after else float("nan"),
-                }
-            )
+        )
     return sorted(out, key=lambda x: (x["L"], x["strategy"]))
 
 
@@ -131,10 +122,7 @@ def main(argv: list[str]) -> int:
     a = ap.parse_args(argv)
     made = provenance.current("python benchmarks/profile_table.py", argv)
     body = table(rows(MlflowClient(a.uri), a.sweep_id, a.experiment))
-    if a.page:
-        print(f"wrote {page.write(a.page, 'Measured vs predicted step breakdown', made, NOTE, body)}")
-    else:
-        print(body)
+    page.publish(a.page, "Measured vs predicted step breakdown", made, NOTE, body)
     return 0
 
 

@@ -263,12 +263,10 @@ def main(argv: list[str]) -> int:
     page.add_argument(ap, "published")
     a = ap.parse_args(argv)
     pts = points()
-    if not a.page:
-        print(markdown(pts))
-        return 0
     made = provenance.current(PROG, argv)
-    path = page.write(a.page, "Recommender vs published runs", made, NOTE, page_body(pts))
-    print(f"wrote {path}")
+    page.publish(
+        a.page, "Recommender vs published runs", made, NOTE, page_body(pts) if a.page else markdown(pts)
+    )
     return 0
 
 

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -28,37 +26,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks import page
-from jobs.attention import attention, hopcount
+from benchmarks.ring_timing import add_ring_arguments, interleaved_medians, ring_step
+from jobs.attention import hopcount
 from jobs.mesh import small_mesh
 from jobs.strategies import rules
 from jobs.strategies.base import ring_steps
 from orchestrator import provenance
 
 PROG = "python benchmarks/window_hops.py"
-
-
-def step_fn(mesh, layout: str, block: int, window: int | None):
-    """jit'd fwd+bwd of ring attention on already-permuted inputs."""
-    kw = dict(strategy="ring", mesh=mesh, layout=layout, block_q=block, block_kv=block, window=window)
-
-    def f(q, k, v, ct):
-        out, vjp = jax.vjp(lambda q, k, v: attention(q, k, v, **kw), q, k, v)
-        return (out, *vjp(ct))
-
-    return jax.jit(f)
-
-
-def timed(fns, args, iters: int) -> list[float]:
-    """Median wall time of each compiled fn, runs interleaved (a shared host's load drifts; this spreads it)."""
-    for fn in fns:
-        jax.block_until_ready(fn(*args))  # compile and warm up
-    times = [[] for _ in fns]
-    for _ in range(iters):
-        for fn, ts in zip(fns, times, strict=True):
-            t = time.perf_counter()
-            jax.block_until_ready(fn(*args))
-            ts.append(time.perf_counter() - t)
-    return [statistics.median(ts) for ts in times]
 
 
 def structural_pairs(layout: str, L: int, P: int) -> int:
@@ -88,14 +63,14 @@ def measure(a: argparse.Namespace) -> list[list[str]]:
     windows = [None, *(int(w) for w in a.windows.split(","))]
     rows = []
     for layout in ("contiguous", "zigzag"):
-        fns = [step_fn(mesh, layout, a.block, w) for w in windows]
-        times = timed(fns, args, a.iters)
+        fns = [ring_step(mesh, layout, a.block, window=w) for w in windows]
+        times = interleaved_medians(fns, args, a.iters)
         total = 2 * P * P * (4 if layout == "zigzag" else 1)  # fwd + bwd
         for w, t in zip(windows, times, strict=True):
             if w is None or w >= L:  # a window covering the row is global attention (the same program)
                 run, how, steps = 2 * structural_pairs(layout, L, P), "by structure", P
             else:
-                run, _ = counted(step_fn(mesh, layout, a.block, w), args)
+                run, _ = counted(ring_step(mesh, layout, a.block, window=w), args)
                 how, steps = "counted", ring_steps(P, L // P, layout, w - 1)
             label = "global causal" if w is None else f"window {w:,}" + (" (>= L: global)" if w >= L else "")
             row = [layout, label, f"{steps}/{P}", f"{run}/{total} ({how})", f"{total - run}", f"{t:.3f}"]
@@ -106,12 +81,7 @@ def measure(a: argparse.Namespace) -> list[list[str]]:
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--length", type=int, default=8192)
-    ap.add_argument("--devices", type=int, default=8)
-    ap.add_argument("--q-heads", type=int, default=8)
-    ap.add_argument("--kv-heads", type=int, default=2)
-    ap.add_argument("--head-dim", type=int, default=64)
-    ap.add_argument("--block", type=int, default=512)
+    add_ring_arguments(ap, length=8192)
     ap.add_argument("--windows", default="512,2048", help="comma-separated window sizes (tokens)")
     ap.add_argument("--iters", type=int, default=3)
     page.add_argument(ap, "windows")

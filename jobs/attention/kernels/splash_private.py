@@ -92,6 +92,21 @@ def make(
         "local": lambda: BlockLocalMask(shape, window_size=(size - 1, 0), offset=offset),
         "chunked": lambda: _sm.ChunkedCausalMask(shape, chunk_size=size),
     }[kind]()
+    # Concrete mask-info arrays even when first built inside a trace: the cache outlives that trace.
+    with jax.ensure_compile_time_eval():
+        return _sk.make_splash_mha(
+            _sm.MultiHeadMask([mask] * heads),
+            block_sizes=block_sizes(block_q, block_kv, fused),
+            save_residuals=True,
+            head_shards=1,
+            q_seq_shards=1,
+            interpret=interpret,
+        )
+
+
+def block_sizes(block_q: int, block_kv: int, fused: bool) -> _sk.BlockSizes:
+    """Splash's blocks: one (q, kv) block for forward and backward, kv computed in COMPUTE_BLOCK slices; `fused`
+    puts dq inside the dK/dV kernel (jobs.tuning.fused_backward says when)."""
     sizes = dict(
         block_q=block_q,
         block_kv=block_kv,
@@ -100,20 +115,9 @@ def make(
         block_kv_dkv=block_kv,
         block_kv_dkv_compute=min(block_kv, COMPUTE_BLOCK),
     )
-    if fused:  # dq inside the dK/dV kernel (jobs.tuning.fused_backward says when)
-        blocks = _sk.BlockSizes(**sizes, use_fused_bwd_kernel=True)
-    else:
-        blocks = _sk.BlockSizes(**sizes, block_q_dq=block_q, block_kv_dq=block_kv)
-    # Concrete mask-info arrays even when first built inside a trace: the cache outlives that trace.
-    with jax.ensure_compile_time_eval():
-        return _sk.make_splash_mha(
-            _sm.MultiHeadMask([mask] * heads),
-            block_sizes=blocks,
-            save_residuals=True,
-            head_shards=1,
-            q_seq_shards=1,
-            interpret=interpret,
-        )
+    if fused:
+        return _sk.BlockSizes(**sizes, use_fused_bwd_kernel=True)
+    return _sk.BlockSizes(**sizes, block_q_dq=block_q, block_kv_dq=block_kv)
 
 
 def fwd(
