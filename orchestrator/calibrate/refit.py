@@ -13,7 +13,6 @@ import argparse
 import os
 import re
 import sys
-import tempfile
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -31,6 +30,7 @@ from orchestrator.plan import hardware
 from orchestrator.plan.hardware import model_of
 from orchestrator.plan.steptime import SETTLED, step_time
 from orchestrator.provenance import Provenance
+from orchestrator.tracking.finished import SPEC_ARTIFACT, finished_runs, run_spec
 
 # What a sweep of one cluster may refit, with bounds wide enough for a CPU host (its blockwise kernel reaches
 # ~20 % of the matmul probe's rate). The family's head_dim and replay constants stay as the base has them: a
@@ -48,7 +48,6 @@ CANDIDATES = tuple(BOUNDS)
 KEPT = ("attention_head_dim_half", "attention_recompute", "offload_exposed")
 SEPARABLE = 0.1  # smallest singular value of the kept constants' unit sensitivity columns
 ROUNDS = 60  # the published fit does 12; a sweep has few rows (cheap) and its two kernel constants trade off
-TRIALS = "tags.sweep_id = '{}' and tags.kind = 'trial' and tags.status = 'finished'"
 COMMAND = "python -m orchestrator.calibrate"
 NAN = float("nan")
 
@@ -79,30 +78,26 @@ def read_sweep(uri: str, sweep_id: str, experiment: str = "cp_scaling") -> tuple
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
         raise LookupError(f"no experiment {experiment!r} in {uri} (--experiment names it)")
-    runs = client.search_runs([exp.experiment_id], TRIALS.format(sweep_id), max_results=5000)
     trials, skipped = [], []
-    with tempfile.TemporaryDirectory() as tmp:
-        for r in runs:
-            m, rid = r.data.metrics, r.info.run_id
-            measured = m.get("final_step_time_median_s", NAN)
-            if not measured > 0:
-                skipped.append(f"{rid}: no final_step_time_median_s")
-                continue
-            try:  # a spec an older (or newer) TrialSpec wrote may not load
-                spec = TrialSpec.from_json(
-                    Path(client.download_artifacts(rid, "trial_spec.json", tmp)).read_text()
-                )
-            except (OSError, TypeError, ValueError, KeyError) as e:
-                skipped.append(f"{rid}: trial_spec.json does not load ({type(e).__name__}: {e})")
-                continue
-            # a spec-sheet peak is what the run divided by; peak 0 (CPU) means the run measured its own
-            peak = spec.cluster.peak_tflops_per_device or m.get("peak_tflops_per_device", NAN)
-            if not peak > 0:
-                skipped.append(f"{rid}: no peak_tflops_per_device")
-                continue
-            spec = replace(spec, cluster=replace(spec.cluster, peak_tflops_per_device=float(peak)))
-            got = (m.get("predicted_step_time_s", NAN), m.get("predicted_step_time_at_run_peak_s", NAN))
-            trials.append(Trial(rid, spec, float(measured), *got))
+    for r in finished_runs(client, exp.experiment_id, sweep_id):
+        m, rid = r.data.metrics, r.info.run_id
+        measured = m.get("final_step_time_median_s", NAN)
+        if not measured > 0:
+            skipped.append(f"{rid}: no final_step_time_median_s")
+            continue
+        try:  # a spec an older (or newer) TrialSpec wrote may not load
+            spec = run_spec(client, rid)
+        except (OSError, TypeError, ValueError, KeyError) as e:
+            skipped.append(f"{rid}: {SPEC_ARTIFACT} does not load ({type(e).__name__}: {e})")
+            continue
+        # a spec-sheet peak is what the run divided by; peak 0 (CPU) means the run measured its own
+        peak = spec.cluster.peak_tflops_per_device or m.get("peak_tflops_per_device", NAN)
+        if not peak > 0:
+            skipped.append(f"{rid}: no peak_tflops_per_device")
+            continue
+        spec = replace(spec, cluster=replace(spec.cluster, peak_tflops_per_device=float(peak)))
+        got = (m.get("predicted_step_time_s", NAN), m.get("predicted_step_time_at_run_peak_s", NAN))
+        trials.append(Trial(rid, spec, float(measured), *got))
     if not trials:
         raise LookupError(
             f"sweep {sweep_id!r} has no finished trial with a step time in {experiment!r} at {uri}"

@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from orchestrator.config.schema import Gate
+from orchestrator.tracking.finished import finished_runs
 from orchestrator.tracking.layout import GIB, memory_bytes, trial_label, trial_params
 
 if TYPE_CHECKING:
@@ -232,12 +233,7 @@ def compare(
     """Compare each finished trial of `sweep_id` with the median of its last `window` earlier finished runs.
     `measured`: the sweep's finished trials as the driver holds them; None reads them from the store."""
     if measured is None:
-        mine = client.search_runs(
-            [experiment_id],
-            f"tags.sweep_id = '{sweep_id}' and tags.kind = 'trial' and tags.status = 'finished'",
-            max_results=5000,
-        )
-        measured = [from_run(r) for r in mine]
+        measured = [from_run(r) for r in finished_runs(client, experiment_id, sweep_id)]
     result = GateResult(sweep_id, max_drop, [], window=window, noise_k=noise_k)
     for trial in sorted(measured, key=lambda t: (t.strategy, t.context_length)):
         base = history(client, experiment_id, trial, window)

@@ -30,6 +30,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_expone
 from jobs.records import Record, StepRecord
 from jobs.spec import TrialSpec
 from orchestrator.provenance import code_revision
+from orchestrator.tracking.finished import SPEC_ARTIFACT
 from orchestrator.tracking.layout import record_points, record_tags, spec_label, trial_params
 from orchestrator.tracking.leases import Leases
 from orchestrator.tracking.queue import Write, WriteQueue, transient
@@ -199,7 +200,7 @@ class MlflowTracker:
         self.logs[key] = held = self._held(key)
         held.lines.append(f"trial {key} {spec_label(spec)} cluster={spec.cluster.name}")
         self._put(key, params=trial_params(spec))
-        self.log_artifact(key, spec.to_json(), "trial_spec.json")
+        self.log_artifact(key, spec.to_json(), SPEC_ARTIFACT)
         self.set_status(key, status, reason)
 
     # --- reads (synchronous) ------------------------------------------------------------------
