@@ -40,6 +40,52 @@ log = logging.getLogger(__name__)
 FALLBACKS: dict[str, None] = {}
 
 
+def api_drift() -> dict[str, str]:
+    """What of jax's private cuDNN module this file binds has moved: each failed check's name -> why ({}: none).
+    tests/test_kernels_flash.py asserts {} on any host; the GPU check records it."""
+    import inspect
+
+    import jax.extend.core
+
+    def rule_head() -> list[str]:
+        return list(inspect.signature(_fa._dot_product_attention_bwd_rule).parameters)[:8]
+
+    checks = {
+        "module present": lambda: _fa is not None,
+        "dot_product_attention(scale, mask_type, qkv_layout, return_residual)": lambda: (
+            {"scale", "mask_type", "qkv_layout", "return_residual"}
+            <= set(inspect.signature(_fa.dot_product_attention).parameters)
+        ),
+        "MaskType CAUSAL, NO_MASK": lambda: {"CAUSAL", "NO_MASK"} <= set(_fa.MaskType.__members__),
+        "AttentionLayout.BTNH == 0": lambda: _fa.AttentionLayout.BTNH.value == 0,
+        # flash_bwd binds these by name, in the rule's order
+        "_dot_product_attention_bwd_rule's first 8 parameters": lambda: (
+            rule_head()
+            == [
+                "scale",
+                "seed",
+                "dropout_rate",
+                "variadic_args",
+                "mask_type",
+                "layout",
+                "sliding_window_length",
+                "is_training",
+            ]
+        ),
+        "_dot_product_attention_bwd_p_wrapper is a Primitive": lambda: isinstance(
+            _fa._dot_product_attention_bwd_p_wrapper, jax.extend.core.Primitive
+        ),
+    }
+    failed = {}
+    for name, check in checks.items():
+        try:
+            if not check():
+                failed[name] = "false"
+        except Exception as e:  # noqa: BLE001 - a moved name is an AttributeError: record it and go on
+            failed[name] = f"{type(e).__name__}: {e}"
+    return failed
+
+
 def refusal(
     q: jax.Array, k: jax.Array, v: jax.Array, causal: bool, segmented: bool = False, limited: bool = False
 ) -> str:
