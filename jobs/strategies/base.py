@@ -52,6 +52,11 @@ class Local:
         return self.B * self.hkv * self.D
 
 
+def travelling_kv_bytes(x: Local, tokens: int, hkv: int) -> int:
+    """A ring's two K/V blocks in flight (current and next); in backward K,V (bf16) travel with dK,dV (fp32)."""
+    return 2 * x.B * tokens * hkv * x.D * (2 * BF16 + 2 * FP32)
+
+
 def kernel_bytes(x: Local, tq: int, tk: int, hq: int, hkv: int, block_q: int, block_kv: int) -> int:
     """The blockwise kernel on tq queries x tk keys: fp32 out/dq accumulators, fp32 dk/dv, one score tile.
 

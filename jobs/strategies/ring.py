@@ -7,7 +7,6 @@ from collections.abc import Mapping
 
 from jobs.strategies.base import (
     BF16,
-    FP32,
     GLOBAL_REACH,
     Local,
     Reach,
@@ -16,12 +15,8 @@ from jobs.strategies.base import (
     kernel_bytes,
     ring_hops,
     ring_steps,
+    travelling_kv_bytes,
 )
-
-
-def travelling_kv_bytes(x: Local, tokens: int, hkv: int) -> int:
-    """Two K/V blocks in flight (current and next); in backward K,V (bf16) travel with dK,dV (fp32)."""
-    return 2 * x.B * tokens * hkv * x.D * (2 * BF16 + 2 * FP32)
 
 
 class Ring(Strategy):

@@ -7,7 +7,6 @@ from collections.abc import Mapping
 
 from jobs.strategies.base import (
     BF16,
-    FP32,
     GLOBAL_REACH,
     Local,
     Reach,
@@ -16,6 +15,7 @@ from jobs.strategies.base import (
     kernel_bytes,
     ring_hops,
     ring_steps,
+    travelling_kv_bytes,
 )
 
 
@@ -35,7 +35,7 @@ class Ulysses(Strategy):
         # q, k, v, out in the head layout, plus the all-to-all's send buffers of the same size.
         a2a = 2 * x.B * tr * (2 * hq_u + 2 * hkv_u) * x.D * BF16
         # Under a ring (usp): two K/V blocks in flight, with dK/dV (fp32) travelling in backward.
-        ring = 2 * x.B * tr * hkv_u * x.D * (2 * BF16 + 2 * FP32) if x.R > 1 else 0
+        ring = travelling_kv_bytes(x, tr, hkv_u) if x.R > 1 else 0
         return a2a + ring + kernel_bytes(x, tr, tr, hq_u, hkv_u, block_q, block_kv)
 
     def comm_bytes(self, x: Local, reach=GLOBAL_REACH, layout="", block_kv=0) -> tuple[int, int]:
