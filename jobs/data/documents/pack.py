@@ -18,34 +18,49 @@ from grain.experimental import FirstFitPackIterDataset
 from jobs.spec import LONG_DOCS, PACKS
 
 
-class _PiecesIterator(grain.DatasetIterator):
+class _Cursor(grain.DatasetIterator):
+    """An iterator partway through its parent's current document. State: the parent's state before that
+    document and how far into it (under the key `_AT`), so a restore re-reads just that one document."""
+
+    _AT: str
+
+    def __init__(self, parent: grain.DatasetIterator):
+        super().__init__(parent)
+        self._before: Any = self._parent.get_state()
+        self._doc: np.ndarray | None = None
+        self._at = 0
+
+    def _next_doc(self) -> None:
+        self._before = self._parent.get_state()
+        self._doc, self._at = next(self._parent), 0
+
+    def get_state(self) -> dict[str, Any]:
+        return {"parent": self._before, self._AT: self._at if self._doc is not None else 0}
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        self._parent.set_state(state["parent"])
+        self._before, self._doc, self._at = state["parent"], None, 0
+        if state[self._AT]:
+            self._doc, self._at = next(self._parent), state[self._AT]
+
+
+class _PiecesIterator(_Cursor):
     """Each document as pieces of at most `length` tokens (split) or its first piece (truncate); empty
-    documents are skipped. State: the parent's state before the current document and the next piece."""
+    documents are skipped. Where it is: the next piece of the current document."""
+
+    _AT = "piece"
 
     def __init__(self, parent: grain.DatasetIterator, length: int, split: bool):
         super().__init__(parent)
         self._length, self._split = length, split
-        self._before: Any = self._parent.get_state()
-        self._doc: np.ndarray | None = None
-        self._piece = 0
 
     def __next__(self) -> np.ndarray:
         L = self._length
-        while self._doc is None or self._piece * L >= len(self._doc) or (not self._split and self._piece):
-            self._before = self._parent.get_state()
-            self._doc, self._piece = next(self._parent), 0
-        out = self._doc[self._piece * L : (self._piece + 1) * L]
-        self._piece += 1
+        while self._doc is None or self._at * L >= len(self._doc) or (not self._split and self._at):
+            self._next_doc()
+        out = self._doc[self._at * L : (self._at + 1) * L]
+        self._at += 1
         return out
-
-    def get_state(self) -> dict[str, Any]:
-        return {"parent": self._before, "piece": self._piece if self._doc is not None else 0}
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        self._parent.set_state(state["parent"])
-        self._before, self._doc, self._piece = state["parent"], None, 0
-        if state["piece"]:
-            self._doc, self._piece = next(self._parent), state["piece"]
 
 
 class Pieces(grain.IterDataset):
@@ -59,47 +74,36 @@ class Pieces(grain.IterDataset):
         return _PiecesIterator(self._parent.__iter__(), self._length, self._split)
 
 
-class _ConcatIterator(grain.DatasetIterator):
-    """Rows cut from the concatenation of the pieces. State: the parent's state before the piece that
-    starts the next row and how many of its tokens earlier rows took."""
+class _ConcatIterator(_Cursor):
+    """Rows cut from the concatenation of the pieces. Where it is: the piece that starts the next row (its
+    document, if already read) and how many of its tokens earlier rows took."""
+
+    _AT = "offset"
 
     def __init__(self, parent: grain.DatasetIterator, length: int):
         super().__init__(parent)
         self._length = length
-        self._before: Any = self._parent.get_state()
-        self._doc: np.ndarray | None = None  # the piece the next row starts in, if already read
-        self._offset = 0
 
     def __next__(self) -> dict[str, np.ndarray]:
         L = self._length
         tokens, seg, pos = (np.zeros(L, np.int32) for _ in range(3))
         n, k = 0, 0
         while n < L:
-            if self._doc is None or self._offset >= len(self._doc):
-                self._before = self._parent.get_state()
+            if self._doc is None or self._at >= len(self._doc):
                 try:
-                    self._doc, self._offset = next(self._parent), 0
+                    self._next_doc()
                 except StopIteration:
                     self._doc = None
                     if n == 0:
                         raise
                     break  # a finite input's last row, padded
-            take = self._doc[self._offset : self._offset + L - n]
+            take = self._doc[self._at : self._at + L - n]
             k += 1
             tokens[n : n + len(take)], seg[n : n + len(take)] = take, k
             pos[n : n + len(take)] = np.arange(len(take))
             n += len(take)
-            self._offset += len(take)
+            self._at += len(take)
         return {"tokens": tokens, "segment_ids": seg, "positions": pos}
-
-    def get_state(self) -> dict[str, Any]:
-        return {"parent": self._before, "offset": self._offset if self._doc is not None else 0}
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        self._parent.set_state(state["parent"])
-        self._before, self._doc, self._offset = state["parent"], None, 0
-        if state["offset"]:
-            self._doc, self._offset = next(self._parent), state["offset"]
 
 
 class Concat(grain.IterDataset):
