@@ -349,6 +349,11 @@ class DataSpec:
         id_at_default=False,
     )
 
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> DataSpec:
+        """From its dict form (JSON's or the config's lists as tuples: specs are hashed)."""
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
 
 @dataclass(frozen=True)
 class MemorySpec:
@@ -636,9 +641,7 @@ class TrialSpec:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrialSpec:
         train = dict(d.get("train", {}))
-        train["data"] = DataSpec(
-            **{k: tuple(v) if isinstance(v, list) else v for k, v in train.get("data", {}).items()}
-        )
+        train["data"] = DataSpec.from_dict(train.get("data", {}))
         train["memory"] = MemorySpec(**{k: tuple(v) for k, v in train.get("memory", {}).items()})
         return cls(
             model=ModelSpec(**d["model"]),

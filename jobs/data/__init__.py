@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from jobs import storage, strategies
-from jobs.spec import TrialSpec
+from jobs.spec import DataSpec, TrialSpec
 from jobs.strategies import rules
 
 if TYPE_CHECKING:
@@ -112,20 +112,21 @@ def balanced(batch: dict[str, np.ndarray], shards: int) -> dict[str, np.ndarray]
     return out
 
 
-def document_options(spec: TrialSpec) -> documents.Options:
-    """The packed-documents options of a trial (train.data.sources, or train.data.path alone)."""
+def document_options(
+    d: DataSpec, context_length: int, batch: int, vocab: int, seed: int = 0
+) -> documents.Options:
+    """The packed-documents options of a trial's train.data (its sources, or its path alone)."""
     from jobs.data import documents  # grain costs ~1.4 s to import: only for documents trials
 
-    d, t = spec.train.data, spec.train
     return documents.Options(
         sources=d.sources or ((d.path,) if d.path else ()),
-        context_length=spec.context_length,
-        batch=t.batch,
-        vocab=spec.model.vocab,
+        context_length=context_length,
+        batch=batch,
+        vocab=vocab,
         weights=d.weights,
         pack=d.pack,
         long_docs=d.long_docs,
-        seed=t.seed,
+        seed=seed,
     )
 
 
@@ -157,7 +158,10 @@ class Batches:
         elif d.kind == "documents":
             from jobs.data.documents import DocumentIterator
 
-            self.documents = DocumentIterator(document_options(spec), cache)
+            self.documents = DocumentIterator(
+                document_options(d, spec.context_length, spec.train.batch, spec.model.vocab, spec.train.seed),
+                cache,
+            )
             self._states = {0: self.documents.get_state()}  # step -> iterator state that yields it next
             self._next = 0
 

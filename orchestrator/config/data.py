@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 
+from jobs.spec import DataSpec
 from orchestrator.config.schema import Problem
 
 # gcloud's application-default credentials, as `gcloud auth application-default login` writes them
@@ -68,21 +69,14 @@ def problems(d: dict) -> list[Problem]:
     documents: their sources and options, by a peek at each source's first record."""
     data = d["train"].get("data") or {}
     if data.get("kind") == "documents":
-        key = (
-            tuple(data.get("sources") or ()),
-            data.get("path") or "",
-            tuple(data.get("weights") or ()),
-            data["pack"],
-            data["long_docs"],
-            int(d["context_length"]),
-            int(d["train"]["batch"]),
-            int(d["model"]["vocab"]),
-        )
-        if why := _documents_problem(*key):
+        spec = DataSpec.from_dict(data)
+        if why := _documents_problem(
+            spec, int(d["context_length"]), int(d["train"]["batch"]), int(d["model"]["vocab"])
+        ):
             return [
                 Problem(
                     "train.data.sources",
-                    list(key[0]) or key[1],
+                    list(spec.sources) or spec.path,
                     why,
                     "readable document shards (python -m jobs.data.documents.corpus writes them)",
                     "fix the source or the option the message names",
@@ -104,22 +98,12 @@ def problems(d: dict) -> list[Problem]:
 
 
 @lru_cache(maxsize=64)
-def _documents_problem(
-    sources: tuple, path: str, weights: tuple, pack: str, long_docs: str, length: int, batch: int, vocab: int
-) -> str | None:
+def _documents_problem(spec: DataSpec, length: int, batch: int, vocab: int) -> str | None:
     """Why a documents trial's data cannot be read (None: fine): jobs.data.documents.check, once per distinct set."""
     from jobs import data
     from jobs.data import documents  # grain: imported only for a documents trial
 
-    o = documents.Options(
-        sources=sources or ((path,) if path else ()),
-        context_length=length,
-        batch=batch,
-        vocab=vocab,
-        weights=weights,
-        pack=pack,
-        long_docs=long_docs,
-    )
+    o = data.document_options(spec, length, batch, vocab)
     if not o.sources:
         return "is empty: train.data.kind=documents reads train.data.sources (or train.data.path)"
     from jobs.data.documents import corpus
