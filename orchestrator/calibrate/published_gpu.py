@@ -145,16 +145,14 @@ def _nemo(
         devices,
         name,
         strategy,
-        "zigzag" if cp > 1 else "contiguous",
         mesh,
         length,
         batch,
-        "none",
-        (),
-        (mfu, mfu),
-        None,
         src,
-        held,
+        layout="zigzag" if cp > 1 else "contiguous",
+        remat="none",
+        mfu=(mfu, mfu),
+        excluded=held,
         grad_accum=batch,
         source_tflops=tflops,
     )
@@ -169,26 +167,23 @@ def _titan(length: int, fsdp: int, cp: int, tps: float) -> GpuPublished:
         8,
         "llama3_1_8b",
         strategy,
-        "zigzag" if cp > 1 else "contiguous",
         MeshSpec(fsdp=fsdp, context=cp),
         length,
         fsdp,
-        "full",
-        (),
-        None,
-        step,
         TITAN,
+        layout="zigzag" if cp > 1 else "contiguous",
+        step_s=step,
         excluded="500 W H100s of unknown peak (the source's footnote), Float8 linear layers",
     )
 
 
-L2, L3 = LLAMA2_7B.name, "llama3_1_8b"
+L2, L3 = LLAMA2_7B, "llama3_1_8b"
 # fmt: off
 ROWS: list[GpuPublished] = [
     # minimal_flash saves every weight matmul's output and the attention output: only elementwise work replays,
     # which the model counts as remat=none.
-    GpuPublished("dgx_h100 llama2_7b none 4K fsdp8 bf16 (MaxText)", "dgx_h100", 8, L2, "none", "contiguous",
-                 MeshSpec(fsdp=8), 4 * K, 16, "none", (), None, 0.721, JAXTB),
+    GpuPublished("dgx_h100 llama2_7b none 4K fsdp8 bf16 (MaxText)", "dgx_h100", 8, L2, "none", MeshSpec(fsdp=8),
+                 4 * K, 16, JAXTB, remat="none", step_s=0.721),
     # NeMo 24.03.01 on DGX-H100, Llama2-7B FP8: (SeqLen K, GBS, TP, DP, CP, TFLOP/s); 8K (PP 2) is no row.
     *(_nemo("dgx_h100", L2, NEMO_H100, s * K, gbs, tp, dp, cp, tf) for s, gbs, tp, dp, cp, tf in (
         (4, 1024, 1, 4, 1, 768), (16, 256, 2, 8, 1, 660), (32, 128, 2, 8, 2, 610), (64, 64, 4, 8, 2, 574),

@@ -38,17 +38,7 @@ SOURCES = {  # tag -> where the figures are (the sources' tables, "Measured MFU"
     IRONWOOD: "github.com/AI-Hypercomputer/tpu-recipes training/ironwood/README.md, Llama3.1-70B bf16 table "
     "(the 128K recipe: run_recipe.sh of llama3.1-70b/128k-bf16-tpu7x-4x8x8, sa_block_q/kv 2048)",
 }
-LLAMA2_7B = ModelSpec(
-    "llama2_7b",
-    vocab=32000,
-    embed=4096,
-    layers=32,
-    q_heads=32,
-    kv_heads=32,
-    head_dim=128,
-    mlp=11008,
-    rope_theta=10000.0,
-)
+LLAMA2_7B = "llama2_7b"  # PR #4687's model, not in conf/model (see `model`)
 
 
 @dataclass(frozen=True)
@@ -60,15 +50,15 @@ class Published:
     chips_devices: int  # JAX devices of the run
     model: str  # conf/model name, or llama2_7b
     strategy: str
-    layout: str  # zigzag = MaxText's causal load balancing
     mesh: MeshSpec
     length: int
     batch: int  # global sequences per step (per_device_batch_size x devices)
-    remat: str
-    offload: tuple[str, ...]
-    mfu: tuple[float, float] | None  # published MFU range (fractions)
-    step_s: float | None  # or a published step time
     source: str  # the table it belongs to
+    layout: str = "contiguous"  # zigzag = MaxText's causal load balancing
+    remat: str = "full"  # MaxText's default
+    offload: tuple[str, ...] = ()
+    mfu: tuple[float, float] | None = None  # published MFU range (fractions) ...
+    step_s: float | None = None  # ... or a published step time
     excluded: str = ""  # why this row is never fitted on ("": it is)
     block_q: int = 512  # splash's, where the source gives them (MaxText's default otherwise)
     block_kv: int = 512
@@ -101,8 +91,12 @@ def _load(group: str, name: str) -> dict:
 
 @cache
 def model(name: str) -> ModelSpec:
-    if name == LLAMA2_7B.name:
-        return LLAMA2_7B
+    if (
+        name == LLAMA2_7B
+    ):  # Llama 3.1 8B's shape with multi-head attention, Llama 2's vocabulary, MLP and rope
+        return replace(
+            model("llama3_1_8b"), name=name, vocab=32000, kv_heads=32, mlp=11008, rope_theta=10000.0
+        )
     return ModelSpec(**_load("model", name))
 
 
@@ -149,7 +143,6 @@ def _lc(
         remat=remat,
         offload=tuple(offload),
         mfu=mfu,
-        step_s=None,
         source=src,
         excluded=excluded,
     )
@@ -202,9 +195,7 @@ for _name, _layout, _mfu, _block in (
             length=32 * K,
             batch=64,
             remat="save_attn",
-            offload=(),
             mfu=(_mfu, _mfu),
-            step_s=None,
             source=PR4687,
             block_q=_block,
             block_kv=_block,
@@ -217,14 +208,11 @@ ROWS.append(
         chips_devices=64,
         model="llama3_1_8b",
         strategy="ulysses",
-        layout="contiguous",
         mesh=MeshSpec(fsdp=16, context=4),
         length=64 * K,
         batch=32,
         remat="save_attn",
-        offload=(),
         mfu=(0.530, 0.530),
-        step_s=None,
         source=PR4687,
         block_q=2048,
         block_kv=2048,
@@ -249,13 +237,9 @@ for _key, _steps in _STEPS.items():
                 chips_devices=64,
                 model="llama3_1_8b",
                 strategy="usp" if _key.startswith("usp") else _key,
-                layout="contiguous",
                 mesh=MeshSpec(context=_r, context_ulysses=_u),
                 length=_length,
                 batch=1,
-                remat="full",
-                offload=(),
-                mfu=None,
                 step_s=_step,
                 source=PR4836,
             )
@@ -267,13 +251,10 @@ ROWS += [
         chips_devices=128,
         model="llama3_1_70b",
         strategy="none",
-        layout="contiguous",
         mesh=MeshSpec(fsdp=128),
         length=8 * K,
         batch=256,
         remat="save_attn",
-        offload=(),
-        mfu=None,
         step_s=12.20,
         source=IRONWOOD,
     ),
@@ -289,8 +270,6 @@ ROWS += [
         length=128 * K,
         batch=64,
         remat="save_attn",
-        offload=(),
-        mfu=None,
         step_s=34.02,
         source=IRONWOOD,
         block_q=2048,
