@@ -25,20 +25,19 @@ from orchestrator.config.schema import ConfigError
 
 CFG_CHOICES = ("job", "hydra", "all")
 INFO_CHOICES = ("all", "config", "defaults", "defaults-tree", "searchpath", "plugins")
-_FLAGS = {
-    "-h": "help",
-    "--help": "help",
-    "-m": "multirun",
-    "--multirun": "multirun",
-    "--resolve": "resolve",
-    "-c": "cfg",
-    "--cfg": "cfg",
-    "-p": "package",
-    "--package": "package",
-    "-i": "info",
-    "--info": "info",
-    "-cd": "config_dir",
-    "--config-dir": "config_dir",
+_FLAGS = {  # Hydra's flags, short and long, and the option each sets
+    flag: name
+    for short, long, name in (
+        ("-h", "--help", "help"),
+        ("-m", "--multirun", "multirun"),
+        ("", "--resolve", "resolve"),
+        ("-c", "--cfg", "cfg"),
+        ("-p", "--package", "package"),
+        ("-i", "--info", "info"),
+        ("-cd", "--config-dir", "config_dir"),
+    )
+    for flag in (short, long)
+    if flag
 }
 _SWITCHES = ("help", "multirun", "resolve")
 ALLOWED = (

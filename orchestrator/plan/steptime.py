@@ -78,6 +78,22 @@ class StepTime:
         )
 
 
+# The terms a StepTime keeps as work.price priced them (plan.work.Terms' fields of the same names).
+AS_PRICED = (
+    "matmul_s",
+    "attention_s",
+    "exposed_ring_s",
+    "collectives_s",
+    "exposed_fsdp_s",
+    "tensor_s",
+    "exposed_offload_s",
+    "overhead_s",
+    "calls_s",
+    "layers_s",
+    "offload_s",
+)
+
+
 def kernel_efficiency(c: ClusterModel, head_dim: int, spec: TrialSpec | None = None) -> float:
     """The kernel's rate on its tiles: softmax work per score is fixed while MXU work grows with D, so
     D/(D+Dh) of the asymptote; a block's fixed work weighs more on small blocks, b/(b+half); the xla kernel on a
@@ -130,25 +146,15 @@ def step_time(
     return StepTime(
         tflops_per_device=w.model_tflops,
         peak_tflops=peak,
-        matmul_s=t.matmul_s,
-        attention_s=t.attention_s,
         attention_efficiency=r.attention_efficiency,
         hop_tokens=w.hop_tokens,
-        exposed_ring_s=t.exposed_ring_s,
-        collectives_s=t.collectives_s,
-        exposed_fsdp_s=t.exposed_fsdp_s,
-        tensor_s=t.tensor_s,
-        exposed_offload_s=t.exposed_offload_s,
         dcn_exposed_s=t.dcn.exposed_s,
-        overhead_s=t.overhead_s,
         step_s=step,
         mfu=w.model_tflops / (step * peak) if step > 0 else 0.0,
         limiter=_limiter(terms, step, r.attention_efficiency, m.head_dim, w) + _dcn_note(t.dcn),
-        calls_s=t.calls_s,
-        layers_s=t.layers_s,
-        offload_s=t.offload_s,
         step_low_s=step * band[0],
         step_high_s=step * band[1],
+        **{k: getattr(t, k) for k in AS_PRICED},
     )
 
 

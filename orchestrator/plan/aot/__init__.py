@@ -26,7 +26,6 @@ from orchestrator.plan.aot.cache import (
     compiled_memory,
     using,
 )
-from orchestrator.plan.aot.pool import compile_specs
 from orchestrator.plan.aot.result import CompileResult, compiler_rejection, failed, verdict
 from orchestrator.plan.aot.target import (
     CHIPS,
@@ -55,7 +54,6 @@ __all__ = [
     "compare",
     "compile_host_bytes",
     "compile_memory",
-    "compile_specs",
     "compiled_memory",
     "compiler_rejection",
     "devices",
@@ -132,7 +130,16 @@ def compare(
         with using(cache):
             results = [_compiled(spec, topology) for spec in specs]
     else:
-        results = pool.compile_specs(specs, topology, workers, cache, progress, console, draws)
+        got = pool.compile_all(
+            specs,
+            topology,
+            workers=workers,
+            cache_at=cache,
+            progress=progress,
+            console=console,
+            draws_per_point=draws,
+        )
+        results = [result for result, _ in got]
     limits = hbm or [model_of(s.cluster).hbm_bytes_per_device for s in specs]
     return [_row(s, got, limit) for s, got, limit in zip(specs, results, limits, strict=True)]
 

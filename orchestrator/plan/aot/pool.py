@@ -88,7 +88,8 @@ def compile_all(
     Ray cluster), each a Ray task reserving compile_host_bytes of memory, all on the cache at `cache_at` ("":
     $CP_AOT_CACHE, else .cache/aot). A compile that raised, or whose worker died, is a failed result. With
     `draws_per_point` k > 1 each point is compiled k times, each draw its own task, and judged by the worst
-    (result.worst); its hit is True only when every draw was cached. Ray must be up (launch/cluster.py's
+    (result.worst); its hit is True only when every draw was cached. `progress`: auto | rich | plain, on
+    `console` (a new one on stdout when None). Ray must be up (launch/cluster.py's
     join_or_start): a task would otherwise start one of Ray's choosing, which may be another user's."""
     if not specs:
         return []
@@ -128,31 +129,6 @@ def compile_all(
         done = [x for x in row if x is not None]  # every slot filled: the loop ends when none is left
         out.append((worst([g for g, _ in done]), all(h for _, h in done)))
     return out
-
-
-def compile_specs(
-    specs: list[TrialSpec],
-    topology: str | None = None,
-    workers: int = 0,
-    cache: str = "",
-    progress: str = "auto",
-    console: Console | None = None,
-    draws_per_point: int = 1,
-) -> list[CompileResult]:
-    """Each spec's TPU compile (aot.compiled_memory's answer), in order, `workers` at once on Ray (0: one per
-    CPU), on the cache at `cache` (a directory or gs://bucket/prefix; "": $CP_AOT_CACHE, else .cache/aot).
-    A compile that broke is a CompileResult with status "failed"; nothing is raised for one point. `progress`:
-    auto | rich | plain, on `console` (a new one on stdout when None); `draws_per_point`: as compile_all's."""
-    got = compile_all(
-        specs,
-        topology,
-        workers=workers,
-        cache_at=cache,
-        progress=progress,
-        console=console,
-        draws_per_point=draws_per_point,
-    )
-    return [result for result, _ in got]
 
 
 def _outcome(got: CompileResult, hit: bool) -> str:
