@@ -69,17 +69,10 @@ def test_all_gather_memory_does_not_fall_like_ring():
 def test_ring_aot_compiles_for_tpu_v5p_topology():
     """The real TPU compiler (libtpu, no TPU needed) accepts ring fwd+bwd and keeps the ppermutes."""
     pytest.importorskip("libtpu")
-    from jax.experimental import topologies
+    from orchestrator.plan.aot.target import slice_devices
 
-    topo = topologies.get_topology_desc(
-        platform="tpu",
-        topology_name="v5:2x2x1",
-        chip_config_name="megacore",
-        chips_per_host_bounds=(2, 2, 1),
-        num_slices=1,
-        wrap=(False, False, False),
-    )
-    mesh = Mesh(np.array(topo.devices).reshape(len(topo.devices)), ("context",))
+    devices = slice_devices("v5:2x2x1", "megacore", (2, 2, 1))
+    mesh = Mesh(np.array(devices).reshape(len(devices)), ("context",))
     compiled = fwd_bwd_compiled("ring", mesh, 1024, H=4, K=2, D=128, dtype=jnp.bfloat16, block=128)
     assert "collective-permute" in compiled.as_text()
     assert per_device_bytes(compiled) > 0

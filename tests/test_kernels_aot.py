@@ -65,21 +65,14 @@ def test_long_hop_splash_fits_vmem_and_smem(accel):
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     import jax
     import jax.numpy as jnp
-    from jax.experimental import topologies
     from jax.sharding import SingleDeviceSharding
 
     from jobs.attention.kernels import splash
     from jobs.attention.kernels.mask import Mask
+    from orchestrator.plan.aot.target import slice_devices
 
     name, chip = {"tpu7x": ("tpu7x:2x2x1", "default"), "v5p": ("v5:2x2x1", "megacore")}[accel]
-    dev = topologies.get_topology_desc(
-        platform="tpu",
-        topology_name=name,
-        chip_config_name=chip,
-        chips_per_host_bounds=(2, 2, 1),
-        num_slices=1,
-        wrap=(False, False, False),
-    ).devices[0]
+    dev = slice_devices(name, chip, (2, 2, 1))[0]
     L, sd = 458_752, SingleDeviceSharding(dev)
     q = jax.ShapeDtypeStruct((1, L, 4, 256), jnp.bfloat16, sharding=sd)
     kv = jax.ShapeDtypeStruct((1, L, 1, 256), jnp.bfloat16, sharding=sd)

@@ -4,7 +4,6 @@ process, 2 fake TPU slices, and 2 fake GPU nodes (a GPU node is a one-host slice
 
 import dataclasses
 import json
-import os
 
 import mlflow_lookup
 import numpy as np
@@ -85,19 +84,11 @@ def test_one_slice_mesh_is_unchanged_and_bad_multislice_meshes_are_one_line_erro
 def test_hybrid_mesh_on_tpu_topology_devices_matches_jax():
     """AOT devices of a two-slice TPU topology carry slice_index; the mesh is jax's own hybrid mesh."""
     pytest.importorskip("libtpu")
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     from jax.experimental import mesh_utils
-    from jax.experimental.topologies import get_topology_desc
 
-    topo = get_topology_desc(
-        platform="tpu",
-        topology_name="v5:2x2x1",
-        chip_config_name="megacore",
-        chips_per_host_bounds=(2, 2, 1),
-        num_slices=2,
-        wrap=(False, False, False),
-    )
-    devices = topo.devices
+    from orchestrator.plan.aot.target import slice_devices
+
+    devices = slice_devices("v5:2x2x1", "megacore", (2, 2, 1), slices=2)
     assert sorted({d.slice_index for d in devices}) == [0, 1]
     ids = lambda grid: np.vectorize(lambda d: d.id)(grid).tolist()
     for shape, dcn in [

@@ -36,21 +36,30 @@ def topology_tag(spec: TrialSpec, topology: str | None = None) -> str:
 
 def devices(spec: TrialSpec, topology: str | None = None) -> list[Any]:
     """libtpu's virtual devices of the trial's slices (no TPU needed): what a mesh for the compile spans."""
+    name = topology_name(spec, topology)
+    bounds = host_bounds(spec, dims_of(name))
+    return slice_devices(name, CHIPS[spec.cluster.accelerator][1], bounds, spec.cluster.slices_per_trial)
+
+
+def dims_of(name: str) -> list[int]:
+    """A libtpu topology name's three axes: a 2D slice (v5e, v6e: "16x16") has a third of 1."""
+    return [*(int(d) for d in name.split(":")[1].split("x")), 1, 1][:3]
+
+
+def slice_devices(name: str, chip: str, bounds: tuple[int, int, int], slices: int = 1) -> list[Any]:
+    """libtpu's virtual devices of `slices` slices of topology `name` ("v5:2x2x1") with chip config `chip`
+    and `bounds` chips per host (no TPU needed)."""
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # another process may hold libtpu's lockfile
     from jax.experimental import topologies
 
-    name = topology_name(spec, topology)
-    # libtpu takes three axes: a 2D slice (v5e, v6e: "16x16") has a third of 1
-    dims = [*(int(d) for d in name.split(":")[1].split("x")), 1, 1][:3]
-    chip = CHIPS[spec.cluster.accelerator][1]
     # Only a full 4-long axis wraps into a torus; a smaller test slice is a mesh.
-    wrap = tuple(d >= 4 for d in dims)
+    wrap = tuple(d >= 4 for d in dims_of(name))
     desc = topologies.get_topology_desc(
         platform="tpu",
         topology_name=name,
         chip_config_name=chip,
-        chips_per_host_bounds=host_bounds(spec, dims),
-        num_slices=spec.cluster.slices_per_trial,
+        chips_per_host_bounds=bounds,
+        num_slices=slices,
         wrap=wrap,
     )
     return desc.devices
