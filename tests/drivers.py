@@ -19,6 +19,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent  # the checkout: conf/, docs/, and the code the processes import
 
 
+# The smoke sweep cut to three strategies at 512 tokens, two fp32 steps each: the scenarios that kill or move a
+# sweep's processes run this grid (add the cluster and sweep.id).
+THREE_TRIALS = [
+    "+sweep=smoke",
+    "sweep.axes.strategy=[all_gather,ulysses,ring]",
+    "sweep.axes.context_length=[512]",
+    "~sweep.set",
+    "train.steps=2",
+    "train.dtype=float32",
+    "progress=plain",
+]
+
+
 def driver_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """This process's environment for a driver subprocess, `extra` on top: without the suite's XLA_FLAGS and
     JAX_PLATFORMS (conftest.py sets them for in-process JAX; a driver's trial hosts get their own from the

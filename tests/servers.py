@@ -197,6 +197,11 @@ class Server:
         if self.proc is not None:
             _stop(self.proc)
 
+    @property
+    def overrides(self) -> list[str]:
+        """The driver's command-line overrides that track to this server."""
+        return ["tracking=server", f"tracking.uri={self.url}"]
+
     def tail(self, n: int = 3000) -> str:
         return self.log.read_text(errors="replace")[-n:] if self.log.exists() else ""
 

@@ -11,6 +11,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from meshes import MESHES  # noqa: E402
 
 from jobs.attention import attention, hopcount, reference_attention
 from jobs.attention.kernels import splash  # noqa: E402
@@ -116,21 +117,6 @@ def check(
     assert float(jnp.max(jnp.abs(got[0] - plain))) > 1e-2
 
 
-MESHES = {  # strategy -> P -> mesh
-    "all_gather": {P: {"context": P} for P in (2, 4, 8)},
-    "ulysses": {P: {"context": P} for P in (2, 4, 8)},
-    "ring": {P: {"context": P} for P in (2, 4, 8)},
-    "usp": {
-        2: {"context": 2},
-        4: {"context": 2, "context_ulysses": 2},
-        8: {"context": 4, "context_ulysses": 2},
-    },
-    "double_ring": {
-        2: {"context_ulysses": 2},
-        4: {"context": 2, "context_ulysses": 2},
-        8: {"context": 2, "context_ulysses": 4},
-    },
-}
 LAYOUTS = ("contiguous", "zigzag", "balanced")
 FAST = {  # (strategy, P, layout): one per strategy and layout at least, the rest in the slow matrix
     ("ring", 4, "contiguous"),

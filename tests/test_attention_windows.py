@@ -14,6 +14,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from meshes import MESHES  # noqa: E402
 
 from jobs.attention import attention, hopcount, reference_attention  # noqa: E402
 from jobs.mesh import small_mesh  # noqa: E402
@@ -22,21 +23,6 @@ from jobs.strategies.base import ring_steps  # noqa: E402
 
 TOL = 5e-5
 L, H, D, BLOCK = 64, 8, 8, 8
-MESHES = {  # strategy -> P -> mesh (as in tests/test_attention_segments.py)
-    "all_gather": {P: {"context": P} for P in (2, 4, 8)},
-    "ulysses": {P: {"context": P} for P in (2, 4, 8)},
-    "ring": {P: {"context": P} for P in (2, 4, 8)},
-    "usp": {
-        2: {"context": 2},
-        4: {"context": 2, "context_ulysses": 2},
-        8: {"context": 4, "context_ulysses": 2},
-    },
-    "double_ring": {
-        2: {"context_ulysses": 2},
-        4: {"context": 2, "context_ulysses": 2},
-        8: {"context": 2, "context_ulysses": 4},
-    },
-}
 # Documents of one row (natural order), padding (id 0) at the end: one shorter than a P=8 shard, one across
 # several shards.
 DOCS = (5, 30, 3, 10)

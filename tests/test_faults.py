@@ -8,7 +8,7 @@ import time
 
 import mlflow_lookup
 import pytest
-from drivers import Driver, fault_env
+from drivers import THREE_TRIALS, Driver, fault_env
 from servers import start_mlflow_server
 
 from jobs.records import StartRecord, StepRecord
@@ -127,16 +127,7 @@ def test_driver_killed_mid_trial_then_rerun_logs_every_step_once(tmp_path, local
 
 @pytest.mark.slow
 def test_driver_sigkill_then_rerun_finishes_without_repeats(tmp_path, local_ray, store, cli):
-    args = [
-        "+sweep=smoke",
-        "sweep.axes.strategy=[all_gather,ulysses,ring]",
-        "sweep.axes.context_length=[512]",
-        "~sweep.set",
-        "train.steps=2",
-        "train.dtype=float32",
-        "progress=plain",
-        "sweep.id=resume-me",
-    ]
+    args = [*THREE_TRIALS, "sweep.id=resume-me"]
     drv = Driver(args, tmp_path)
     drv.wait_for(r": done loss=")
     drv.wait_for(r"attempt 1 on ")  # the second trial is running
@@ -206,8 +197,7 @@ def test_driver_sigkill_before_the_queue_drains_loses_no_write(tmp_path, postgre
             "train.steps=6",
             "train.dtype=float32",
             "progress=plain",
-            "tracking=server",
-            f"tracking.uri={server.url}",
+            *server.overrides,
             "+sweep.id=journal",
         ]
         drv = Driver(args, tmp_path)

@@ -8,6 +8,7 @@ from pathlib import Path
 import mlflow_lookup
 import pytest
 import ray
+from drivers import THREE_TRIALS
 from rays import FAKE_TPU_STALE_ENV
 
 from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, RunSpec, StrategySpec, TrialSpec
@@ -133,17 +134,7 @@ def test_fake_tpu_slices_gang_schedule_trials(tmp_path, fake_tpu, store, cli):
     """3 trials on 2 fake v5p-16 slices (2 hosts x 4 devices): at most 2 at once, each on one whole slice, the
     third waiting for a slice. The fake nodes inherit a stale multislice environment (Ray #62893,
     tests/rays.py): one-slice hosts run without it."""
-    args = [
-        "+sweep=smoke",
-        "cluster=local_fake_tpu",
-        "sweep.axes.strategy=[all_gather,ulysses,ring]",
-        "sweep.axes.context_length=[512]",
-        "~sweep.set",
-        "train.steps=2",
-        "train.dtype=float32",
-        "progress=plain",
-        "sweep.id=fake-tpu",
-    ]
+    args = [*THREE_TRIALS, "cluster=local_fake_tpu", "sweep.id=fake-tpu"]
     res = cli(args, cwd=tmp_path)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     client = mlflow_lookup.client(tmp_path)

@@ -72,20 +72,17 @@ def test_planned_runs_are_never_a_regression_baseline(tmp_path, local_ray, store
 
 def test_a_planned_point_logs_the_compilers_peak_beside_the_sum():
     """aot=true: both compiled figures reach the planned run (the sum can exceed HBM for a program that fits)."""
-    from types import SimpleNamespace
+    from dataclasses import replace
 
-    from orchestrator.plan import aot
+    from orchestrator.plan import aot, plan
     from orchestrator.results.planned import point_metrics
+    from tests.test_aot import tiny_spec
 
-    row = SimpleNamespace(
-        predicted_hbm_bytes_per_device=3e9,
-        predicted_step_s=1.0,
-        predicted_mfu=0.5,
-        roofline_mfu=0.6,
-        tflops_per_device_per_step=1.0,
-        chip_hours=2.0,
-    )
+    spec = tiny_spec()
+    [row] = plan([replace(spec, cluster=replace(spec.cluster, hosts=1))])  # the 8 devices its mesh spans
     got = point_metrics(row, aot.CompileResult(peak_bytes=127e9, compiler_peak_bytes=93e9))
     assert got["compiled_bytes_per_device"] == 127e9 and got["compiler_peak_bytes_per_device"] == 93e9
-    assert got["predicted_chip_hours"] == 2.0
+    assert row.verdict == "run", row.reason
+    assert got["predicted_bytes_per_device"] == row.predicted_hbm_bytes_per_device > 0
+    assert got["predicted_chip_hours"] == row.chip_hours > 0
     assert "compiler_peak_bytes_per_device" not in point_metrics(row, aot.CompileResult(peak_bytes=127e9))

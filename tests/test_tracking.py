@@ -302,8 +302,7 @@ def test_smoke_sweep_on_server_with_gcs_artifacts_and_an_outage(gcs_server, tmp_
     args = [
         "+sweep=smoke",
         "progress=plain",
-        "tracking=server",
-        f"tracking.uri={server.url}",
+        *server.overrides,
         f"tracking.experiment={exp}",
         "sweep.id=smoke-srv",
     ]

@@ -20,8 +20,7 @@ def test_two_drivers_started_together_run_each_trial_once(tmp_path, postgres):
             "sweep.axes.context_length=[512]",
             "train.steps=3",
             "progress=plain",
-            "tracking=server",
-            f"tracking.uri={server.url}",
+            *server.overrides,
             "sweep.id=race",
         ]
         dirs = [tmp_path / "a", tmp_path / "b"]
