@@ -23,7 +23,7 @@ from jobs import strategies
 from jobs.spec import DataSpec, MemorySpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
 from orchestrator.config import grid
 from orchestrator.config.load import group_option
-from orchestrator.plan import aot, hardware, render, validity
+from orchestrator.plan import aot, cluster_model, render, validity
 
 HEAD = [
     "cluster",
@@ -69,7 +69,7 @@ def spec_for(
     for the 4 KV heads of llama3_1_8b_long) unless `ulysses` fixes the inner degree (of strategies that have
     one); over `slices` slices the context axis crosses them (DCN). `documents`: packed documents from that
     source (the step then carries segment ids; the planner samples the source's lengths.npy)."""
-    c, m = hardware.load(cluster)[0], conf("model", model)
+    c, m = cluster_model.load(cluster)[0], conf("model", model)
     c = dataclasses.replace(c, slices_per_trial=slices)
     inner = (
         int(ulysses) if ulysses != "auto" and "context_ulysses" in strategies.get(strategy).axes else "auto"

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from benchmarks import page
 from benchmarks.aot import BAND, HEAD
-from orchestrator.plan import hardware
+from orchestrator.plan import cluster_model
 
 BAND_HEAD = [
     "cluster",
@@ -95,7 +95,7 @@ def _band_bounds(r: Row) -> tuple[float, float]:
 
 
 def summary(rows: list[Row], band: list[Row]) -> str:
-    hbm = {c: hardware.load(c)[1].hbm_bytes_per_device / 2**30 for c in {r.cluster for r in rows}}
+    hbm = {c: cluster_model.load(c)[1].hbm_bytes_per_device / 2**30 for c in {r.cluster for r in rows}}
     full = [r for r in rows if r.cells["remat"] == "full"]
     compiled = [r for r in full if r.cells["verdict"] == "run" and r.num("analytic / peak") is not None]
     refused = [r for r in full if r.cells["verdict"] != "run"]

@@ -23,7 +23,7 @@ from jobs.spec import MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
 from orchestrator import provenance
 from orchestrator.config.load import group_option
 from orchestrator.launch.cluster import join_or_start
-from orchestrator.plan import aot, hardware
+from orchestrator.plan import aot, cluster_model
 from orchestrator.plan.aot import pool, target
 
 # (cluster, strategy, mesh): tpu7x 2x2x1 is 4 chips = 8 devices, v5p 2x2x1 4 megacore devices
@@ -39,7 +39,7 @@ HEAD_POINTS = [131_072, 1_048_576, 4_194_304, 14_680_064]  # llama3_1_8b_long le
 
 def spec(cluster: str, strategy: str, mesh: MeshSpec, length: int, model: str = "tiny") -> TrialSpec:
     # address "": a local Ray of our own, never a running one that a TPU cluster's address=auto would join
-    c = replace(hardware.load(cluster)[0], topology="2x2x1", address="")
+    c = replace(cluster_model.load(cluster)[0], topology="2x2x1", address="")
     s = replace(StrategySpec(**group_option("strategy", strategy)), block_q=256, block_kv=256)
     return TrialSpec(
         model=ModelSpec(**group_option("model", model)),

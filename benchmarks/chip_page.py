@@ -23,7 +23,7 @@ from benchmarks import page
 from jobs.spec import TrialSpec
 from orchestrator import provenance
 from orchestrator.calibrate import chip, family
-from orchestrator.plan import hardware, plan_one, steptime
+from orchestrator.plan import cluster_model, plan_one, steptime
 
 PROG = "python benchmarks/chip_page.py"
 CLUSTER = "v5e_1"
@@ -56,7 +56,7 @@ class Run:
 
 def runs(folder: Path) -> list[Run]:
     """Each train point of the run folder, its spec as it ran (the block the run recorded) on CLUSTER."""
-    cluster = hardware.load(CLUSTER)[0]
+    cluster = cluster_model.load(CLUSTER)[0]
     specs = {d["name"]: d["spec"] for d in lines(folder / "specs.jsonl")}
     out = []
     for r in lines(folder / "train.jsonl"):
@@ -255,7 +255,7 @@ def body(folder: Path) -> str:
 def train_section(folder: Path) -> list[str]:
     result = family.calibrate(family.CHIP) if chip.points(CLUSTER) else None
     held = {c.row.spec.trial_id: c for c in (result.held_out if result else [])}
-    model = hardware.load(CLUSTER)[1]
+    model = cluster_model.load(CLUSTER)[1]
     rows, verdicts, hbm_ok, band_ok, judged, hbm_n = [], 0, 0, 0, 0, 0
     points = runs(folder)
     for r in points:

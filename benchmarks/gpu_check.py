@@ -198,7 +198,8 @@ def compare(path: Path, out_dir: Path | None) -> int:
             f"{gib(it.get('compiled_bytes_per_device')):>11}  {gib(it['planner_bytes']):>12}"
         )
     if spec is not None:
-        from orchestrator.plan.hardware import model_of  # the planner's constants for the trials' cluster
+        # the planner's constants for the trials' cluster
+        from orchestrator.plan.cluster_model import model_of
 
         c = model_of(spec.cluster)
         rows.append(

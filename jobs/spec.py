@@ -439,7 +439,7 @@ class TrainSpec:
 class ClusterSpec:
     """Where a trial runs; execution only, never part of the trial id. What the planner alone needs of the
     same cluster (capacities, link rates, fitted step-time constants, budgets) is
-    orchestrator/plan/hardware.py's ClusterModel, read from the same conf/cluster/*.yaml, never sent to a host."""
+    orchestrator/plan/cluster_model.py's ClusterModel, read from the same conf/cluster/*.yaml, never sent to a host."""
 
     name: str = key(
         "local",

@@ -14,7 +14,7 @@ from orchestrator.config.schema import Options, sweep_identity
 from orchestrator.launch.cluster import concurrency, connect
 from orchestrator.launch.executor import execute
 from orchestrator.results import gate, html, report
-from orchestrator.tracking import layout, open_tracker, profiles, recording
+from orchestrator.tracking import mlflow_names, open_tracker, profiles, recording
 from orchestrator.tracking.leases import SoleLeases
 from orchestrator.ui.progress import SweepProgress
 
@@ -85,7 +85,7 @@ def _open_points(
         if tid in seen:
             continue
         seen.add(tid)
-        label = layout.spec_label(spec, "column")
+        label = mlflow_names.spec_label(spec, "column")
         if tid in done:
             progress.add(tid, label, spec.train.steps, "skipped", "finished earlier in this sweep")
         elif row.verdict != "run":

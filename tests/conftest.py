@@ -271,12 +271,12 @@ def no_ray_no_mlflow(tmp_path_factory):
 def pinned_cpu_peak(monkeypatch):
     """cluster=local plans with the host's measured matmul rate; pin it so verdicts do not follow the load."""
     from jobs.hardware import CPU_PEAK_ENV
-    from orchestrator.plan import hardware
+    from orchestrator.plan import cluster_model
 
-    monkeypatch.setenv(CPU_PEAK_ENV, str(hardware.NOMINAL_CPU_TFLOPS))
-    hardware.measured_cpu_tflops.cache_clear()
+    monkeypatch.setenv(CPU_PEAK_ENV, str(cluster_model.NOMINAL_CPU_TFLOPS))
+    cluster_model.measured_cpu_tflops.cache_clear()
     yield
-    hardware.measured_cpu_tflops.cache_clear()
+    cluster_model.measured_cpu_tflops.cache_clear()
 
 
 @pytest.fixture(scope="session")

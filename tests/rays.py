@@ -17,7 +17,7 @@ import ray
 from jobs.spec import ClusterSpec
 from orchestrator.launch import placement
 from orchestrator.launch.cluster import connect, shutdown
-from orchestrator.plan import hardware
+from orchestrator.plan import cluster_model
 
 KINDS = ("local", "fake_tpu", "fake_gpu")  # the order conftest.py runs their tests in
 
@@ -37,8 +37,8 @@ def cluster(kind: str) -> ClusterSpec:
     """The cluster a kind's Ray is started for: conf/cluster's local (with CPUs for local_multislice's four
     processes: connect() counts hosts_per_trial x concurrency), local_fake_tpu, local_fake_gpu."""
     if kind == "local":
-        return dataclasses.replace(hardware.load("local")[0], concurrency=4)
-    return hardware.load(f"local_{kind}")[0]
+        return dataclasses.replace(cluster_model.load("local")[0], concurrency=4)
+    return cluster_model.load(f"local_{kind}")[0]
 
 
 class PlacementGroups:

@@ -14,7 +14,7 @@ import pytest
 
 from jobs.spec import MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
 from orchestrator.config.load import group_option
-from orchestrator.plan import aot, hardware, memory
+from orchestrator.plan import aot, cluster_model, memory
 from orchestrator.plan.aot import CompileResult
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,7 +40,7 @@ def conf(group: str, name: str) -> dict:
 
 def tiny_spec(length: int = 2048, **model) -> TrialSpec:
     """Tiny llama on a tpu7x 2x2x1 slice (4 chips, 8 devices), ring over all 8."""
-    cluster = replace(hardware.load("tpu7x_128")[0], topology="2x2x1")
+    cluster = replace(cluster_model.load("tpu7x_128")[0], topology="2x2x1")
     strategy = replace(StrategySpec(**conf("strategy", "ring")), block_q=256, block_kv=256)
     return TrialSpec(
         model=replace(ModelSpec(**conf("model", "tiny")), **model),
@@ -70,7 +70,7 @@ def test_compiler_rejection_keeps_the_compilers_figures():
     assert tried.live_bytes == int(30.75 * 2**30) and tried.fragmentation_bytes == int(15.11 * 2**30)
     spec = tiny_spec()
     verdict, reason = aot.verdict(
-        replace(got, topology="tpu7x:2x2x1"), hardware.model_of(spec.cluster).hbm_bytes_per_device
+        replace(got, topology="tpu7x:2x2x1"), cluster_model.model_of(spec.cluster).hbm_bytes_per_device
     )
     assert verdict == "infeasible"
     assert "150.6 GiB" in reason and "94.8 GiB" in reason and "HLO temporaries" in reason
@@ -246,7 +246,7 @@ def loss_bound_llama(length: int) -> TrialSpec:
     """Llama 3.1 8B's 128,256-entry tables and head size on a narrow trunk (width 512, 4 heads, 2 layers), ring
     over tpu7x 2x2x1's 8 devices: the loss phase is Llama's, the layers cheap to compile (libtpu's backend passes
     grow with the width: 101 s at 4,096, 41 s at 512)."""
-    cluster = replace(hardware.load("tpu7x_128")[0], topology="2x2x1")
+    cluster = replace(cluster_model.load("tpu7x_128")[0], topology="2x2x1")
     narrow = dict(layers=2, embed=512, mlp=1792, q_heads=4, kv_heads=4, head_dim=128)
     return TrialSpec(
         model=replace(ModelSpec(**conf("model", "llama3_1_8b_long")), **narrow),

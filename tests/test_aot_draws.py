@@ -3,7 +3,7 @@ both, and the verdict states the spread."""
 
 from __future__ import annotations
 
-from orchestrator.plan import hardware
+from orchestrator.plan import cluster_model
 from orchestrator.plan.aot import result
 from orchestrator.plan.aot.result import CompileResult, verdict
 
@@ -14,7 +14,7 @@ def fit(peak_gib: float) -> CompileResult:
     return CompileResult(trial_id="t", compiler_peak_bytes=int(peak_gib * GIB), peak_bytes=int(70 * GIB))
 
 
-TPU7X_HBM = hardware.load("tpu7x_128")[1].hbm_bytes_per_device  # 192 GB of HBM a chip
+TPU7X_HBM = cluster_model.load("tpu7x_128")[1].hbm_bytes_per_device  # 192 GB of HBM a chip
 
 
 def test_the_largest_peak_is_judged_and_every_draw_is_kept():

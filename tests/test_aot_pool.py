@@ -14,7 +14,7 @@ from jobs import storage
 from jobs.spec import MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
 from orchestrator.config.load import group_option
 from orchestrator.launch import cluster
-from orchestrator.plan import aot, hardware
+from orchestrator.plan import aot, cluster_model
 from orchestrator.plan.aot import cache, pool
 from orchestrator.plan.aot.target import FLOOR_BYTES, GIB, compile_host_bytes
 from tests.servers import gcs_client, start_gcs_emulator
@@ -27,7 +27,7 @@ RING8 = MeshSpec(context=8)
 def small(strategy: str = "ring", mesh: MeshSpec = RING8, length: int = 2048, **model) -> TrialSpec:
     """The tiny model on a tpu7x 2x2x1 slice (8 devices); address "" so join_or_start starts a local Ray and
     never joins one another test left running (the trial id leaves the cluster out: same cache entry)."""
-    c = replace(hardware.load("tpu7x_128")[0], topology="2x2x1", address="")
+    c = replace(cluster_model.load("tpu7x_128")[0], topology="2x2x1", address="")
     s = replace(StrategySpec(**group_option("strategy", strategy)), block_q=256, block_kv=256)
     return TrialSpec(
         model=replace(ModelSpec(**group_option("model", "tiny")), **model),

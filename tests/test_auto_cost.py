@@ -9,8 +9,8 @@ from drivers import run_cli
 
 from orchestrator.config.grid import expand_points
 from orchestrator.config.load import load
-from orchestrator.plan import auto, cost, hardware, plan, policies
-from orchestrator.tracking.layout import trial_params
+from orchestrator.plan import auto, cluster_model, cost, plan, policies
+from orchestrator.tracking.mlflow_names import trial_params
 
 L14M = 14_680_064
 LONG = ["model=llama3_1_8b_long", "cluster=tpu7x_128"]
@@ -79,7 +79,7 @@ def test_chip_hours_count_chips_not_devices():
     (v5p,) = specs(["model=llama3_1_8b", "cluster=v5p_128", "context_length=131072", "train.steps=100"])
     (tpu7x,) = specs(["model=llama3_1_8b", "cluster=tpu7x_128", "context_length=131072", "train.steps=100"])
     assert cost.chips(v5p) == 64 and cost.chips(tpu7x) == 64  # 128 TensorCores = 64 Ironwood chips
-    model = hardware.model_of(v5p.cluster)
+    model = cluster_model.model_of(v5p.cluster)
     assert cost.chip_hours(v5p, model, 2.0) == pytest.approx(64 * (100 * 2.0 + 300) / 3600)
     (row,) = plan([v5p])
     assert (
@@ -119,7 +119,7 @@ def test_cli_refuses_an_over_budget_sweep(tmp_path, no_ray_no_mlflow):
 
 def test_a_tie_goes_to_the_simplest_policy_with_headroom():
     (s,) = specs(["model=llama3_1_8b", "cluster=v5p_128", "context_length=131072"])
-    limit, gib = hardware.model_of(s.cluster).hbm_bytes_per_device, 2**30
+    limit, gib = cluster_model.model_of(s.cluster).hbm_bytes_per_device, 2**30
     plain = policies.Policy("full", policies.MemorySpec())
     moved = policies.Policy("full", policies.MemorySpec(offload=("attn_out",)))
     host = policies.Policy("full", policies.MemorySpec(offload=("attn_out",), host=("optimizer",)))

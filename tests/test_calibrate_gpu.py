@@ -26,7 +26,7 @@ from orchestrator.calibrate.published_gpu import (
 )
 from orchestrator.calibrate.published_tpu import model
 from orchestrator.calibrate.tpu import check
-from orchestrator.plan import hardware, plan_one, validity
+from orchestrator.plan import cluster_model, plan_one, validity
 from orchestrator.plan.search import recommend
 from orchestrator.plan.steptime import step_time
 
@@ -106,9 +106,9 @@ def result() -> family.Result:
 def test_configs_hold_the_gpu_fit_and_h200_is_h100s(result):
     """conf/cluster/dgx_*.yaml carry what `python -m orchestrator.calibrate --gpu --fit --write` computes, with
     the TPU family's constants kept where no GPU row pins them, and H200 takes H100's."""
-    v5p = hardware.load("v5p_128")[1]
+    v5p = cluster_model.load("v5p_128")[1]
     for chip, values in result.constants.items():
-        have = hardware.load(chip)[1]
+        have = cluster_model.load(chip)[1]
         for k, v in values.items():
             assert getattr(have, k) == pytest.approx(v, rel=2e-3, abs=1e-9), (chip, k)
         for k in gpu.BORROWED:

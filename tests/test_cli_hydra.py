@@ -14,7 +14,7 @@ from orchestrator.cli.args import NO_HYDRA_NODE, Args, compose, parse_args, sear
 from orchestrator.cli.help import help_text, summary, switches
 from orchestrator.config.grid import expand, points
 from orchestrator.config.load import CONF_DIR, GROUPS, group_option, load
-from orchestrator.plan import hardware, memory
+from orchestrator.plan import cluster_model, memory
 
 
 def _run(capsys, argv: list[str]) -> tuple[int, str, str]:
@@ -366,7 +366,7 @@ def test_config_dir_joins_the_search_path_after_conf(my_conf):
 def test_a_users_cluster_file_is_planned_by_its_own_constants(capsys, my_conf, how):
     """cluster=mine from the user's directory, with --config-dir or hydra.searchpath: the plan holds the point to
     mine's 1 GiB (on v5e_256's 15.7 GiB it runs), and so does every later reader of the cluster's model (the
-    report, the AOT limits: hardware.model_of), since conf/ has no mine.yaml."""
+    report, the AOT limits: cluster_model.model_of), since conf/ has no mine.yaml."""
     where = (
         ["--config-dir", str(my_conf)] if how == "--config-dir" else [f"hydra.searchpath=[file://{my_conf}]"]
     )
@@ -375,10 +375,10 @@ def test_a_users_cluster_file_is_planned_by_its_own_constants(capsys, my_conf, h
     assert code == 0, err
     rows = json.loads(out)
     assert [(r["cluster"], r["verdict"]) for r in rows] == [("mine", "infeasible"), ("v5e_256", "run")]
-    v5e = memory.gib(hardware.load("v5e_256")[1].hbm_bytes_per_device)
+    v5e = memory.gib(cluster_model.load("v5e_256")[1].hbm_bytes_per_device)
     assert "has 1.0 GiB" in rows[0]["reason"] and f"of {v5e}" in rows[1]["reason"], rows
     args = parse_args([*where, "cluster=mine"])
     (spec,) = expand(compose(args).tree, search_dirs(args))
-    assert hardware.model_of(spec.cluster).hbm_bytes_per_device == 2**30
+    assert cluster_model.model_of(spec.cluster).hbm_bytes_per_device == 2**30
     code, out, _ = _run(capsys, [*where, "--info", "searchpath"])
     assert code == 0 and str(my_conf) in out

@@ -8,7 +8,7 @@ import pytest
 from jobs import flops
 from orchestrator.config.grid import expand
 from orchestrator.config.load import CONF_DIR, group_option, load
-from orchestrator.plan import hardware
+from orchestrator.plan import cluster_model
 from orchestrator.plan.aot import target
 
 TPU = sorted(
@@ -26,8 +26,8 @@ def test_the_tpu_clusters_include_v5e_and_v6e():
 def test_every_tpu_clusters_chip_is_known(name):
     """Its accelerator has libtpu's topology name (AOT), JAX devices per chip (cost, links) and a spec-sheet
     peak (MFU); its slice holds hosts x devices per host JAX devices, chips x devices per chip."""
-    spec, _ = hardware.load(name)
-    prefix, _, per_chip = hardware.CHIPS[spec.accelerator]
+    spec, _ = cluster_model.load(name)
+    prefix, _, per_chip = cluster_model.CHIPS[spec.accelerator]
     assert flops.PEAK_TFLOPS_PER_DEVICE[spec.accelerator] > 0
     chips = 1
     for d in spec.topology.split("x"):
@@ -59,7 +59,8 @@ def test_libtpu_builds_every_tpu_clusters_slice(name):
     pytest.importorskip("libtpu")
     spec = _point(name)
     assert (
-        target.topology_name(spec) == f"{hardware.CHIPS[spec.cluster.accelerator][0]}:{spec.cluster.topology}"
+        target.topology_name(spec)
+        == f"{cluster_model.CHIPS[spec.cluster.accelerator][0]}:{spec.cluster.topology}"
     )
     assert len(target.devices(spec)) == spec.cluster.devices
 
@@ -71,15 +72,15 @@ def test_one_v5e_chip_compiles():
     assert target.topology_name(spec) == "v5e:1x1"
     compiled = target.lowered(spec)[0].compile().memory_analysis()
     used = compiled.argument_size_in_bytes + compiled.temp_size_in_bytes
-    assert 0 < used < hardware.load("v5e_1")[1].hbm_bytes_per_device
+    assert 0 < used < cluster_model.load("v5e_1")[1].hbm_bytes_per_device
 
 
 def test_a_cluster_section_not_in_conf_is_priced_by_its_own_constants():
     """model_of: a conf/ cluster by its file; one composed from elsewhere (a user's --config-dir) by the section
     this process split; a spec nobody composed by the defaults (the roofline)."""
     section = group_option("cluster", "v5e_256") | {"name": "mine_elsewhere", "hbm_bytes_per_device": 2**30}
-    spec, model = hardware.split(section)
-    assert hardware.model_of(spec) == model and model.hbm_bytes_per_device == 2**30
-    assert hardware.model_of(replace(spec, hosts=2)) == hardware.ClusterModel()
-    v5e, _ = hardware.split(group_option("cluster", "v5e_256") | {"hbm_bytes_per_device": 2**30})
-    assert hardware.model_of(v5e) == hardware.load("v5e_256")[1]  # conf/cluster/v5e_256.yaml's own
+    spec, model = cluster_model.split(section)
+    assert cluster_model.model_of(spec) == model and model.hbm_bytes_per_device == 2**30
+    assert cluster_model.model_of(replace(spec, hosts=2)) == cluster_model.ClusterModel()
+    v5e, _ = cluster_model.split(group_option("cluster", "v5e_256") | {"hbm_bytes_per_device": 2**30})
+    assert cluster_model.model_of(v5e) == cluster_model.load("v5e_256")[1]  # conf/cluster/v5e_256.yaml's own

@@ -15,9 +15,9 @@ from orchestrator.config.grid import expand
 from orchestrator.config.load import ConfigError, load
 from orchestrator.launch import cluster
 from orchestrator.launch.placement import gpu_bundles
-from orchestrator.plan import hardware
+from orchestrator.plan import cluster_model
 
-FAKE_GPU = hardware.load("local_fake_gpu")[0]
+FAKE_GPU = cluster_model.load("local_fake_gpu")[0]
 LATENCY_HIDING = "--xla_gpu_enable_latency_hiding_scheduler=true"
 
 # --- fast: the model of a GPU cluster, the placement group, cluster.env ------------------------------------

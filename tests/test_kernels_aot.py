@@ -11,7 +11,7 @@ import pytest
 
 from jobs.spec import MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
 from orchestrator.config.load import group_option
-from orchestrator.plan import hardware
+from orchestrator.plan import cluster_model
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,7 +40,7 @@ def test_splash_compiles_to_mosaic(strategy, cluster, mesh, kernel):
     from jobs.step import lower_train_step
     from orchestrator.plan import aot
 
-    c = replace(hardware.load(cluster)[0], topology="2x2x1")
+    c = replace(cluster_model.load(cluster)[0], topology="2x2x1")
     s = replace(StrategySpec(**conf("strategy", strategy)), kernel=kernel, block_q=256, block_kv=256)
     spec = TrialSpec(
         model=ModelSpec(**conf("model", "tiny")),
@@ -99,7 +99,7 @@ def test_packed_documents_compile_with_splash_segment_ids(strategy, mesh):
     from jobs.step import abstract_args, lower_train_step
     from orchestrator.plan import aot
 
-    c = replace(hardware.load("tpu7x_128")[0], topology="2x2x1")
+    c = replace(cluster_model.load("tpu7x_128")[0], topology="2x2x1")
     s = replace(StrategySpec(**conf("strategy", strategy)), kernel="auto", block_q=256, block_kv=256)
     spec = TrialSpec(
         model=ModelSpec(**conf("model", "tiny")),

@@ -12,8 +12,8 @@ import jobs.hardware
 from orchestrator.calibrate import family, fit
 from orchestrator.calibrate.published_tpu import ROWS
 from orchestrator.calibrate.tpu import KNOBS, check
-from orchestrator.plan import hardware
-from orchestrator.plan.hardware import model_of
+from orchestrator.plan import cluster_model
+from orchestrator.plan.cluster_model import model_of
 from orchestrator.plan.steptime import kernel_efficiency, step_time
 
 GOAL = 0.20  # every held-out cell's step within 20 % (issue #40's goal)
@@ -74,7 +74,7 @@ def test_held_out_picks(result):
 def test_configs_hold_the_fit_and_its_bands(result):
     """conf/cluster/*.yaml carries what `python -m orchestrator.calibrate --fit --write` computes (4 digits)."""
     for chip, values in result.constants.items():
-        have = hardware.load(chip)[1]
+        have = cluster_model.load(chip)[1]
         for k, v in values.items():
             # a band is a quantile over a dozen held-out fits, each least-squares path differing in its last
             # digits from one CPU's BLAS to another's: it moves by up to ~0.5 % between machines (0.8499 here,
@@ -178,8 +178,8 @@ def test_step_time_plot_draws_predicted_next_to_measured():
 def test_cpu_probe_measures_this_host(monkeypatch):
     """Unpinned, the planner runs the job's own matmul probe in a child process (no jax in the driver)."""
     monkeypatch.delenv(jobs.hardware.CPU_PEAK_ENV, raising=False)
-    rate = hardware.measured_cpu_tflops.__wrapped__(4, "float32")
-    assert rate > 0 and rate != hardware.NOMINAL_CPU_TFLOPS  # measured, not the fallback
+    rate = cluster_model.measured_cpu_tflops.__wrapped__(4, "float32")
+    assert rate > 0 and rate != cluster_model.NOMINAL_CPU_TFLOPS  # measured, not the fallback
 
 
 def test_a_pinned_cpu_rate_is_the_trials_denominator_too(monkeypatch):
@@ -192,7 +192,7 @@ def test_a_pinned_cpu_rate_is_the_trials_denominator_too(monkeypatch):
     spec = TrialSpec(tiny, MeshSpec(context=8), StrategySpec(name="ring"), 1024, TrainSpec(), ClusterSpec())
     monkeypatch.setenv(jobs.hardware.CPU_PEAK_ENV, "0.0123")
     assert jobs.hardware.peak_tflops(spec) == (0.0123, "cpu_pinned_bfloat16")
-    assert hardware.peak_tflops(spec) == 0.0123
+    assert cluster_model.peak_tflops(spec) == 0.0123
     assert worker_env(spec.cluster)[jobs.hardware.CPU_PEAK_ENV] == "0.0123"
     tpu = replace(spec.cluster, platform="tpu", accelerator="v5p", peak_tflops_per_device=459.0)
     assert jobs.hardware.CPU_PEAK_ENV not in worker_env(tpu)

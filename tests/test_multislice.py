@@ -32,7 +32,7 @@ from jobs.train import train
 from orchestrator.config.load import load
 from orchestrator.config.grid import expand
 from jobs.spec import MeshSpec
-from orchestrator.plan import hardware
+from orchestrator.plan import cluster_model
 shapes = {"context": MeshSpec(context=8, dcn="context"), "data": MeshSpec(data=2, context=4, dcn="data"),
           "usp": MeshSpec(context=4, context_ulysses=2, dcn="context")}
 out = {}
@@ -290,8 +290,8 @@ def test_two_slice_reservation_is_all_or_nothing(fake_tpu):
 def test_local_multislice_config_is_two_slices_of_two_hosts():
 
     from orchestrator.launch.cluster import concurrency
-    from orchestrator.plan import hardware
+    from orchestrator.plan import cluster_model
 
-    c = hardware.load("local_multislice")[0]
+    c = cluster_model.load("local_multislice")[0]
     assert (c.kind, c.platform, c.hosts, c.slices_per_trial) == ("local_multihost", "cpu", 2, 2)
     assert (c.hosts_per_trial, c.devices, concurrency(c)) == (4, 8, 1)

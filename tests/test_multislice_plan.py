@@ -12,7 +12,7 @@ from jobs import strategies
 from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
 from jobs.strategies import rules
 from orchestrator.config.load import group_option
-from orchestrator.plan import hardware, memory, plan, plan_one, to_markdown, validity
+from orchestrator.plan import cluster_model, memory, plan, plan_one, to_markdown, validity
 from orchestrator.plan.search import recommend
 
 L1M, L28M = 2**20, 28 * 2**20
@@ -23,7 +23,7 @@ def conf(group: str, name: str) -> dict:
 
 
 def cluster(name: str = "tpu7x_128", slices: int = 2, **kw) -> ClusterSpec:
-    return replace(hardware.load(name)[0], slices_per_trial=slices, **kw)
+    return replace(cluster_model.load(name)[0], slices_per_trial=slices, **kw)
 
 
 def spec(
@@ -113,7 +113,7 @@ def test_no_dcn_time_on_one_slice_or_without_a_bandwidth():
     assert one.dcn_exposed_s == 0.0 and "DCN" not in one.limiter
     named = plan_one(spec("ring", MeshSpec(context=128, dcn="context"), c=cluster(slices=1)))
     assert named.dcn_exposed_s == 0.0 and named.predicted_step_s == one.predicted_step_s
-    unmodelled = replace(hardware.load("tpu7x_128")[1], dcn_bytes_per_s=0.0)
+    unmodelled = replace(cluster_model.load("tpu7x_128")[1], dcn_bytes_per_s=0.0)
     blind = plan_one(spec("ring", MeshSpec(context=256, dcn="context")), unmodelled)
     assert blind.dcn_exposed_s == 0.0 and "not modelled" in blind.limiter
 

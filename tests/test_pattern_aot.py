@@ -12,7 +12,7 @@ import pytest
 from jobs.hardware import compiled_bytes
 from jobs.spec import MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
 from orchestrator.config.load import group_option
-from orchestrator.plan import aot, hardware, memory
+from orchestrator.plan import aot, cluster_model, memory
 
 MIB = 2**20
 
@@ -35,7 +35,7 @@ def gemma_spec(strategy: str, mesh: MeshSpec) -> TrialSpec:
         strategy=replace(StrategySpec(**group_option("strategy", strategy)), block_q=256, block_kv=256),
         context_length=2048,
         train=TrainSpec(remat="full"),
-        cluster=replace(hardware.load("tpu7x_128")[0], topology="2x2x1"),
+        cluster=replace(cluster_model.load("tpu7x_128")[0], topology="2x2x1"),
     )
 
 

@@ -11,7 +11,16 @@ from rich.console import Console
 
 from jobs.spec import MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
 from orchestrator.config.load import group_option
-from orchestrator.plan import hardware, memory, plan, plan_one, render_table, to_json, to_markdown, validity
+from orchestrator.plan import (
+    cluster_model,
+    memory,
+    plan,
+    plan_one,
+    render_table,
+    to_json,
+    to_markdown,
+    validity,
+)
 from orchestrator.plan.search import recommend
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -28,7 +37,7 @@ def conf(group: str, name: str) -> dict:
 def spec(
     model="llama3_1_8b", cluster="v5p_128", strategy="ring", length=L14M, mesh=None, **train
 ) -> TrialSpec:
-    c = hardware.load(cluster)[0]
+    c = cluster_model.load(cluster)[0]
     return TrialSpec(
         model=ModelSpec(**conf("model", model)),
         mesh=mesh or MeshSpec(context=c.devices),
@@ -65,7 +74,7 @@ def test_14m_points_all_gather_and_ulysses(cluster):
     assert ag.verdict == "infeasible"
     assert "needs" in ag.reason and "full K,V of 14,680,064 tokens: 56.0 GiB/layer" in ag.reason
     uly = rows["ulysses"]
-    P = hardware.load(cluster)[0].devices
+    P = cluster_model.load(cluster)[0].devices
     assert uly.verdict == "invalid"
     assert f"context={P}" in uly.reason and f"32 % {P} = 32" in uly.reason
     assert uly.predicted_hbm_bytes_per_device is None
@@ -206,13 +215,13 @@ def test_predicted_mfu_tracks_published_runs():
 
 
 def test_recommend():
-    rec = recommend(ModelSpec(**conf("model", "llama3_1_8b")), hardware.load("v5p_128")[0], 131_072)
+    rec = recommend(ModelSpec(**conf("model", "llama3_1_8b")), cluster_model.load("v5p_128")[0], 131_072)
     assert rec.row is not None and rec.row.verdict == "run" and rec.spec.mesh.size == 64
     assert rec.row.strategy in rec.reason and "fastest" in rec.reason and "limited by" in rec.reason
     assert f"MFU {rec.row.predicted_mfu:.2f} (roofline ≤ {rec.row.roofline_mfu:.2f})" in rec.reason
     best = min((r for r in rec.candidates if r.verdict == "run"), key=lambda r: r.predicted_step_s)
     assert best.trial_id == rec.row.trial_id
-    none = recommend(ModelSpec(**conf("model", "llama3_1_8b")), hardware.load("local")[0], L14M)
+    none = recommend(ModelSpec(**conf("model", "llama3_1_8b")), cluster_model.load("local")[0], L14M)
     assert none.spec is None and "nothing fits" in none.reason
 
 

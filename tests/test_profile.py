@@ -23,7 +23,7 @@ from orchestrator.config.grid import expand
 from orchestrator.config.load import load
 from orchestrator.config.schema import ConfigError
 from orchestrator.plan.steptime import StepTime
-from orchestrator.tracking import layout
+from orchestrator.tracking import mlflow_names
 
 # tiny model, K,V gathered over 8 devices (all_gather compiles in half ring's time); a pinned peak spares
 # each attempt the CPU matmul probe
@@ -114,14 +114,17 @@ def test_profile_keys_are_checked_and_stay_out_of_the_trial_id():
 
 
 def test_every_category_and_planner_term_has_its_metric_name():
-    assert set(breakdown.CATEGORIES) <= set(layout.MEASURED)
+    assert set(breakdown.CATEGORIES) <= set(mlflow_names.MEASURED)
     assert all(
-        name == f"measured/{k}" + ("" if k.endswith("_s") else "_s") for k, name in layout.MEASURED.items()
+        name == f"measured/{k}" + ("" if k.endswith("_s") else "_s")
+        for k, name in mlflow_names.MEASURED.items()
     )
     fields = {
         f.name for f in dataclasses.fields(StepTime) if typing.get_type_hints(StepTime)[f.name] is float
     }
-    assert set(layout.PREDICTED) <= fields and all(v == f"predicted/{k}" for k, v in layout.PREDICTED.items())
+    assert set(mlflow_names.PREDICTED) <= fields and all(
+        v == f"predicted/{k}" for k, v in mlflow_names.PREDICTED.items()
+    )
 
 
 def test_a_profiled_trial_traces_its_step_and_resumes_without_the_trace(tmp_path):
@@ -173,11 +176,11 @@ def test_a_profiled_cli_trial_puts_its_trace_and_breakdown_on_its_run(tmp_path, 
     assert {"measured/step_s", "measured/all_gather_s", "measured/idle_s"} <= set(metrics)
     assert mlflow_lookup.steps(client, rid, "measured/step_s") == [2]
     assert metrics["measured/all_gather_s"] > 0 and metrics["measured/attention_s"] > 0
-    assert sum(metrics[layout.MEASURED[c]] for c in breakdown.CATEGORIES) == pytest.approx(
+    assert sum(metrics[mlflow_names.MEASURED[c]] for c in breakdown.CATEGORIES) == pytest.approx(
         metrics["measured/step_s"]
     )
     assert metrics["predicted/step_s"] == pytest.approx(metrics["predicted_step_time_s"])
-    assert set(layout.PREDICTED.values()) <= set(metrics)
+    assert set(mlflow_names.PREDICTED.values()) <= set(metrics)
     assert tags["measured_limiter"].endswith("of the step") and "of the step" in tags["predicted_limiter"]
     log = mlflow_lookup.artifact_text(client, run, "trial_log.txt", tmp_path)
     # the breakdown joins the trial's records (the end-of-sweep plot reads it); its files went to artifacts only

@@ -18,7 +18,7 @@ from orchestrator.config.schema import Retries
 from orchestrator.launch import attempt, executor
 from orchestrator.launch.attempt import Event
 from orchestrator.tracking import NullTracker
-from orchestrator.tracking.layout import START_METRICS, STEP_METRICS, SUMMARY_METRICS, record_points
+from orchestrator.tracking.mlflow_names import START_METRICS, STEP_METRICS, SUMMARY_METRICS, record_points
 
 MEM = {
     "argument_bytes": 10,
@@ -180,7 +180,7 @@ def test_retry_budgets_have_one_declaration():
 
 
 def test_record_tags_say_what_the_summary_covers_and_why_a_kernel_fell_back():
-    from orchestrator.tracking.layout import record_tags
+    from orchestrator.tracking.mlflow_names import record_tags
 
     why = "float32 inputs (cuDNN flash is bf16/fp16 only)"
     start = parse({**START, "kernel_fallbacks": [why]})

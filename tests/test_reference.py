@@ -21,7 +21,7 @@ from jobs.fields import key
 from jobs.spec import MemorySpec
 from orchestrator.config.grid import expand
 from orchestrator.config.load import CONF_DIR, load
-from orchestrator.tracking.layout import FINAL, STEP_METRICS, trial_params
+from orchestrator.tracking.mlflow_names import FINAL, STEP_METRICS, trial_params
 
 MLFLOW_PAGE = ROOT / "docs" / "reference" / "mlflow.md"
 SOURCES = list((ROOT / "orchestrator").rglob("*.py"))

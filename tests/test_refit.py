@@ -19,9 +19,9 @@ from orchestrator.calibrate.published_tpu import ROWS
 from orchestrator.calibrate.refit import BAND, with_constants
 from orchestrator.calibrate.tpu import check
 from orchestrator.config.load import CONF_DIR, group_option, load
-from orchestrator.plan import hardware
+from orchestrator.plan import cluster_model
 from orchestrator.plan.steptime import step_time
-from orchestrator.tracking.layout import trial_params
+from orchestrator.tracking.mlflow_names import trial_params
 
 pytestmark = pytest.mark.usefixtures("pinned_cpu_peak")
 
@@ -43,7 +43,7 @@ TRUE = {"attention_efficiency": 0.25, "step_overhead_s": 0.12}
 def specs() -> list[tuple[TrialSpec, float]]:
     """Every point of the sweep as it was planned (peak 0: measured), with the peak its trial measured."""
     cluster, model = (
-        hardware.load("local")[0],
+        cluster_model.load("local")[0],
         ModelSpec(**group_option("model", "tiny")),
     )
     out = []
@@ -177,7 +177,7 @@ def test_writes_a_cluster_config_hydra_composes(sweep, tmp_path, capsys):
     )
     assert all(x in text for x in said), text
     got = group_option("cluster", "local_fit", conf)
-    c, fit = hardware.split(got)
+    c, fit = cluster_model.split(got)
     base = group_option("cluster", "local")
     assert c.name == "local_fit" and c.peak_tflops_per_device == 0.0  # still measured on the spot
     own = {*TRUE, *BAND, "name"}

@@ -8,7 +8,7 @@ from matplotlib.figure import Figure
 
 from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
 from orchestrator.results.report import collect, make_figures
-from orchestrator.tracking.layout import memory_bytes
+from orchestrator.tracking.mlflow_names import memory_bytes
 
 TINY = ModelSpec(name="tiny", vocab=256, embed=64, layers=2, q_heads=4, kv_heads=2, head_dim=16, mlp=128)
 GIB = 2**30
@@ -169,7 +169,7 @@ def test_strategies_on_several_meshes_get_separate_series():
 
 
 def test_a_sweep_over_models_names_each_series_and_run_by_its_model():
-    from orchestrator.tracking.layout import spec_label
+    from orchestrator.tracking.mlflow_names import spec_label
 
     gemma = ModelSpec(
         **{**TINY.__dict__, "name": "tiny_gemma", "attention_pattern": ("local", "global"), "window": 32}
@@ -202,7 +202,7 @@ def test_a_sweep_over_models_names_each_series_and_run_by_its_model():
 def test_loss_by_position_is_a_metric_and_a_parent_plot():
     from jobs.records import StepRecord, SummaryRecord
     from orchestrator.results.report import TrialResult, position_figure
-    from orchestrator.tracking.layout import record_points
+    from orchestrator.tracking.mlflow_names import record_points
 
     rec = StepRecord(step=3, t_ms=1, loss=2.0, loss_by_position={"0-256": 2.5, "256-1K": 1.5})
     names = {p.key: p.value for p in record_points(rec, now=1)}
@@ -224,7 +224,7 @@ def test_loss_by_position_is_a_metric_and_a_parent_plot():
 def test_recall_accuracy_by_distance_is_a_metric_and_a_parent_plot():
     from jobs.records import StepRecord, SummaryRecord
     from orchestrator.results.report import TrialResult, _last_steps, make_figures
-    from orchestrator.tracking.layout import record_points
+    from orchestrator.tracking.mlflow_names import record_points
 
     recs = [
         StepRecord(step=i, t_ms=1, loss=2.0, accuracy_by_distance={"0-256": a, "256-1K": 0.5})

@@ -23,7 +23,7 @@ from jobs.records import StepRecord, SummaryRecord, parse
 from orchestrator.config.schema import Tracking
 from orchestrator.results import report
 from orchestrator.tracking import NullTracker, Tracker, open_tracker
-from orchestrator.tracking.layout import STEP_METRICS
+from orchestrator.tracking.mlflow_names import STEP_METRICS
 from orchestrator.tracking.store import MlflowTracker
 
 BUCKET = "mlflow-art"

@@ -7,7 +7,7 @@ import dataclasses
 
 from jobs import tuning
 from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrialSpec
-from orchestrator.plan import hardware
+from orchestrator.plan import cluster_model
 
 QWEN = ModelSpec("q", vocab=151936, embed=1024, layers=28, q_heads=16, kv_heads=8, head_dim=128, mlp=3072)
 
@@ -17,13 +17,13 @@ def point(cluster: ClusterSpec, length: int = 8192, **strategy) -> TrialSpec:
 
 
 def test_auto_blocks_are_the_chips_measured_best_and_512_elsewhere():
-    v5e = hardware.load("v5e_1")[0]
+    v5e = cluster_model.load("v5e_1")[0]
     assert v5e.accelerator == "v5litepod"
     s = point(v5e)
     assert (s.strategy.block_q, s.strategy.block_kv) == (1024, 1024)  # docs/results/v5e.md's sweep
     assert point(v5e, 131_072).strategy.block_q == 1024  # the nearest measured length's
     assert point(ClusterSpec()).strategy.block_q == 512  # CPU: no row
-    assert point(hardware.load("v5p_128")[0]).strategy.block_q == 512  # a chip never swept
+    assert point(cluster_model.load("v5p_128")[0]).strategy.block_q == 512  # a chip never swept
     assert point(v5e, kernel="xla").strategy.block_q == 512  # the xla kernel has no row
     assert point(v5e, block_q=256).strategy == dataclasses.replace(s.strategy, block_q=256)  # given: kept
 

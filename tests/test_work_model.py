@@ -10,7 +10,7 @@ import pytest
 
 from orchestrator.config import grid
 from orchestrator.config.load import load
-from orchestrator.plan import hardware, plan, roofline, steptime, work
+from orchestrator.plan import cluster_model, plan, roofline, steptime, work
 
 PLAN_DIR = Path(__file__).resolve().parent.parent / "orchestrator" / "plan"
 POLICIES = {
@@ -51,7 +51,7 @@ def test_roofline_bounds_prediction_on_every_cp_scaling_row(model, cluster, poli
 
 
 def _both(spec):
-    w, m = work.step_work(spec), hardware.model_of(spec.cluster)
+    w, m = work.step_work(spec), cluster_model.model_of(spec.cluster)
     st = steptime.step_time(spec, work=w)
     rates = steptime.rates(m, spec.model.head_dim, st.peak_tflops)
     roof, model = (
@@ -111,12 +111,13 @@ def test_train_memory_sets_what_is_replayed():
 
 
 def test_peak_has_one_owner():
-    assert roofline.peak_tflops is steptime.peak_tflops is hardware.peak_tflops  # imported, not redefined
+    # imported, not redefined
+    assert roofline.peak_tflops is steptime.peak_tflops is cluster_model.peak_tflops
     assert not {"measured_cpu_tflops", "NOMINAL_CPU_TFLOPS"} & set(roofline.__all__ + steptime.__all__)
     (spec,) = specs("cluster=local")
-    assert hardware.peak_tflops(spec) == hardware.NOMINAL_CPU_TFLOPS  # pinned by the fixture
+    assert cluster_model.peak_tflops(spec) == cluster_model.NOMINAL_CPU_TFLOPS  # pinned by the fixture
     tpu = replace(spec, cluster=replace(spec.cluster, peak_tflops_per_device=459.0))
-    assert hardware.peak_tflops(tpu) == 459.0
+    assert cluster_model.peak_tflops(tpu) == 459.0
 
 
 def _imports(path: Path) -> set[str]:

@@ -16,8 +16,8 @@ from functools import cache
 from jobs.spec import TrialSpec
 from orchestrator import REPO
 from orchestrator.calibrate.fit import Knob, Measured
-from orchestrator.plan import hardware
-from orchestrator.plan.hardware import ClusterModel
+from orchestrator.plan import cluster_model
+from orchestrator.plan.cluster_model import ClusterModel
 
 HERE = REPO / "orchestrator" / "calibrate"
 CHIPS = ("v5e_1",)
@@ -99,4 +99,4 @@ def measured() -> list[Measured]:
 
 
 def base() -> dict[str, ClusterModel]:
-    return {c: hardware.load(c)[1] for c in CHIPS}
+    return {c: cluster_model.load(c)[1] for c in CHIPS}

@@ -10,7 +10,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from orchestrator import REPO
-from orchestrator.plan import hardware
+from orchestrator.plan import cluster_model
 
 MARK = "# Step-time model"
 
@@ -26,13 +26,14 @@ def write(name: str, values: dict[str, float], header: list[str], conf: Path = R
     lines = path.read_text().splitlines()
     cut = next((i for i, line in enumerate(lines) if line.startswith(MARK)), len(lines))
     kept = [line for line in lines[cut:] if (m := re.match(r"^(\w+):", line)) and m.group(1) not in values]
-    order = [f for f in hardware.MODEL_ORDER if f in values]
+    order = [f for f in cluster_model.MODEL_ORDER if f in values]
     text = "\n".join(
         [*lines[:cut], *(f"# {h}" if h else "#" for h in header), *kept]
         + [f"{k}: {number(values[k])}" for k in order]
     )
     text += "\n"
-    hardware.split(OmegaConf.to_container(OmegaConf.create(text)))  # a bad value fails here, not at a sweep
+    # a bad value fails here, not at a sweep
+    cluster_model.split(OmegaConf.to_container(OmegaConf.create(text)))
     path.write_text(text)
-    hardware.load.cache_clear()
+    cluster_model.load.cache_clear()
     return path

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from orchestrator.calibrate import chip, fit, gpu, tpu
 from orchestrator.calibrate.fit import Cell, Constants, Knob, Measured, Pick
-from orchestrator.plan.hardware import ClusterModel
+from orchestrator.plan.cluster_model import ClusterModel
 from orchestrator.plan.steptime import SETTLED
 
 

@@ -19,7 +19,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from jobs.spec import TrialSpec
-from orchestrator.plan.hardware import ClusterModel, peak_tflops
+from orchestrator.plan.cluster_model import ClusterModel, peak_tflops
 from orchestrator.plan.steptime import SETTLED, StepTime, step_time
 from orchestrator.plan.work import Work, step_work
 

@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from orchestrator.calibrate.fit import Knob, Measured
 from orchestrator.calibrate.published_gpu import ROWS, GpuPublished
 from orchestrator.calibrate.tpu import as_measured
-from orchestrator.plan import hardware
-from orchestrator.plan.hardware import ClusterModel
+from orchestrator.plan import cluster_model
+from orchestrator.plan.cluster_model import ClusterModel
 
 CHIPS = ("dgx_h100", "dgx_b200")
 COPY = {"dgx_h200": "dgx_h100"}  # a GPU without rows: whose constants it takes
@@ -44,10 +44,10 @@ def measured(rows: Sequence[GpuPublished] = ROWS) -> list[Measured]:
 
 
 def base() -> dict[str, ClusterModel]:
-    return {c: hardware.load(c)[1] for c in CHIPS}
+    return {c: cluster_model.load(c)[1] for c in CHIPS}
 
 
 def borrowed() -> dict[str, dict[str, float]]:
     """The TPU-fitted constants every GPU keeps (the v5p config's values)."""
-    tpu = hardware.load(TPU)[1]
+    tpu = cluster_model.load(TPU)[1]
     return {c: {k: float(getattr(tpu, k)) for k in BORROWED} for c in CHIPS}

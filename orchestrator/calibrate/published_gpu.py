@@ -30,7 +30,7 @@ from functools import cache
 from jobs.flops import layer_flops
 from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
 from orchestrator.calibrate.published_tpu import LLAMA2_7B, Published, model
-from orchestrator.plan import hardware
+from orchestrator.plan import cluster_model
 
 NEMO_H100, NEMO_B200, NEMO_PERF = "NeMo long-sequence H100", "NeMo long-sequence B200", "NeMo perf summary"
 JAXTB, TITAN = "JAX-Toolbox MaxText", "torchtitan CP"
@@ -92,7 +92,7 @@ def cluster_option(name: str) -> dict:
 
 def cluster_spec(name: str) -> ClusterSpec:
     """The config as the hosts get it."""
-    return hardware.load(name)[0]
+    return cluster_model.load(name)[0]
 
 
 @cache

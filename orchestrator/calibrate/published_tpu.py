@@ -21,7 +21,7 @@ from functools import cache
 
 from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
 from orchestrator import REPO
-from orchestrator.plan import hardware
+from orchestrator.plan import cluster_model
 
 CONF = REPO / "conf"
 V5P_LC, TPU7X_LC = "tpu-recipes v5p 8B-LC", "tpu-recipes Ironwood 8B-LC"
@@ -102,7 +102,7 @@ def model(name: str) -> ModelSpec:
 
 @cache
 def cluster(name: str, devices: int) -> ClusterSpec:
-    c = hardware.load(name)[0]
+    c = cluster_model.load(name)[0]
     return replace(c, hosts=devices // c.devices_per_host)
 
 

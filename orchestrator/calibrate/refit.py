@@ -26,8 +26,8 @@ from orchestrator import provenance
 from orchestrator.calibrate import fit
 from orchestrator.calibrate.fit import Knob, Measured
 from orchestrator.calibrate.published_tpu import CONF
-from orchestrator.plan import hardware
-from orchestrator.plan.hardware import model_of
+from orchestrator.plan import cluster_model
+from orchestrator.plan.cluster_model import model_of
 from orchestrator.plan.steptime import SETTLED, step_time
 from orchestrator.provenance import Provenance
 from orchestrator.tracking.finished import SPEC_ARTIFACT, finished_runs, run_spec
@@ -140,7 +140,7 @@ def constrained(
     return [k for k in keys if k in kept], why
 
 
-def with_constants(spec: TrialSpec, params: dict[str, float]) -> hardware.ClusterModel:
+def with_constants(spec: TrialSpec, params: dict[str, float]) -> cluster_model.ClusterModel:
     """The trial's cluster as the planner prices it, with these step-time constants replaced."""
     return replace(model_of(spec.cluster), **params)
 
@@ -211,7 +211,7 @@ def refit(
 BAND = ("step_band_low", "step_band_high", "fixed_band_low", "fixed_band_high")
 
 
-def _band(held: list, model: hardware.ClusterModel) -> dict[str, float]:
+def _band(held: list, model: cluster_model.ClusterModel) -> dict[str, float]:
     """The band from the sweep's own held-out trials under the refit (measured over predicted, each regime's
     range); a regime without held-out trials keeps the base's. Few trials give the range they span, not a
     coverage the published fit's quantiles claim: the band says what this sweep has measured."""
@@ -380,5 +380,5 @@ def cluster_yaml(r: Refit, name: str, made: Provenance) -> str:
             out.append(line)
     out += [f"{k}: {_num(v)}  # fitted ({r.cluster}: {r.base[k]:.4g})" for k, v in missing.items()]
     text = "\n".join(out) + "\n"
-    hardware.split(OmegaConf.to_container(OmegaConf.create(text)))  # fails here, not at the next sweep
+    cluster_model.split(OmegaConf.to_container(OmegaConf.create(text)))  # fails here, not at the next sweep
     return text

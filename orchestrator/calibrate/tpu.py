@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 from orchestrator.calibrate.fit import Knob, Measured
 from orchestrator.calibrate.published_tpu import ROWS, Published
-from orchestrator.plan import hardware
-from orchestrator.plan.hardware import ClusterModel
+from orchestrator.plan import cluster_model
+from orchestrator.plan.cluster_model import ClusterModel
 from orchestrator.plan.steptime import step_time
 
 CHIPS = ("v5p_128", "tpu7x_128")
@@ -66,7 +66,7 @@ def measured(rows: Sequence[Published] = ROWS) -> list[Measured]:
 
 def base() -> dict[str, ClusterModel]:
     """Each chip's model as conf/cluster/ holds it: where every fit starts, what it keeps fixed."""
-    return {c: hardware.load(c)[1] for c in CHIPS}
+    return {c: cluster_model.load(c)[1] for c in CHIPS}
 
 
 @dataclass(frozen=True)

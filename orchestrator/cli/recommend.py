@@ -17,7 +17,7 @@ from orchestrator.cli import compiles
 from orchestrator.config.grid import GridPoint
 from orchestrator.config.schema import ConfigError, Options, Search
 from orchestrator.plan import PlanRow, aot, memory, render
-from orchestrator.plan.hardware import ClusterModel
+from orchestrator.plan.cluster_model import ClusterModel
 from orchestrator.plan.search import Answer, search
 
 # Words the answer's command lines set themselves, or that only ask for the answer: left out of their tail.

@@ -17,7 +17,7 @@ from jobs.spec import MeshSpec, ModelSpec, RunSpec, StrategySpec, TrainSpec, Tri
 from orchestrator.config import keys
 from orchestrator.config.load import CONF_DIR, group_option
 from orchestrator.config.schema import ConfigError, MeshConfig
-from orchestrator.plan.hardware import ClusterModel, split
+from orchestrator.plan.cluster_model import ClusterModel, split
 
 GROUP_AXES = ("model", "strategy", "mesh", "cluster")  # axis values name a config group option
 

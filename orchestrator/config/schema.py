@@ -2,7 +2,7 @@
 allowed values, meaning), and the error bad input raises (ConfigError, one Problem per line).
 
 A trial's sections are the seam's own dataclasses (jobs/spec.py) and the planner's ClusterModel
-(orchestrator/plan/hardware.py), so a field added there is checked and documented without a second list; the
+(orchestrator/plan/cluster_model.py), so a field added there is checked and documented without a second list; the
 driver's switches are the small dataclasses here, whose defaults are the switches' only defaults
 (orchestrator/config/load.py composes them into the config). orchestrator/config/keys.py holds a composed
 config against this before Ray or a tracking store starts; docs/gen/reference.py renders it into
@@ -18,7 +18,7 @@ from typing import Any
 
 from jobs.fields import MISSING, key
 from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, RunSpec, StrategySpec, TrainSpec
-from orchestrator.plan.hardware import ClusterModel
+from orchestrator.plan.cluster_model import ClusterModel
 
 # mesh.dcn's one declaration is the spec's (its id flag with it); the other axes are sizes here, "auto" allowed
 _SPEC_DCN = next(f for f in dataclasses.fields(MeshSpec) if f.name == "dcn")

@@ -25,7 +25,7 @@ from orchestrator.launch.attempt import (
     stop,
 )
 from orchestrator.tracking import Tracker, profiles
-from orchestrator.tracking.layout import GIB, memory_bytes
+from orchestrator.tracking.mlflow_names import GIB, memory_bytes
 from orchestrator.ui.progress import SweepProgress
 
 log = logging.getLogger(__name__)

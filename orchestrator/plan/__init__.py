@@ -9,7 +9,7 @@ from typing import Any
 from jobs import strategies
 from jobs.spec import REMATS, TrialSpec
 from orchestrator.plan import cost, memory, packing, policies, resources, roofline, steptime, validity, work
-from orchestrator.plan.hardware import ClusterModel, model_of
+from orchestrator.plan.cluster_model import ClusterModel, model_of
 from orchestrator.plan.render import render_table, seconds, step_band, to_markdown
 from orchestrator.plan.validity import Problem, point_label
 

@@ -11,7 +11,7 @@ from functools import cache
 
 from jobs.spec import TrialSpec
 from orchestrator.plan import memory, policies, resources, steptime, validity
-from orchestrator.plan.hardware import ClusterModel, model_of
+from orchestrator.plan.cluster_model import ClusterModel, model_of
 
 AUTO = "auto"
 # Steps within TIE of each other are a tie: the step-time model is not that precise. A tie prefers policies

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from jobs.spec import TrialSpec
-from orchestrator.plan.hardware import (  # not via plan.aot: the plan must not import the compile pool
+from orchestrator.plan.cluster_model import (  # not via plan.aot: the plan must not import the compile pool
     CHIPS,
     ClusterModel,
 )

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jobs.spec import TrialSpec
-from orchestrator.plan import hardware, memory
-from orchestrator.plan.hardware import ClusterModel
+from orchestrator.plan import cluster_model, memory
+from orchestrator.plan.cluster_model import ClusterModel
 from orchestrator.plan.steptime import StepTime
 from orchestrator.plan.work import Work, dcn_bytes_per_s, host_bytes_per_s
 
@@ -79,7 +79,7 @@ def resources(
     out.append(_link("host_link", w.host_bytes / step, host, st.exposed_offload_s, step))
     bw = float(model.ici_bytes_per_s) or 1e11
     ici = w.attention_ring_bytes + w.attention_blocking_bytes + w.fsdp_bytes + w.tensor_bytes
-    links = hardware.collective_links(c, model, w.fsdp_group)
+    links = cluster_model.collective_links(c, model, w.fsdp_group)
     exposed = st.exposed_ring_s + st.collectives_s + st.exposed_fsdp_s + st.tensor_s
     out.append(_link("ici", ici / step, bw * links, exposed, step, f"{links:g} links of {bw / 1e9:g} GB/s"))
     if w.dcn_slices > 1 and w.dcn_axis:

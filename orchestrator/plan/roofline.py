@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jobs.spec import TrialSpec
-from orchestrator.plan.hardware import ClusterModel, model_of, peak_tflops
+from orchestrator.plan.cluster_model import ClusterModel, model_of, peak_tflops
 from orchestrator.plan.work import Rates, Work, price, step_work
 
 __all__ = ["Roofline", "roofline"]

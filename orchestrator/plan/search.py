@@ -13,7 +13,7 @@ from jobs import strategies
 from jobs.spec import ClusterSpec, MeshSpec, ModelSpec, StrategySpec, TrainSpec, TrialSpec
 from jobs.strategies import rules
 from orchestrator.plan import PlanRow, auto, memory, plan, plan_one, policies, resources, steptime, validity
-from orchestrator.plan.hardware import ClusterModel, model_of
+from orchestrator.plan.cluster_model import ClusterModel, model_of
 from orchestrator.plan.render import seconds
 
 

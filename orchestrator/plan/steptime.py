@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jobs.spec import OWN_KERNEL, TrialSpec
-from orchestrator.plan.hardware import ClusterModel, model_of, peak_tflops
+from orchestrator.plan.cluster_model import ClusterModel, model_of, peak_tflops
 from orchestrator.plan.memory import layer_reaches
 from orchestrator.plan.work import ATTN_BWD, Dcn, Rates, Work, price, schedule_seconds, step_work
 

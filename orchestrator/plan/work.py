@@ -15,8 +15,8 @@ from jobs import strategies
 from jobs.flops import layer_flops, train_tflops_per_device
 from jobs.spec import ClusterSpec, TrialSpec, residuals
 from jobs.strategies.base import Schedule
-from orchestrator.plan import hardware, packing
-from orchestrator.plan.hardware import ClusterModel
+from orchestrator.plan import cluster_model, packing
+from orchestrator.plan.cluster_model import ClusterModel
 from orchestrator.plan.memory import BF16, FP32, layer_params, layer_reaches, layer_spec, local_sizes
 
 # The attention backward in forwards of work: model FLOPs count 2 (dQ, and dK with dV); a flash kernel forms
@@ -295,7 +295,7 @@ def schedule_seconds(
     blocking = 0.0
     for _ in passes:  # the backward reduce-scatters dK,dV and all-to-alls the gradients back, as much
         if sch.gather_bytes:
-            links = hardware.collective_links(c, m, sch.gather_group)
+            links = cluster_model.collective_links(c, m, sch.gather_group)
             blocking += sch.gather_bytes / (bw * links * r.collective_efficiency) + r.latency_s
         if sch.a2a_bytes:
             blocking += sch.a2a_bytes / (2 * bw * r.collective_efficiency) + 2 * r.latency_s
@@ -319,8 +319,8 @@ def price(w: Work, r: Rates, c: ClusterSpec, m: ClusterModel) -> Terms:
         )
         calls_s, ring_ici_s = 0.0, w.attention_ring_bytes / bw
         exposed_ring_s = max(0.0, ring_ici_s - attention_s)
-        collectives_s = w.attention_blocking_bytes / (bw * hardware.collective_links(c, m, 0))
-    fsdp_links = hardware.collective_links(c, m, w.fsdp_group)
+        collectives_s = w.attention_blocking_bytes / (bw * cluster_model.collective_links(c, m, 0))
+    fsdp_links = cluster_model.collective_links(c, m, w.fsdp_group)
     fsdp_ici_s = w.fsdp_bytes / (bw * fsdp_links * r.collective_efficiency)
     layer_matmul_s = (
         (3 + w.replays_layers) * w.layer_matmul_tflop * w.layer_passes / (r.peak_tflops * r.matmul_efficiency)

@@ -28,7 +28,7 @@ from rich.table import Table
 
 from orchestrator.config.schema import Gate
 from orchestrator.tracking.finished import finished_runs
-from orchestrator.tracking.layout import GIB, memory_bytes, trial_label, trial_params
+from orchestrator.tracking.mlflow_names import GIB, memory_bytes, trial_label, trial_params
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient

@@ -13,10 +13,10 @@ from typing import Any
 
 from jobs.spec import TrialSpec
 from orchestrator.plan import aot
-from orchestrator.plan.hardware import model_of
+from orchestrator.plan.cluster_model import model_of
 from orchestrator.results import report
 from orchestrator.tracking import Tracker, profiles
-from orchestrator.tracking.layout import GIB
+from orchestrator.tracking.mlflow_names import GIB
 
 PLANNED_TAG = "planned"
 

@@ -19,10 +19,10 @@ from matplotlib.figure import Figure
 from jobs.data.buckets import bucket_labels, position_buckets
 from jobs.records import ProfileRecord, Record, StartRecord, StepRecord, SummaryRecord, parse_known
 from jobs.spec import TrialSpec
-from orchestrator.plan.hardware import model_of
+from orchestrator.plan.cluster_model import model_of
 from orchestrator.results import measured_vs_predicted
 from orchestrator.tracking import Tracker
-from orchestrator.tracking.layout import GIB, memory_bytes
+from orchestrator.tracking.mlflow_names import GIB, memory_bytes
 
 
 @dataclass(frozen=True)

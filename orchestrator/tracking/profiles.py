@@ -1,5 +1,5 @@
 """A trial's step time, broken down: a profile's trace files under `profile/` and its `measured/*` seconds,
-beside the planner's `predicted/*` terms and band (the names: orchestrator/tracking/layout.py).
+beside the planner's `predicted/*` terms and band (the names: orchestrator/tracking/mlflow_names.py).
 
 The profile files keep the layout jax.profiler wrote (`plugins/profile/<session>/`), one session per traced
 window and process, so the downloaded `profile/` folder is a log directory TensorBoard's profile plugin or xprof
@@ -12,7 +12,7 @@ from typing import Any
 
 from jobs.records import ProfileRecord, Record
 from orchestrator.tracking import Tracker
-from orchestrator.tracking.layout import MEASURED, PREDICTED
+from orchestrator.tracking.mlflow_names import MEASURED, PREDICTED
 
 
 def split(records: list[Record]) -> tuple[list[Record], list[ProfileRecord]]:

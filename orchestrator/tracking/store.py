@@ -31,8 +31,8 @@ from jobs.records import Record, StepRecord
 from jobs.spec import TrialSpec
 from orchestrator.provenance import code_revision
 from orchestrator.tracking.finished import SPEC_ARTIFACT
-from orchestrator.tracking.layout import record_points, record_tags, spec_label, trial_params
 from orchestrator.tracking.leases import Leases
+from orchestrator.tracking.mlflow_names import record_points, record_tags, spec_label, trial_params
 from orchestrator.tracking.queue import Write, WriteQueue, transient
 from orchestrator.tracking.runs import find_or_create
 from orchestrator.tracking.trial_log import LOG_ARTIFACT, TrialLog, stored_log, stored_records

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from jobs.records import Record, StartRecord, StepRecord, parse_known
-from orchestrator.tracking.layout import DISTANCE_METRIC, POSITION_METRIC, START_METRICS, STEP_METRICS
+from orchestrator.tracking.mlflow_names import DISTANCE_METRIC, POSITION_METRIC, START_METRICS, STEP_METRICS
 
 if TYPE_CHECKING:
     from mlflow.entities import Metric

@@ -38,7 +38,7 @@ from orchestrator.plan.aot.target import (
     topology_name,
     topology_tag,
 )
-from orchestrator.plan.hardware import model_of
+from orchestrator.plan.cluster_model import model_of
 
 __all__ = [
     "CHIPS",

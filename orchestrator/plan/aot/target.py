@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 from jobs.spec import TrialSpec
-from orchestrator.plan.hardware import CHIPS
+from orchestrator.plan.cluster_model import CHIPS
 
 
 def available() -> bool:
