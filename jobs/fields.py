@@ -2,7 +2,7 @@
 a dataclass field (`key(...)`). The dataclass holds the type.
 
 Pure Python, so the seam's own dataclasses (jobs/spec.py) declare their keys with it. The driver's checks
-(orchestrator/config/keys.py), `--help` (orchestrator/cli/help.py) and the reference pages (docs/gen/reference.py)
+(orchestrator/config/keys.py), `--help` (orchestrator/cli/help.py) and the reference pages (docs/gen/reference_pages.py)
 read every key from these declarations; none keeps a list of its own.
 """
 

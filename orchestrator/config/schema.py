@@ -5,7 +5,7 @@ A trial's sections are the seam's own dataclasses (jobs/spec.py) and the planner
 (orchestrator/plan/cluster_model.py), so a field added there is checked and documented without a second list; the
 driver's switches are the small dataclasses here, whose defaults are the switches' only defaults
 (orchestrator/config/load.py composes them into the config). orchestrator/config/keys.py holds a composed
-config against this before Ray or a tracking store starts; docs/gen/reference.py renders it into
+config against this before Ray or a tracking store starts; docs/gen/reference_pages.py renders it into
 docs/reference/config.md, orchestrator/cli/help.py into --help.
 """
 

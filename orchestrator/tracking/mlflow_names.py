@@ -157,7 +157,7 @@ def record_tags(records: list[Record], attempt: int) -> dict[str, str]:
     return tags
 
 
-# The MLflow names, spelled out so docs/reference/mlflow.md is checked against them (tests/test_reference.py).
+# The MLflow names, spelled out so docs/reference/mlflow.md is checked against them (tests/test_reference_pages.py).
 MEASURED = {
     "matmul": "measured/matmul_s",
     "attention": "measured/attention_s",

@@ -1,6 +1,6 @@
 """Tier 1: the generated config reference and the MLflow layout page cannot drift from the code.
 
-docs/reference/config.md is the output of `python docs/gen/reference.py`; every key is declared with a meaning
+docs/reference/config.md is the output of `python docs/gen/reference_pages.py`; every key is declared with a meaning
 (jobs.fields.key), and every key conf/ sets is declared. docs/reference/mlflow.md is written by hand, so every
 name it lists is checked against the code, and the names the code writes are checked against the page.
 """
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import pytest
 from drivers import ROOT
 
-from docs.gen import reference
+from docs.gen import reference_pages
 from jobs.fields import key
 from jobs.spec import MemorySpec
 from orchestrator.config.grid import expand
@@ -42,11 +42,11 @@ NOT_METRICS = {
 
 # --- config reference ---------------------------------------------------------------------------------------
 def test_every_key_is_declared_with_a_meaning_and_every_conf_key_is_declared():
-    keys = reference.schema()
+    keys = reference_pages.schema()
     assert "train.memory.save" in keys and "cluster.call_overhead_s" in keys and "sweep.axes" in keys
-    missing = reference.undocumented()
+    missing = reference_pages.undocumented()
     assert not missing, f"declare these with jobs.fields.key(..., doc=...): {', '.join(missing)}"
-    unknown = reference.undeclared(reference.yaml_keys())
+    unknown = reference_pages.undeclared(reference_pages.yaml_keys())
     assert not unknown, f"conf/ sets keys no dataclass declares: {', '.join(unknown)}"
 
 
@@ -63,39 +63,39 @@ class _FakeRoot:
 
 
 def test_an_undocumented_or_undeclared_key_is_caught(tmp_path):
-    assert reference.undocumented((_FakeRoot,)) == ["knobs", "knobs.depth", "knobs.width"]
+    assert reference_pages.undocumented((_FakeRoot,)) == ["knobs", "knobs.depth", "knobs.width"]
     conf = shutil.copytree(CONF_DIR, tmp_path / "conf")
     (conf / "config.yaml").write_text((conf / "config.yaml").read_text() + "\nnew_switch: true\n")
     tiny = conf / "model" / "tiny.yaml"
     tiny.write_text(tiny.read_text() + "new_width: 3\n")
-    assert reference.undeclared(reference.yaml_keys(conf)) == ["new_switch", "model.new_width"]
+    assert reference_pages.undeclared(reference_pages.yaml_keys(conf)) == ["new_switch", "model.new_width"]
 
 
 def test_the_committed_config_page_is_the_generators_output():
-    want = reference.render_config()
-    have = reference.CONFIG_PAGE.read_text() if reference.CONFIG_PAGE.exists() else ""
+    want = reference_pages.render_config()
+    have = reference_pages.CONFIG_PAGE.read_text() if reference_pages.CONFIG_PAGE.exists() else ""
     pairs = zip(have.splitlines(), want.splitlines(), strict=False)  # a line added or dropped: the first
     diff = next(
         (f"line {i + 1}: {a!r} != {b!r}" for i, (a, b) in enumerate(pairs) if a != b), "lengths differ"
     )
-    assert have == want, f"docs/reference/config.md is stale ({diff}): run `python docs/gen/reference.py`"
+    assert have == want, f"docs/reference/config.md is stale ({diff}): run `python docs/gen/reference_pages.py`"
 
 
 def test_the_committed_cli_page_is_the_help_text():
     from orchestrator.cli.help import help_text
 
-    have = reference.CLI_PAGE.read_text() if reference.CLI_PAGE.exists() else ""
-    assert have == reference.render_cli(), (
-        "docs/reference/cli.md is stale: run `python docs/gen/reference.py`"
+    have = reference_pages.CLI_PAGE.read_text() if reference_pages.CLI_PAGE.exists() else ""
+    assert have == reference_pages.render_cli(), (
+        "docs/reference/cli.md is stale: run `python docs/gen/reference_pages.py`"
     )
     assert help_text().splitlines()[0] in have
 
 
 def test_the_page_marks_what_enters_the_trial_id():
-    ids = reference.identity_keys()
+    ids = reference_pages.identity_keys()
     assert {"context_length", "mesh.dcn", "train.memory.save", "train.data.path", "model.vocab"} <= ids
     assert not {k for k in ids if k.split(".")[0] in ("cluster", "run", "tracking", "sweep")}
-    assert "| `cluster.kind` | `local` | one of `local`, `local_multihost`" in reference.render_config()
+    assert "| `cluster.kind` | `local` | one of `local`, `local_multihost`" in reference_pages.render_config()
 
 
 # --- MLflow layout ----------------------------------------------------------------------------------------
