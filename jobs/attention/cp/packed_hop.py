@@ -40,6 +40,22 @@ def _sees(cfg, qt: Tokens, kt: Tokens) -> jax.Array:
     return see & cfg.span.hull_sees(qt.pos, kt.pos) if cfg.span.limited else see
 
 
+def _hop(cfg, j, r, qt: Tokens, kt: Tokens, own: bool, direction: str, *, whole, early, late, skipped):
+    """One hop's control, forward or backward alike: skipped (lax.cond) when no local query sees a key of the
+    block; else the whole block, or (zigzag, another device's block) its early or late half by ring position
+    (early: j < r). `whole`, `early`, `late` and `skipped` compute the hop's results each way."""
+
+    def run():
+        hopcount.note(direction)
+        if not _halves(cfg, own):
+            return whole()
+        return jax.lax.cond(j < r, early, late)
+
+    if own:  # a token always sees itself
+        return run()
+    return jax.lax.cond(_sees(cfg, qt, kt), run, skipped)
+
+
 def hop_fwd(cfg, j, r, q, k, v, qt: Tokens, kt: Tokens, *, own: bool):
     """(out fp32, lse fp32) of the local queries (Tokens qt) against the K/V block of ring position j (kt)."""
     kern, mask = get_kernel(cfg.kernel), _mask(cfg, qt, kt)
@@ -53,22 +69,23 @@ def hop_fwd(cfg, j, r, q, k, v, qt: Tokens, kt: Tokens, *, own: bool):
         o = match_varying(jnp.zeros((*shape, q.shape[3]), jnp.float32), *refs)
         return o, match_varying(jnp.full(shape, NEG_INF, jnp.float32), *refs)
 
-    def run():
-        hopcount.note("fwd")
-        if not _halves(cfg, own):
-            return fwd(ALL, ALL, _causal(cfg, own))
-        c = q.shape[1] // 2
+    c = q.shape[1] // 2
 
-        def late():
-            o1, lse1 = fwd(slice(c, None), ALL, False)
-            o0, lse0 = empty(c)
-            return jnp.concatenate([o0, o1], 1), jnp.concatenate([lse0, lse1], 1)
+    def early():
+        return fwd(ALL, slice(None, c), False)
 
-        return jax.lax.cond(j < r, lambda: fwd(ALL, slice(None, c), False), late)
+    def late():
+        o1, lse1 = fwd(slice(c, None), ALL, False)
+        o0, lse0 = empty(c)
+        return jnp.concatenate([o0, o1], 1), jnp.concatenate([lse0, lse1], 1)
 
-    if own:  # a token always sees itself
-        return run()
-    return jax.lax.cond(_sees(cfg, qt, kt), run, lambda: empty(q.shape[1]))
+    def whole():
+        return fwd(ALL, ALL, _causal(cfg, own))
+
+    def skipped():
+        return empty(q.shape[1])
+
+    return _hop(cfg, j, r, qt, kt, own, "fwd", whole=whole, early=early, late=late, skipped=skipped)
 
 
 def hop_bwd(cfg, j, r, q, k, v, o, lse, do, qt: Tokens, kt: Tokens, *, own: bool):
@@ -83,22 +100,20 @@ def hop_bwd(cfg, j, r, q, k, v, o, lse, do, qt: Tokens, kt: Tokens, *, own: bool
     def zeros(x):
         return match_varying(jnp.zeros(x.shape, jnp.float32), *refs)
 
-    def run():
-        hopcount.note("bwd")
-        if not _halves(cfg, own):
-            return bwd(ALL, ALL, _causal(cfg, own))
-        c = q.shape[1] // 2
+    c = q.shape[1] // 2
 
-        def early():
-            dq, dk0, dv0 = bwd(ALL, slice(None, c), False)
-            return dq, jnp.concatenate([dk0, zeros(dk0)], 1), jnp.concatenate([dv0, zeros(dv0)], 1)
+    def early():
+        dq, dk0, dv0 = bwd(ALL, slice(None, c), False)
+        return dq, jnp.concatenate([dk0, zeros(dk0)], 1), jnp.concatenate([dv0, zeros(dv0)], 1)
 
-        def late():
-            dq1, dk, dv = bwd(slice(c, None), ALL, False)
-            return jnp.concatenate([zeros(dq1), dq1], 1), dk, dv
+    def late():
+        dq1, dk, dv = bwd(slice(c, None), ALL, False)
+        return jnp.concatenate([zeros(dq1), dq1], 1), dk, dv
 
-        return jax.lax.cond(j < r, early, late)
+    def whole():
+        return bwd(ALL, ALL, _causal(cfg, own))
 
-    if own:
-        return run()
-    return jax.lax.cond(_sees(cfg, qt, kt), run, lambda: (zeros(q), zeros(k), zeros(v)))
+    def skipped():
+        return zeros(q), zeros(k), zeros(v)
+
+    return _hop(cfg, j, r, qt, kt, own, "bwd", whole=whole, early=early, late=late, skipped=skipped)
