@@ -146,45 +146,6 @@ def test_hydra_sweep_syntax():
     }
 
 
-@pytest.mark.parametrize(
-    "argv, words",
-    [
-        (
-            ["strategy=ring,usp"],
-            "write strategy=[ring,usp] for a list, strategy='ring,usp' for a string, or add -m "
-            "(or --multirun) to sweep over it",
-        ),
-        (
-            ["context_length=range(1,3)"],
-            "'context_length=range(1,3)': add -m (or --multirun) to sweep over it",
-        ),
-        (
-            ["--foo"],
-            "unknown flag '--foo'; allowed: -h/--help, -m/--multirun, -c/--cfg job|hydra|all, --resolve",
-        ),
-        (["--cfg"], "--cfg needs a value"),
-        (["--cfg", "jobs"], "--cfg takes one of job, hydra, all, got 'jobs'"),
-        (["--info=tree"], "--info takes one of all, config, defaults, defaults-tree, searchpath, plugins"),
-        (["-m=1"], "-m takes no value"),
-        (["-m", "strategy=ring,nope"], "unknown strategy 'nope' in the sweep grid — choose from: all_gather"),
-        (["-m", "tracking=local,server"], "sweep axis 'tracking' is a driver option"),
-        (["-m", "+sweep=smoke,cp_scaling"], "one sweep file per run"),
-        (["-m", "train.lr=interval(0,1)"], "is a continuous interval"),
-        (["-m", "context_length=glob(*)"], "glob() picks options of a config group"),
-        (["-m", "strategy=ring,usp", "model=nope"], "choose model from"),
-        (["--cfg", "job", "-p", "nope"], "package 'nope' not found in the config"),
-        (["--config-dir", "/nonexistent/conf"], "--config-dir '/nonexistent/conf': no such directory"),
-        (["-cd"], "-cd needs a value"),
-        (["-cd", ".", "cluster=mine"], "Could not find 'cluster/mine'"),
-    ],
-    ids=lambda x: " ".join(x) if isinstance(x, list) else "",
-)
-def test_bad_command_line_is_one_error_line(capsys, argv, words):
-    code, out, err = _run(capsys, argv)
-    assert code == 2 and out == ""
-    assert words in _one_error(err)
-
-
 def test_help_lists_groups_switches_examples_and_exit_codes(capsys):
     code, out, _ = _run(capsys, ["--help", "model=nope"])  # --help wins, as in Hydra
     text = help_text()

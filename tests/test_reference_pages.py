@@ -78,7 +78,9 @@ def test_the_committed_config_page_is_the_generators_output():
     diff = next(
         (f"line {i + 1}: {a!r} != {b!r}" for i, (a, b) in enumerate(pairs) if a != b), "lengths differ"
     )
-    assert have == want, f"docs/reference/config.md is stale ({diff}): run `python docs/gen/reference_pages.py`"
+    assert have == want, (
+        f"docs/reference/config.md is stale ({diff}): run `python docs/gen/reference_pages.py`"
+    )
 
 
 def test_the_committed_cli_page_is_the_help_text():
