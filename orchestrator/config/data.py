@@ -118,14 +118,17 @@ def _documents_problem(spec: DataSpec, length: int, batch: int, vocab: int) -> s
     return None
 
 
-# Stages of jobs.data.documents.corpus.build and their share of the bar
-STAGES = {
-    "reading text files": (0, 5),
-    "training the tokenizer": (5, 35),
-    "tokenizing documents": (35, 90),
-    "writing shards": (90, 100),
-    "done": (100, 100),
+# Stages of jobs.data.documents.corpus.build, in order, and where each ends on the bar (it starts where the one
+# before ended)
+_ENDS = {
+    "reading text files": 5,
+    "training the tokenizer": 35,
+    "tokenizing documents": 90,
+    "writing shards": 100,
+    "done": 100,
 }
+_STARTS = (0, *list(_ENDS.values())[:-1])
+STAGES = {stage: (start, end) for (stage, end), start in zip(_ENDS.items(), _STARTS, strict=True)}
 
 
 def build_corpus(source: str) -> None:
