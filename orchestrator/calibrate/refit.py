@@ -47,7 +47,6 @@ BOUNDS = {
 CANDIDATES = tuple(BOUNDS)
 KEPT = ("attention_head_dim_half", "attention_recompute", "offload_exposed")
 SEPARABLE = 0.1  # smallest singular value of the kept constants' unit sensitivity columns
-ROUNDS = 60  # the published fit does 12; a sweep has few rows (cheap) and its two kernel constants trade off
 COMMAND = "python -m orchestrator.calibrate"
 NAN = float("nan")
 

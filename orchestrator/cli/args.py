@@ -1,7 +1,8 @@
 """The command line as a Hydra user expects it: overrides, `-m` sweeps, --help, --cfg, --info, --config-dir.
 
-Hydra's `@hydra.main` is not the entry point (the driver composes once and Ray is the executor, DESIGN.md §1),
-so its flags are handled here: `-m key=a,b` becomes a grid axis of `sweep`, exactly as a sweep file's `axes`.
+Hydra's `@hydra.main` is not the entry point (the driver composes once and Ray is the executor:
+docs/explanation/architecture.md, "Compose once"), so its flags are handled here: `-m key=a,b` becomes a grid axis
+of `sweep`, exactly as a sweep file's `axes`.
 Bad input of any kind is a ConfigError: one line, exit 2, nothing started.
 """
 
