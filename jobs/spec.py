@@ -306,6 +306,11 @@ PACKS, LONG_DOCS = (
 )  # train.data.pack, long_docs (jobs/data/documents)
 
 
+def _tuples(d: Mapping[str, Any]) -> dict[str, Any]:
+    """A section's dict form with its lists (JSON's, the config's) as tuples: specs are hashed."""
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+
+
 @dataclass(frozen=True)
 class DataSpec:
     kind: str = key(
@@ -351,8 +356,8 @@ class DataSpec:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> DataSpec:
-        """From its dict form (JSON's or the config's lists as tuples: specs are hashed)."""
-        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+        """From its dict form (a JSON line's, the composed config's)."""
+        return cls(**_tuples(d))
 
 
 @dataclass(frozen=True)
@@ -651,7 +656,7 @@ class TrialSpec:
             train=TrainSpec(**train),
             # keys ClusterSpec lacks (the planner's own, which specs recorded by older versions carry) are dropped
             cluster=ClusterSpec(**{k: v for k, v in d.get("cluster", {}).items() if k in _CLUSTER_KEYS}),
-            run=RunSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.get("run", {}).items()}),
+            run=RunSpec(**_tuples(d.get("run", {}))),
             # a list value (an axis over train.memory.save) as a tuple: specs are hashed (planner caches)
             axes=tuple((str(k), tuple(v) if isinstance(v, list) else v) for k, v in d.get("axes", ())),
         )

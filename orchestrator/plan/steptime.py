@@ -21,12 +21,12 @@ prediction carries a band, the leave-one-table-out errors of the fit (step_band_
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from jobs.spec import OWN_KERNEL, TrialSpec
 from orchestrator.plan.cluster_model import ClusterModel, model_of, peak_tflops
 from orchestrator.plan.memory import layer_reaches
-from orchestrator.plan.work import ATTN_BWD, Dcn, Rates, Work, price, schedule_seconds, step_work
+from orchestrator.plan.work import ATTN_BWD, Dcn, Rates, Terms, Work, price, schedule_seconds, step_work
 
 __all__ = ["SETTLED", "StepTime", "band_of", "kernel_efficiency", "layer_words", "rates", "step_time"]
 
@@ -78,20 +78,8 @@ class StepTime:
         )
 
 
-# The terms a StepTime keeps as work.price priced them (plan.work.Terms' fields of the same names).
-AS_PRICED = (
-    "matmul_s",
-    "attention_s",
-    "exposed_ring_s",
-    "collectives_s",
-    "exposed_fsdp_s",
-    "tensor_s",
-    "exposed_offload_s",
-    "overhead_s",
-    "calls_s",
-    "layers_s",
-    "offload_s",
-)
+# The terms a StepTime keeps as work.price priced them: the fields it shares by name with plan.work.Terms.
+AS_PRICED = tuple(f.name for f in fields(StepTime) if f.name in {t.name for t in fields(Terms)})
 
 
 def kernel_efficiency(c: ClusterModel, head_dim: int, spec: TrialSpec | None = None) -> float:
